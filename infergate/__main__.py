@@ -1,0 +1,3 @@
+from infergate.cli.main import main
+
+main()

@@ -1,0 +1,117 @@
+"""`infergate doctor`: what this machine can serve, and what stands in the way."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from infergate.cli.common import JsonOption, console, print_json
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok, warn, fail
+    detail: str
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _python() -> Check:
+    ok = sys.version_info >= (3, 10)
+    return Check("python", "ok" if ok else "fail",
+                 f"{platform.python_version()} on {platform.system()} {platform.machine()}")
+
+
+def _onnxruntime() -> Check:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return Check("onnxruntime", "fail", "not installed. Hint: ./install.sh")
+    providers = ", ".join(ort.get_available_providers())
+    return Check("onnxruntime", "ok", f"{ort.__version__}; providers: {providers}")
+
+
+def _torch() -> Check:
+    version = _version("torch")
+    if version is None:
+        return Check("torch", "warn", "not installed: TorchScript models are unavailable. "
+                                      "Hint: ./install.sh --torch")
+    import torch
+
+    cuda = f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)" \
+        if torch.cuda.is_available() else "CPU only"
+    return Check("torch", "ok", f"{version}; {cuda}")
+
+
+def _nvml() -> Check:
+    try:
+        import pynvml
+    except ImportError:
+        return Check("nvml", "ok", "nvidia-ml-py not installed: serving on the CPU "
+                                   "(./install.sh adds it when nvidia-smi answers)")
+    try:
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                 for i in range(count)]
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        return Check("nvml", "warn", f"installed but no GPU answers: {exc}")
+    return Check("nvml", "ok", f"{count} GPU(s): {', '.join(map(str, names))}")
+
+
+def _models(models: Path) -> list[Check]:
+    from infergate.engine.repository import scan_repository
+    from infergate.engine.runtimes import unavailable_reason
+    from infergate.errors import ConfigError
+
+    try:
+        entries = scan_repository(models)
+    except ConfigError as exc:
+        return [Check("models", "fail", str(exc))]
+    checks = [Check("models", "ok" if entries else "warn",
+                    f"{len(entries)} model(s) in {models}")]
+    for entry in entries:
+        if entry.problem:
+            checks.append(Check(f"model {entry.name}", "fail", entry.problem))
+            continue
+        runtimes = {v.runtime for v in entry.versions}
+        reasons = [r for r in map(unavailable_reason, sorted(runtimes)) if r]
+        versions = ", ".join(str(v.version) for v in entry.served_versions())
+        checks.append(Check(f"model {entry.name}", "warn" if reasons else "ok",
+                            "; ".join(reasons) or f"{'/'.join(sorted(runtimes))}, "
+                                                  f"serving version(s) {versions}"))
+    return checks
+
+
+STYLES = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
+
+
+def doctor(
+    models: Annotated[Path, typer.Option(help="Model repository to check")] = Path("models"),
+    json: JsonOption = False,
+) -> None:
+    """Check Python, runtimes, GPUs and the models folder; exit 1 if something fails."""
+    checks = [_python(), _onnxruntime(), _torch(), _nvml(), *_models(models)]
+    if json:
+        print_json([asdict(c) for c in checks])
+    else:
+        table = Table("check", "status", "detail")
+        for c in checks:
+            table.add_row(c.name, STYLES[c.status], c.detail)
+        console.print(table)
+    if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)

@@ -1,0 +1,134 @@
+"""`infergate infer`: one inference from .npy files, JSON, or a V2 request on stdin."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import orjson
+import typer
+from rich.table import Table
+
+from infergate.cli.common import (
+    EXIT_USAGE,
+    JsonOption,
+    TokenOption,
+    UrlOption,
+    client,
+    console,
+    fail,
+    fail_client,
+    print_json,
+)
+from infergate.client import Client, ClientError, InferResponse
+from infergate.tensors import Array, numpy_dtype
+
+
+def _parse_value(text: str, dtype: np.dtype[Any] | None) -> Array:
+    """A .npy file, a .json file, or a JSON literal."""
+    path = Path(text)
+    if text.endswith(".npy"):
+        if not path.exists():
+            raise typer.BadParameter(f"{text}: no such file")
+        array: Array = np.load(path, allow_pickle=False)
+    else:
+        raw = path.read_bytes() if text.endswith(".json") and path.exists() else text.encode()
+        try:
+            array = np.array(orjson.loads(raw))
+        except orjson.JSONDecodeError:
+            raise typer.BadParameter(
+                f"{text!r} is neither a .npy file, a .json file nor a JSON value"
+            ) from None
+    if dtype is not None and array.dtype != dtype and np.can_cast(array.dtype, dtype, "same_kind"):
+        array = array.astype(dtype)
+    return array
+
+
+def _build_inputs(items: list[str], metadata: dict[str, Any]) -> dict[str, Array]:
+    specs = {t["name"]: t for t in metadata.get("inputs", [])}
+    inputs: dict[str, Array] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            if len(specs) != 1:
+                raise typer.BadParameter(
+                    f"{item!r}: name the input as NAME=VALUE; the model's inputs are "
+                    f"{', '.join(specs) or 'unknown'}"
+                )
+            name, value = next(iter(specs)), item
+        spec = specs.get(name)
+        dtype = numpy_dtype(spec["datatype"]) if spec and spec["datatype"] != "BYTES" else None
+        array = _parse_value(value, dtype)
+        if spec and array.ndim == len(spec["shape"]) - 1:
+            array = array[np.newaxis]  # a single sample for a model with a batch dimension
+        inputs[name] = array
+    return inputs
+
+
+def _preview(array: Array, limit: int = 10) -> str:
+    flat = array.reshape(-1)
+    items = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x
+             for x in flat[:limit].tolist()]
+    text = ", ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in items)
+    return f"[{text}{', …' if flat.size > limit else ''}]"
+
+
+def _show(response: InferResponse, json: bool, save: Path | None) -> None:
+    if save is not None:
+        save.mkdir(parents=True, exist_ok=True)
+        for name, array in response.outputs.items():
+            np.save(save / f"{name}.npy", array, allow_pickle=array.dtype.kind == "O")
+    if json:
+        doc = dict(response.raw)
+        doc["outputs"] = [
+            {"name": n, "datatype": o["datatype"], "shape": o["shape"],
+             "data": [x.decode("utf-8", "replace") if isinstance(x, bytes) else x
+                      for x in response.outputs[n].reshape(-1).tolist()]}
+            for n, o in ((o["name"], o) for o in response.raw.get("outputs", []))
+        ]
+        print_json(doc)
+        return
+    console.print(f"[bold]{response.model}[/] version {response.version}")
+    table = Table("output", "datatype", "shape", "values")
+    for out in response.raw.get("outputs", []):
+        table.add_row(out["name"], out["datatype"], str(out["shape"]),
+                      _preview(response.outputs[out["name"]]))
+    console.print(table)
+    if save is not None:
+        console.print(f"saved to {save}/<output>.npy")
+
+
+def infer(
+    model: Annotated[str, typer.Argument(help="Model name")],
+    inputs: Annotated[list[str] | None, typer.Argument(
+        help="NAME=FILE.npy, NAME=FILE.json or NAME='[json]' per input (NAME= may be left out "
+             "for a one-input model), or - to read a whole V2 request from stdin")] = None,
+    version: Annotated[str | None, typer.Option("--version", "-v", help="Model version")] = None,
+    output: Annotated[list[str] | None, typer.Option(
+        "--output", "-o", help="Only this output (repeatable)")] = None,
+    save: Annotated[Path | None, typer.Option(help="Write each output to DIR/NAME.npy")] = None,
+    binary: Annotated[bool, typer.Option(help="Send tensors as binary data")] = True,
+    url: UrlOption = None, token: TokenOption = None, json: JsonOption = False,
+) -> None:
+    """Run one inference and print the outputs."""
+    items = inputs or []
+    if not items:
+        fail("give the inputs (NAME=FILE.npy ...) or - to read a V2 request on stdin",
+             EXIT_USAGE, json)
+    try:
+        with client(url, token) as c:
+            response = _run(c, model, items, version, output, binary)
+    except ClientError as exc:
+        fail_client(exc, json)
+    _show(response, json, save)
+
+
+def _run(c: Client, model: str, items: list[str], version: str | None,
+         output: list[str] | None, binary: bool) -> InferResponse:
+    if items == ["-"]:
+        body = sys.stdin.buffer.read()
+        return c.infer_raw(model, body, {"Content-Type": "application/json"}, version)
+    metadata = c.metadata(model, version)
+    return c.infer(model, _build_inputs(items, metadata), version, output, binary)

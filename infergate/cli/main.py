@@ -1,0 +1,39 @@
+"""The `infergate` command."""
+
+from __future__ import annotations
+
+import typer
+
+from infergate import __version__
+from infergate.cli import model
+from infergate.cli.doctor import doctor
+from infergate.cli.infer import infer
+from infergate.cli.serve import serve
+
+app = typer.Typer(
+    help="infergate: serve ONNX and TorchScript models over the KServe V2 protocol.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command()(serve)
+app.command()(infer)
+app.command()(doctor)
+app.add_typer(model.app, name="model")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"infergate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit"),
+) -> None:
+    pass
+
+
+def main() -> None:
+    app()

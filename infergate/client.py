@@ -1,0 +1,175 @@
+"""One typed HTTP client for infergate (and any KServe V2 server), used by the CLI,
+the dashboard and bench. Tensors go as binary data by default."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from infergate.tensors import Array, from_wire, numpy_dtype, to_wire, v2_datatype
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class ClientError(Exception):
+    """The server answered with an error, or could not be reached (status 0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class InferResponse:
+    model: str
+    version: str
+    id: str | None
+    outputs: dict[str, Array]
+    raw: dict[str, Any]
+
+
+def default_url() -> str:
+    return os.environ.get("INFERGATE_URL", DEFAULT_URL)
+
+
+def encode_infer_request(
+    inputs: dict[str, Array], outputs: list[str] | None = None, binary: bool = True,
+    request_id: str | None = None, parameters: dict[str, Any] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """A V2 request body and its headers, binary tensors after the JSON header."""
+    tensors = []
+    blobs = []
+    for name, array in inputs.items():
+        entry: dict[str, Any] = {"name": name, "datatype": v2_datatype(array.dtype),
+                                 "shape": list(array.shape)}
+        if binary:
+            blob = to_wire(array)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            flat = array.reshape(-1)
+            entry["data"] = ([x.decode() if isinstance(x, bytes) else x for x in flat]
+                             if array.dtype.kind == "O" else flat.tolist())
+        tensors.append(entry)
+    doc: dict[str, Any] = {"inputs": tensors, "parameters": dict(parameters or {})}
+    if binary:
+        doc["parameters"]["binary_data_output"] = True
+    if outputs:
+        doc["outputs"] = [{"name": n, "parameters": {"binary_data": binary}} for n in outputs]
+    if request_id is not None:
+        doc["id"] = request_id
+    header = orjson.dumps(doc)
+    if not blobs:
+        return header, {"Content-Type": "application/json"}
+    return b"".join([header, *blobs]), {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+
+
+def decode_infer_response(body: bytes, header_length: str | None) -> InferResponse:
+    json_len = int(header_length) if header_length is not None else len(body)
+    doc = orjson.loads(body[:json_len])
+    offset = json_len
+    outputs: dict[str, Array] = {}
+    for out in doc.get("outputs", []):
+        shape = tuple(out["shape"])
+        size = (out.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            outputs[out["name"]] = from_wire(body[offset : offset + size], out["datatype"], shape)
+            offset += size
+        elif out["datatype"] == "BYTES":
+            flat = np.array([s.encode() if isinstance(s, str) else s for s in out["data"]],
+                            dtype=object)
+            outputs[out["name"]] = flat.reshape(shape)
+        else:
+            dtype = numpy_dtype(out["datatype"])
+            outputs[out["name"]] = np.array(out["data"], dtype=dtype).reshape(shape)
+    return InferResponse(doc.get("model_name", ""), str(doc.get("model_version", "")),
+                         doc.get("id"), outputs, doc)
+
+
+class Client:
+    def __init__(self, url: str | None = None, token: str | None = None,
+                 timeout_s: float = 30.0) -> None:
+        headers = {}
+        token = token if token is not None else os.environ.get("INFERGATE_TOKEN")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.url = (url or default_url()).rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ClientError(0, f"cannot reach infergate at {self.url}: {exc}. Hint: is "
+                                 "`infergate serve` running? Set --url or INFERGATE_URL") from None
+        if response.status_code >= 400:
+            try:
+                message = response.json().get("error", response.text)
+            except ValueError:
+                message = response.text or response.reason_phrase
+            raise ClientError(response.status_code, message)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return orjson.loads(self._request(method, path, **kwargs).content)
+
+    def live(self) -> bool:
+        try:
+            return self._http.get("/v2/health/live").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def ready(self) -> bool:
+        try:
+            return self._http.get("/v2/health/ready").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def server_metadata(self) -> dict[str, Any]:
+        return self._json("GET", "/v2")  # type: ignore[no-any-return]
+
+    def models(self) -> list[dict[str, Any]]:
+        return self._json("GET", "/admin/models")  # type: ignore[no-any-return]
+
+    def model(self, name: str) -> dict[str, Any]:
+        return self._json("GET", f"/admin/models/{name}")  # type: ignore[no-any-return]
+
+    def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        path = f"/v2/models/{name}" + (f"/versions/{version}" if version else "")
+        return self._json("GET", path)  # type: ignore[no-any-return]
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        return self._json("POST", "/v2/repository/index")  # type: ignore[no-any-return]
+
+    def infer(
+        self, model: str, inputs: dict[str, Array], version: str | None = None,
+        outputs: list[str] | None = None, binary: bool = True,
+        parameters: dict[str, Any] | None = None,
+    ) -> InferResponse:
+        body, headers = encode_infer_request(inputs, outputs, binary, parameters=parameters)
+        return self.infer_raw(model, body, headers, version)
+
+    def infer_raw(self, model: str, body: bytes, headers: dict[str, str],
+                  version: str | None = None) -> InferResponse:
+        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+        response = self._request("POST", path, content=body, headers=headers)
+        return decode_infer_response(response.content,
+                                     response.headers.get("inference-header-content-length"))

@@ -1,0 +1,1 @@
+"""The core of infergate, with no HTTP in it."""

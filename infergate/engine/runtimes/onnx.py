@@ -1,0 +1,94 @@
+"""onnxruntime: providers chosen from what is present, tensors read from the graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from infergate.engine.spec import TensorSpec
+from infergate.tensors import Array
+
+_ONNX_TYPES = {
+    "tensor(bool)": "BOOL",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+
+
+def _spec(arg: Any) -> TensorSpec:
+    datatype = _ONNX_TYPES.get(arg.type)
+    if datatype is None:
+        raise ValueError(f"{arg.name}: ONNX type {arg.type} is not served (no V2 datatype)")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape)
+    return TensorSpec(name=arg.name, datatype=datatype, shape=shape)
+
+
+def choose_providers(device: str) -> tuple[list[Any], str]:
+    """Providers for `device` ("auto", "cpu", "cuda", "cuda:N") and the device actually used."""
+    available = ort.get_available_providers()
+    if device != "cpu" and "CUDAExecutionProvider" in available:
+        index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
+        options = {"device_id": index}
+        providers: list[Any] = []
+        if "TensorrtExecutionProvider" in available and device != "cuda-no-trt":
+            providers.append(("TensorrtExecutionProvider", options))
+        providers += [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+        return providers, f"cuda:{index}"
+    if device.startswith("cuda"):
+        raise RuntimeError(
+            f"device {device} asked for, but onnxruntime has no CUDA provider "
+            f"(available: {', '.join(available)}). Hint: install the gpu extra: "
+            "pip install 'infergate[gpu]'"
+        )
+    return ["CPUExecutionProvider"], "cpu"
+
+
+class OnnxRuntime:
+    def __init__(self, path: Path, device: str, threads: int | None = None) -> None:
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        providers, self._device = choose_providers(device)
+        self._session = ort.InferenceSession(str(path), options, providers=providers)
+        self._inputs = tuple(_spec(a) for a in self._session.get_inputs())
+        self._outputs = tuple(_spec(a) for a in self._session.get_outputs())
+        self._strings = {s.name for s in self._inputs if s.datatype == "BYTES"}
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self._outputs
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    def run(self, inputs: dict[str, Array], output_names: list[str]) -> dict[str, Array]:
+        feed: dict[str, Any] = {}
+        for name, value in inputs.items():
+            if name in self._strings:
+                # onnxruntime wants str for string tensors; V2 BYTES arrive as bytes.
+                value = np.vectorize(
+                    lambda b: b.decode("utf-8", "replace") if isinstance(b, bytes) else str(b),
+                    otypes=[object],
+                )(value)
+            feed[name] = value
+        results = self._session.run(output_names, feed)
+        return {name: np.asarray(r) for name, r in zip(output_names, results, strict=True)}

@@ -1,0 +1,87 @@
+"""Records that describe models: tensors, per-model configuration, versions on disk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+RuntimeName = Literal["onnx", "torchscript"]
+
+MODEL_FILE_RUNTIMES: dict[str, RuntimeName] = {
+    ".onnx": "onnx",
+    ".pt": "torchscript",
+    ".pth": "torchscript",
+    ".torchscript": "torchscript",
+}
+
+PLATFORMS: dict[RuntimeName, str] = {
+    "onnx": "onnxruntime_onnx",
+    "torchscript": "pytorch_libtorch",
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output; -1 in `shape` is a free dimension."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions serve: the highest `latest`, every one (`all`), or those listed."""
+
+    latest: int = 1
+    all: bool = False
+    versions: tuple[int, ...] = ()
+
+    def select(self, available: list[int]) -> list[int]:
+        ordered = sorted(available)
+        if self.all:
+            return ordered
+        if self.versions:
+            return [v for v in ordered if v in self.versions]
+        return ordered[-self.latest :]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What model.toml says; every field has a default so the file is optional."""
+
+    runtime: RuntimeName | None = None
+    instances: int = 1
+    device: str = "auto"
+    timeout_s: float = 30.0
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    max_batch_size: int | None = None
+    memory_mb: int | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelVersionFile:
+    version: int
+    path: Path
+    runtime: RuntimeName
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model as found in the repository: its config, versions on disk and any problems."""
+
+    name: str
+    config: ModelConfig
+    versions: tuple[ModelVersionFile, ...]
+    problem: str | None = None
+
+    def served_versions(self) -> list[ModelVersionFile]:
+        wanted = set(self.config.version_policy.select([v.version for v in self.versions]))
+        return [v for v in self.versions if v.version in wanted]

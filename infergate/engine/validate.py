@@ -1,0 +1,58 @@
+"""Check a request's tensors against what the model declares, with messages that say
+which input, what was expected and what came."""
+
+from __future__ import annotations
+
+from infergate.engine.spec import TensorSpec
+from infergate.errors import BadRequest
+from infergate.tensors import Array, v2_datatype
+
+
+def _describe(specs: tuple[TensorSpec, ...]) -> str:
+    return ", ".join(f"{s.name} ({s.datatype} {list(s.shape)})" for s in specs)
+
+
+def check_inputs(model: str, specs: tuple[TensorSpec, ...], inputs: dict[str, Array]) -> None:
+    expected = {s.name for s in specs}
+    for name in inputs:
+        if name not in expected:
+            raise BadRequest(
+                f"unexpected input {name!r} for model {model!r}; it expects {_describe(specs)}"
+            )
+    for spec in specs:
+        array = inputs.get(spec.name)
+        if array is None:
+            raise BadRequest(
+                f"input {spec.name!r} is missing; model {model!r} expects {_describe(specs)}"
+            )
+        got = v2_datatype(array.dtype)
+        if got != spec.datatype:
+            raise BadRequest(
+                f"input {spec.name!r} has datatype {got} but model {model!r} expects "
+                f"{spec.datatype}"
+            )
+        shape = tuple(array.shape)
+        fits = len(shape) == len(spec.shape) and all(
+            want < 0 or want == have for want, have in zip(spec.shape, shape, strict=True)
+        )
+        if not fits:
+            raise BadRequest(
+                f"input {spec.name!r} has shape {list(shape)} but model {model!r} expects "
+                f"{list(spec.shape)} (-1 is any size)"
+            )
+
+
+def check_outputs(
+    model: str, specs: tuple[TensorSpec, ...], wanted: tuple[str, ...] | None
+) -> list[str]:
+    """The output names to compute; all of them when none were asked for."""
+    names = [s.name for s in specs]
+    if wanted is None:
+        return names
+    for name in wanted:
+        if name not in names:
+            raise BadRequest(
+                f"unknown output {name!r} requested from model {model!r}; "
+                f"it has {', '.join(names)}"
+            )
+    return list(dict.fromkeys(wanted))

@@ -1,0 +1,1 @@
+"""Worker processes: one per model instance; tensors cross in shared memory."""

@@ -1,0 +1,187 @@
+"""One worker process as the gateway's event loop sees it.
+
+Replies are futures keyed by call id, read off the pipe by a loop reader (no threads);
+when the pipe hits EOF the worker is gone and every future it held fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from infergate.engine.workers.messages import (
+    InferCall,
+    InferDone,
+    InferFailed,
+    LoadFailed,
+    Ready,
+    Stop,
+    WorkerSpec,
+)
+from infergate.engine.workers.shm import OwnedArena, layout_size, read_tensor, write_tensors
+from infergate.engine.workers.worker import worker_main
+from infergate.errors import DeadlineExceeded, ModelExecutionError, WorkerFailed
+from infergate.tensors import Array, from_wire
+
+_SPAWN = multiprocessing.get_context("spawn")
+INITIAL_ARENA = 1 << 20
+
+
+class WorkerLoadError(Exception):
+    """The worker could not load its model; the message says why."""
+
+
+class WorkerHandle:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.busy = 0  # calls queued or running here; the dispatcher picks the least busy
+        self._ids = itertools.count(1)
+        self._lock = asyncio.Lock()
+        self._pending: dict[int, asyncio.Future[InferDone | InferFailed]] = {}
+        self._loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[Ready] = self._loop.create_future()
+        self.exited: asyncio.Future[None] = self._loop.create_future()
+        self._in = OwnedArena(INITIAL_ARENA)
+        self._out = OwnedArena(INITIAL_ARENA)
+        self._conn: Connection
+        self._process: BaseProcess
+        self.death_reason = "the worker exited"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        return not self.exited.done()
+
+    async def start(self, timeout_s: float) -> Ready:
+        """Spawn the process and wait until its model is loaded and warmed up."""
+        self._conn, child = _SPAWN.Pipe(duplex=True)
+        self._process = _SPAWN.Process(
+            target=worker_main,
+            args=(child, self.spec),
+            name=f"infergate-worker:{self.spec.model}:{self.spec.version}",
+            daemon=True,
+        )
+        self._process.start()
+        child.close()
+        self._loop.add_reader(self._conn.fileno(), self._on_readable)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+        except TimeoutError:
+            self.kill(f"it did not finish loading within {timeout_s:.0f} s")
+            raise WorkerLoadError(f"loading took longer than {timeout_s:.0f} s") from None
+
+    def _on_readable(self) -> None:
+        try:
+            while self._conn.poll():
+                self._dispatch(self._conn.recv())
+        except (EOFError, OSError):
+            self._on_exit()
+
+    def _dispatch(self, message: object) -> None:
+        if isinstance(message, Ready):
+            self._ready.set_result(message)
+        elif isinstance(message, LoadFailed):
+            self.death_reason = message.reason
+            if not self._ready.done():
+                self._ready.set_exception(WorkerLoadError(message.reason))
+        elif isinstance(message, (InferDone, InferFailed)):
+            future = self._pending.pop(message.id, None)
+            if future is not None and not future.done():
+                future.set_result(message)
+
+    def _on_exit(self) -> None:
+        if self.exited.done():
+            return
+        self._loop.remove_reader(self._conn.fileno())
+        self._conn.close()
+        self._process.join(timeout=1.0)  # EOF means it is exiting; reap it for the exit code
+        code = self._process.exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else (
+            f"exited with code {code}")
+        if self.death_reason == "the worker exited":
+            self.death_reason = f"worker pid {self.pid} {how}"
+        if not self._ready.done():
+            self._ready.set_exception(WorkerLoadError(self.death_reason))
+        error = WorkerFailed(
+            f"model {self.spec.model!r} version {self.spec.version}: {self.death_reason} "
+            "while running this request; it is being restarted. Hint: retry shortly"
+        )
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        self._in.close()
+        self._out.close()
+        self.exited.set_result(None)
+
+    def kill(self, why: str) -> None:
+        """SIGKILL the worker; its futures fail when the pipe reports EOF."""
+        self.death_reason = f"worker pid {self.pid} was killed: {why}"
+        if self._process.is_alive():
+            self._process.kill()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Ask the worker to exit after its current call; kill it if it does not."""
+        if not self.alive:
+            return
+        try:
+            self._conn.send(Stop())
+        except OSError:
+            pass
+        try:
+            await asyncio.wait_for(asyncio.shield(self.exited), grace_s)
+        except TimeoutError:
+            self.kill(f"it did not stop within {grace_s:.0f} s")
+            await self.exited
+
+    async def infer(
+        self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
+    ) -> dict[str, Array]:
+        self.busy += 1
+        try:
+            async with self._lock:
+                return await self._call(inputs, outputs, timeout_s)
+        finally:
+            self.busy -= 1
+
+    async def _call(
+        self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
+    ) -> dict[str, Array]:
+        if not self.alive:
+            raise WorkerFailed(f"{self.death_reason}; it is being restarted. Hint: retry shortly")
+        needed = layout_size(inputs)
+        if needed > self._in.size:
+            self._in.close()
+            self._in = OwnedArena(needed * 2)
+        refs = write_tensors(self._in.buf, inputs)
+        call = InferCall(next(self._ids), self._in.name, self._out.name, self._out.size, refs,
+                         tuple(outputs))
+        future: asyncio.Future[InferDone | InferFailed] = self._loop.create_future()
+        self._pending[call.id] = future
+        self._conn.send(call)
+        try:
+            reply = await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            self._pending.pop(call.id, None)
+            self.kill(f"a request ran past the execution timeout of {timeout_s * 1000:.0f} ms")
+            raise DeadlineExceeded(
+                f"model {self.spec.model!r} version {self.spec.version} did not answer within "
+                f"{timeout_s * 1000:.0f} ms; its worker was killed and is being restarted. "
+                "Hint: raise timeout_ms in model.toml if the model is legitimately slow"
+            ) from None
+        if isinstance(reply, InferFailed):
+            raise ModelExecutionError(
+                f"model {self.spec.model!r} version {self.spec.version} failed: {reply.reason}"
+            )
+        if reply.inline is not None:
+            self._out.close()
+            self._out = OwnedArena(reply.needed * 2)
+            return {r.name: from_wire(reply.inline[r.name], r.datatype, r.shape)
+                    for r in reply.outputs}
+        return {r.name: read_tensor(self._out.buf, r, copy=True) for r in reply.outputs}

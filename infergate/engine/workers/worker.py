@@ -1,0 +1,102 @@
+"""The worker loop: load one model instance, warm it up, then answer InferCalls.
+
+Runs in a spawned process. It imports the runtime's library; the gateway never does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+from infergate.engine.runtimes import open_runtime
+from infergate.engine.runtimes.base import Runtime, sample_inputs
+from infergate.engine.workers.messages import (
+    InferCall,
+    InferDone,
+    InferFailed,
+    LoadFailed,
+    Ready,
+    Stop,
+    TensorRef,
+    WorkerSpec,
+)
+from infergate.engine.workers.shm import MappedArena, layout_size, read_tensor, write_tensors
+from infergate.tensors import to_wire, v2_datatype
+
+
+def _load(spec: WorkerSpec) -> Runtime:
+    runtime = open_runtime(
+        spec.runtime, spec.path, spec.device, spec.inputs, spec.outputs, spec.threads
+    )
+    warm = sample_inputs(runtime.inputs)
+    runtime.run(warm, [o.name for o in runtime.outputs])
+    return runtime
+
+
+class _Arenas:
+    """Arenas by name, mapped on first use; older ones are dropped when replaced."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, MappedArena] = {}
+
+    def get(self, name: str, role: str) -> MappedArena:
+        arena = self._maps.get(role)
+        if arena is None or arena.name != name:
+            if arena is not None:
+                arena.close()
+            arena = self._maps[role] = MappedArena(name)
+        return arena
+
+
+def _answer(runtime: Runtime, call: InferCall, arenas: _Arenas) -> InferDone:
+    inp = arenas.get(call.in_arena, "in")
+    inputs = {ref.name: read_tensor(inp.buf, ref, copy=False) for ref in call.inputs}
+    outputs = runtime.run(inputs, list(call.outputs))
+    del inputs  # views into the arena; drop them before it can be remapped
+    needed = layout_size(outputs)
+    if needed > call.out_capacity:
+        inline = {name: to_wire(a) for name, a in outputs.items()}
+        refs = tuple(
+            TensorRef(name, v2_datatype(a.dtype), tuple(a.shape), 0, 0)
+            for name, a in outputs.items()
+        )
+        return InferDone(call.id, refs, inline=inline, needed=needed)
+    out = arenas.get(call.out_arena, "out")
+    return InferDone(call.id, write_tensors(out.buf, outputs), needed=needed)
+
+
+def worker_main(conn: Connection, spec: WorkerSpec) -> None:
+    # Ctrl-C in the terminal reaches the whole process group; the gateway decides when
+    # workers stop, so they ignore SIGINT and drain in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    started = time.monotonic()
+    try:
+        runtime = _load(spec)
+    except Exception as exc:  # any load failure is reported, not raised: the gateway decides
+        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
+        conn.close()
+        return
+    conn.send(
+        Ready(os.getpid(), runtime.device, runtime.inputs, runtime.outputs,
+              time.monotonic() - started)
+    )
+    arenas = _Arenas()
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the gateway went away
+        if isinstance(message, Stop):
+            return
+        assert isinstance(message, InferCall)
+        try:
+            reply: InferDone | InferFailed = _answer(runtime, message, arenas)
+        except Exception as exc:
+            detail = str(exc).strip().splitlines()
+            reply = InferFailed(message.id, f"{type(exc).__name__}: {detail[0] if detail else ''}")
+            if os.environ.get("INFERGATE_WORKER_TRACEBACKS"):
+                traceback.print_exc()
+        conn.send(reply)

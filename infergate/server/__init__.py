@@ -1,0 +1,1 @@
+"""HTTP: translate requests to engine calls and results back, nothing more."""

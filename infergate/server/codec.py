@@ -1,0 +1,208 @@
+"""KServe V2 inference bodies ⇄ numpy, with orjson and numpy directly (no pydantic for
+tensors: serving overhead is a feature). Covers JSON tensors and the binary tensor data
+extension in both directions, as tritonclient.http speaks them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from infergate.errors import BadRequest
+from infergate.tensors import Array, V2_TO_NUMPY, from_wire, numpy_dtype, to_wire, v2_datatype
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+@dataclass(frozen=True)
+class DecodedRequest:
+    id: str | None
+    inputs: dict[str, Array]
+    outputs: tuple[str, ...] | None
+    binary_outputs: frozenset[str]
+    binary_by_default: bool
+    parameters: dict[str, Any]
+
+
+def _loads(raw: bytes | memoryview) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("request body must be a JSON object with an 'inputs' array")
+    return doc
+
+
+def _shape(name: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
+    ):
+        raise BadRequest(f"input {name!r}: 'shape' must be a list of non-negative integers, "
+                         f"got {value!r}")
+    return tuple(value)
+
+
+def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Array:
+    count = int(np.prod(shape, dtype=np.int64))
+    if datatype == "BYTES":
+        flat = np.asarray(data, dtype=object).reshape(-1) if data != [] else np.empty(0, object)
+        if flat.size != count:
+            raise BadRequest(f"input {name!r} has {flat.size} elements of data but shape "
+                             f"{list(shape)} needs {count}")
+        out = np.empty(count, dtype=object)
+        for i, item in enumerate(flat):
+            if not isinstance(item, (str, bytes)):
+                raise BadRequest(f"input {name!r} is BYTES but element {i} is {item!r}, "
+                                 "not a string")
+            out[i] = item.encode("utf-8") if isinstance(item, str) else item
+        return out.reshape(shape)
+    dtype = numpy_dtype(datatype)
+    try:
+        raw = np.array(data)
+    except ValueError:
+        raise BadRequest(f"input {name!r}: 'data' is a ragged nested list; give a flat list "
+                         f"or one nested to shape {list(shape)}") from None
+    if raw.size != count:
+        raise BadRequest(f"input {name!r} has {raw.size} elements of data but shape "
+                         f"{list(shape)} needs {count}")
+    if raw.size and raw.dtype.kind not in "biuf":
+        raise BadRequest(f"input {name!r} is {datatype} but its data holds non-numeric values "
+                         f"(such as {raw.reshape(-1)[0]!r})")
+    if raw.size and dtype.kind in "iu":
+        if raw.dtype.kind == "f":
+            raise BadRequest(f"input {name!r} is {datatype} but its data holds fractional "
+                             "numbers; send integers or change the datatype")
+        info = np.iinfo(dtype)
+        if raw.min() < info.min or raw.max() > info.max:
+            raise BadRequest(f"input {name!r}: values out of range for {datatype} "
+                             f"({info.min}..{info.max})")
+    if raw.size and dtype.kind == "b" and raw.dtype.kind != "b":
+        raise BadRequest(f"input {name!r} is BOOL; send true/false values")
+    return raw.astype(dtype, copy=False).reshape(shape)
+
+
+def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
+    """Parse an infer request; errors name the input and say expected vs got."""
+    binary = memoryview(b"")
+    if header_length is not None:
+        try:
+            json_len = int(header_length)
+        except ValueError:
+            raise BadRequest(f"Inference-Header-Content-Length must be an integer, "
+                             f"got {header_length!r}") from None
+        if not 0 <= json_len <= len(body):
+            raise BadRequest(f"Inference-Header-Content-Length is {json_len} but the body "
+                             f"has only {len(body)} bytes")
+        view = memoryview(body)
+        doc, binary = _loads(view[:json_len]), view[json_len:]
+    else:
+        doc = _loads(body)
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest("request must have a non-empty 'inputs' array of tensors "
+                         "(each with name, datatype, shape and data)")
+    inputs: dict[str, Array] = {}
+    offset = 0
+    for i, item in enumerate(raw_inputs):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise BadRequest(f"inputs[{i}] must be an object with a string 'name'")
+        name = item["name"]
+        if name in inputs:
+            raise BadRequest(f"input {name!r} appears twice")
+        datatype = item.get("datatype")
+        if datatype not in V2_TO_NUMPY:
+            raise BadRequest(f"input {name!r} has datatype {datatype!r}; expected one of "
+                             f"{', '.join(V2_TO_NUMPY)}")
+        shape = _shape(name, item.get("shape"))
+        params = item.get("parameters") or {}
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise BadRequest(f"input {name!r} says binary_data_size {size} but only "
+                                 f"{len(binary) - offset} bytes of binary data remain")
+            try:
+                inputs[name] = from_wire(binary[offset : offset + size], datatype, shape)
+            except ValueError as exc:
+                raise BadRequest(f"input {name!r} {exc}") from None
+            offset += size
+        elif "data" in item:
+            inputs[name] = _json_tensor(name, datatype, shape, item["data"])
+        else:
+            raise BadRequest(f"input {name!r} has neither 'data' nor "
+                             "parameters.binary_data_size")
+    if offset != len(binary):
+        raise BadRequest(f"{len(binary) - offset} bytes of binary data follow the JSON header "
+                         "but no input claims them")
+    return _decode_outputs(doc, inputs)
+
+
+def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedRequest:
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("'parameters' must be an object")
+    binary_default = bool(params.get("binary_data_output", False))
+    outputs: tuple[str, ...] | None = None
+    binary: set[str] = set()
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise BadRequest("'outputs' must be an array of {\"name\": ...} objects")
+        names = []
+        for i, out in enumerate(raw_outputs):
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
+            names.append(out["name"])
+            out_params = out.get("parameters") or {}
+            if out_params.get("binary_data", binary_default):
+                binary.add(out["name"])
+        outputs = tuple(names)
+    request_id = doc.get("id")
+    return DecodedRequest(
+        id=str(request_id) if request_id is not None else None,
+        inputs=inputs,
+        outputs=outputs,
+        binary_outputs=frozenset(binary),
+        binary_by_default=binary_default and outputs is None,
+        parameters=params,
+    )
+
+
+def _json_data(array: Array) -> list[Any]:
+    flat = array.reshape(-1)
+    if array.dtype.kind in ("O", "S", "U"):
+        return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in flat]
+    return flat.tolist()  # type: ignore[no-any-return]
+
+
+def encode_response(
+    model: str,
+    version: int,
+    outputs: dict[str, Array],
+    request: DecodedRequest,
+) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header length when binary outputs follow it."""
+    entries: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, array in outputs.items():
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": v2_datatype(array.dtype),
+            "shape": list(array.shape),
+        }
+        if request.binary_by_default or name in request.binary_outputs:
+            blob = to_wire(array)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_data(array)
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model, "model_version": str(version), "outputs": entries}
+    if request.id is not None:
+        doc["id"] = request.id
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)

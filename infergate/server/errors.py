@@ -1,0 +1,48 @@
+"""The one place engine errors become HTTP answers: status, {"error": ...}, Retry-After."""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+
+from infergate.errors import InfergateError
+
+
+def error_response(status: int, message: str, retry_after_s: float | None = None) -> Response:
+    headers = {}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+    return Response(orjson.dumps({"error": message}), status_code=status,
+                    media_type="application/json", headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_engine_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, InfergateError)
+        return error_response(exc.status, str(exc), exc.retry_after_s)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, message)
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
+        )
+        return error_response(400, f"bad request to {request.url.path}: {problems}")
+
+    app.add_exception_handler(InfergateError, on_engine_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)

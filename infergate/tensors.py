@@ -1,0 +1,124 @@
+"""KServe V2 datatypes and their numpy counterparts, and the BYTES wire format.
+
+Shared by the HTTP codec, the worker transport and the client, so there is one
+definition of how a tensor looks as bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+V2_TO_NUMPY: Final[dict[str, np.dtype[np.generic]]] = {
+    "BOOL": np.dtype(np.bool_),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+}
+
+_NUMPY_KIND_TO_V2: Final[dict[np.dtype[np.generic], str]] = {
+    dt: name for name, dt in V2_TO_NUMPY.items() if name != "BYTES"
+}
+
+Array = npt.NDArray[np.generic]
+
+
+def v2_datatype(dtype: np.dtype[np.generic]) -> str:
+    """The V2 datatype name of a numpy dtype; strings and bytes are BYTES."""
+    if dtype.kind in ("O", "S", "U"):
+        return "BYTES"
+    try:
+        return _NUMPY_KIND_TO_V2[dtype.newbyteorder("=")]
+    except KeyError:
+        raise ValueError(f"numpy dtype {dtype} has no KServe V2 datatype") from None
+
+
+def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
+    try:
+        return V2_TO_NUMPY[datatype]
+    except KeyError:
+        known = ", ".join(V2_TO_NUMPY)
+        raise ValueError(f"unknown datatype {datatype!r}; expected one of {known}") from None
+
+
+def element_size(datatype: str) -> int:
+    """Bytes per element, or 0 for BYTES (variable length)."""
+    return 0 if datatype == "BYTES" else numpy_dtype(datatype).itemsize
+
+
+def _as_bytes(item: object) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    return str(item).encode("utf-8")
+
+
+def serialize_bytes(array: Array) -> bytes:
+    """BYTES tensor → each element as a 4-byte little-endian length, then its bytes."""
+    parts: list[bytes] = []
+    for item in array.reshape(-1):
+        raw = _as_bytes(item)
+        parts.append(struct.pack("<I", len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> Array:
+    """Inverse of serialize_bytes; a flat object array of bytes."""
+    view = memoryview(buffer)
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(view) and (count is None or len(items) < count):
+        if offset + 4 > len(view):
+            raise ValueError("BYTES data ends inside an element's 4-byte length prefix")
+        (length,) = struct.unpack_from("<I", view, offset)
+        offset += 4
+        if offset + length > len(view):
+            raise ValueError(
+                f"BYTES element {len(items)} claims {length} bytes but only "
+                f"{len(view) - offset} remain"
+            )
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+    if offset != len(view):
+        raise ValueError(f"{len(view) - offset} bytes left over after {len(items)} BYTES elements")
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+def to_wire(array: Array) -> bytes:
+    """Raw bytes of a tensor as the binary data extension carries it."""
+    if array.dtype.kind in ("O", "S", "U"):
+        return serialize_bytes(array)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def from_wire(buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...]) -> Array:
+    """A tensor from raw bytes; raises ValueError naming the size mismatch."""
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if datatype == "BYTES":
+        flat = deserialize_bytes(buffer)
+        if flat.size != count:
+            raise ValueError(f"holds {flat.size} BYTES elements but shape {list(shape)} needs {count}")
+        return flat.reshape(shape)
+    dtype = numpy_dtype(datatype).newbyteorder("<")
+    expected = count * dtype.itemsize
+    if len(buffer) != expected:
+        raise ValueError(
+            f"has {len(buffer)} bytes of data but shape {list(shape)} of {datatype} needs {expected}"
+        )
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
