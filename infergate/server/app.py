@@ -161,7 +161,9 @@ def create_app(engine: Engine, max_request_bytes: int) -> FastAPI:
     @app.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(request: Request, name: str, version: str | None = None) -> Response:
         number = _version_number(version)
-        engine.version(name, number)  # 404 before reading a large body
+        served = engine.version(name, number)  # 404 and 503 before reading a large body
+        if not served.ready:
+            raise served.not_ready_error()
         body = await _read_body(request, max_request_bytes)
         decoded = decode_request(body, request.headers.get(HEADER_LENGTH))
         result = await engine.infer(InferenceRequest(

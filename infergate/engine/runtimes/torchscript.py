@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,10 @@ class TorchScriptRuntime:
         elif device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"device {device} asked for, but torch sees no CUDA device")
         self._device = device
-        self._module = torch.jit.load(str(path), map_location=device)
+        with warnings.catch_warnings():
+            # torch 2.13 deprecates TorchScript for torch.export; TorchScript is what we serve.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._module = torch.jit.load(str(path), map_location=device)
         self._module.eval()
         self._inputs = inputs
         self._outputs = outputs

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.onnx_models import make_echo, make_loop, make_mlp
+from tests.server import ServerProcess
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_profile(folder: Path, text: str = "") -> Path:
+    path = folder / "profile.toml"
+    path.write_text(text or "[server]\nmax_request_mb = 1\n")
+    return path
+
+
+def build_repository(root: Path) -> Path:
+    """The models most server tests share."""
+    models = root / "models"
+    make_mlp(models / "mlp" / "1" / "model.onnx", offset=0.0)
+    make_mlp(models / "mlp" / "2" / "model.onnx", offset=100.0)
+    (models / "mlp" / "model.toml").write_text("[version_policy]\nall = true\n")
+    make_echo(models / "echo" / "1" / "model.onnx")
+    make_mlp(models / "lone.onnx", seed=3)
+    (models / "broken" / "1").mkdir(parents=True)
+    (models / "broken" / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
+    shutil.copytree(REPO / "models" / "digits", models / "digits")
+    shutil.copytree(REPO / "models" / "encoder", models / "encoder")
+    return models
+
+
+@pytest.fixture(scope="session")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_repository(tmp_path_factory.mktemp("repo"))
+
+
+@pytest.fixture(scope="session")
+def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("server")
+    proc = ServerProcess(repository, write_profile(folder), folder / "server.log").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def slow_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of its own (tests here kill its workers): a Loop model with a 1.5 s
+    execution timeout in two instances (loop) and in one (solo), and an MLP."""
+    models = tmp_path / "models"
+    for name, instances in (("loop", 2), ("solo", 1)):
+        make_loop(models / name / "1" / "model.onnx")
+        (models / name / "model.toml").write_text(
+            f"timeout_ms = 1500\ninstances = {instances}\n")
+    make_mlp(models / "mlp" / "1" / "model.onnx")
+    proc = ServerProcess(models, write_profile(tmp_path), tmp_path / "server.log").start()
+    yield proc
+    proc.stop()

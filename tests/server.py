@@ -1,0 +1,81 @@
+"""A real `infergate serve` in a subprocess on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(self, models: Path, profile: Path, log: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.models = models
+        self.profile = profile
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self._env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 90.0) -> ServerProcess:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "infergate", "serve", "--models", str(self.models),
+                 "--profile", str(self.profile), "--port", str(self.port)],
+                stdout=log, stderr=subprocess.STDOUT, env=self._env,
+                start_new_session=True,  # so a test can signal the whole group
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready in {timeout_s} s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def model(self, name: str) -> dict[str, Any]:
+        response = httpx.get(f"{self.url}/admin/models/{name}", timeout=5)
+        response.raise_for_status()
+        return response.json()  # type: ignore[no-any-return]
+
+    def worker_pids(self, name: str) -> list[int]:
+        return [i["pid"] for v in self.model(name)["versions"] for i in v["instances"]
+                if i["pid"] is not None]
+
+    def wait_model_state(self, name: str, state: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            model = self.model(name)
+            if model["state"] == state:
+                return model
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} is {model['state']}, not {state}: {model}")
+            time.sleep(0.05)

@@ -1,0 +1,127 @@
+"""Worker processes die, hang and come back; the gateway and the other models do not notice
+beyond a clear error for the requests that were on the dead worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+import psutil
+
+from tests.server import ServerProcess
+
+
+def loop_request(n: int) -> dict[str, Any]:
+    return {"inputs": [{"name": "n", "datatype": "INT64", "shape": [1], "data": [n]}]}
+
+
+def mlp_request() -> dict[str, Any]:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+
+
+class Background:
+    """One request in a thread, timed."""
+
+    def __init__(self, url: str, body: dict[str, Any]) -> None:
+        self.response: httpx.Response | None = None
+        self.elapsed = 0.0
+        self._thread = threading.Thread(target=self._run, args=(url, body))
+        self._thread.start()
+
+    def _run(self, url: str, body: dict[str, Any]) -> None:
+        started = time.monotonic()
+        self.response = httpx.post(url, json=body, timeout=30)
+        self.elapsed = time.monotonic() - started
+
+    def result(self) -> httpx.Response:
+        self._thread.join(30)
+        assert self.response is not None
+        return self.response
+
+
+def instance_pid(server: ServerProcess, model: str, index: int) -> int:
+    instances = server.model(model)["versions"][0]["instances"]
+    pid = instances[index]["pid"]
+    assert pid is not None
+    return int(pid)
+
+
+def test_workers_are_separate_processes_and_gateway_imports_no_runtime(
+    slow_server: ServerProcess,
+) -> None:
+    assert slow_server.process is not None
+    gateway = psutil.Process(slow_server.process.pid)
+    children = {c.pid for c in gateway.children(recursive=True)}
+    pids = [p for m in ("loop", "solo", "mlp") for p in slow_server.worker_pids(m)]
+    assert len(set(pids)) == 4
+    assert set(pids) <= children
+    # The gateway process has not loaded onnxruntime: no model code runs in it.
+    assert not any("onnxruntime" in m.path for m in gateway.memory_maps())
+
+
+def test_sigkill_mid_request_fails_fast_and_the_worker_restarts(
+    slow_server: ServerProcess,
+) -> None:
+    url = f"{slow_server.url}/v2/models/solo/infer"
+    old = instance_pid(slow_server, "solo", 0)
+    hanging = Background(url, loop_request(10**9))  # would run for half an hour
+    time.sleep(0.3)  # let it reach the worker (a real process; no clock to inject)
+    os.kill(old, signal.SIGKILL)
+    response = hanging.result()
+    assert response.status_code == 503
+    assert "killed by signal 9" in response.json()["error"]
+    assert response.headers["Retry-After"] == "1"
+    assert hanging.elapsed < 1.4  # well before the 1.5 s execution timeout
+    # Ready tells the truth while the worker restarts; the other models keep serving.
+    assert httpx.get(f"{slow_server.url}/v2/models/solo/ready").status_code == 503
+    assert httpx.post(f"{slow_server.url}/v2/models/mlp/infer", json=mlp_request()
+                      ).status_code == 200
+    model = slow_server.wait_model_state("solo", "ready")
+    instance = model["versions"][0]["instances"][0]
+    assert instance["restarts"] == 1
+    assert instance["pid"] != old
+    assert httpx.post(url, json=loop_request(5)).json()["outputs"][0]["data"] == [5.0]
+
+
+def test_a_request_on_a_killed_worker_is_retried_on_a_sibling(
+    slow_server: ServerProcess,
+) -> None:
+    url = f"{slow_server.url}/v2/models/loop/infer"
+    running = Background(url, loop_request(400_000))  # about a second of work
+    time.sleep(0.2)
+    os.kill(instance_pid(slow_server, "loop", 0), signal.SIGKILL)
+    response = running.result()
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0]["data"] == [400_000.0]
+
+
+def test_a_hung_worker_is_killed_at_the_execution_timeout(slow_server: ServerProcess) -> None:
+    url = f"{slow_server.url}/v2/models/loop/infer"
+    old = instance_pid(slow_server, "loop", 0)
+    hanging = Background(url, loop_request(10**9))
+    # Meanwhile the gateway answers health, metadata and other models at once.
+    for _ in range(5):
+        assert httpx.get(f"{slow_server.url}/v2/health/live", timeout=1).status_code == 200
+        assert httpx.post(f"{slow_server.url}/v2/models/mlp/infer", json=mlp_request(),
+                          timeout=1).status_code == 200
+    response = hanging.result()
+    assert response.status_code == 504
+    assert "did not answer within 1500 ms" in response.json()["error"]
+    assert 1.4 < hanging.elapsed < 5
+    assert not psutil.pid_exists(old) or psutil.Process(old).status() == psutil.STATUS_ZOMBIE
+    slow_server.wait_model_state("loop", "ready")
+    assert httpx.post(url, json=loop_request(3)).json()["outputs"][0]["data"] == [3.0]
+
+
+def test_a_client_timeout_shorter_than_the_model_s_applies(slow_server: ServerProcess) -> None:
+    body = loop_request(10**9)
+    body["parameters"] = {"timeout": 300_000}  # microseconds, as tritonclient sends it
+    started = time.monotonic()
+    response = httpx.post(f"{slow_server.url}/v2/models/loop/infer", json=body, timeout=30)
+    assert response.status_code == 504
+    assert "within 300 ms" in response.json()["error"]
+    assert time.monotonic() - started < 1.4
