@@ -39,23 +39,32 @@ def default_url() -> str:
 
 
 def encode_infer_request(
-    inputs: dict[str, Array], outputs: list[str] | None = None, binary: bool = True,
-    request_id: str | None = None, parameters: dict[str, Any] | None = None,
+    inputs: dict[str, Array],
+    outputs: list[str] | None = None,
+    binary: bool = True,
+    request_id: str | None = None,
+    parameters: dict[str, Any] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """A V2 request body and its headers, binary tensors after the JSON header."""
     tensors = []
     blobs = []
     for name, array in inputs.items():
-        entry: dict[str, Any] = {"name": name, "datatype": v2_datatype(array.dtype),
-                                 "shape": list(array.shape)}
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": v2_datatype(array.dtype),
+            "shape": list(array.shape),
+        }
         if binary:
             blob = to_wire(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
             flat = array.reshape(-1)
-            entry["data"] = ([x.decode() if isinstance(x, bytes) else x for x in flat]
-                             if array.dtype.kind == "O" else flat.tolist())
+            entry["data"] = (
+                [x.decode() if isinstance(x, bytes) else x for x in flat]
+                if array.dtype.kind == "O"
+                else flat.tolist()
+            )
         tensors.append(entry)
     doc: dict[str, Any] = {"inputs": tensors, "parameters": dict(parameters or {})}
     if binary:
@@ -85,19 +94,22 @@ def decode_infer_response(body: bytes, header_length: str | None) -> InferRespon
             outputs[out["name"]] = from_wire(body[offset : offset + size], out["datatype"], shape)
             offset += size
         elif out["datatype"] == "BYTES":
-            flat = np.array([s.encode() if isinstance(s, str) else s for s in out["data"]],
-                            dtype=object)
+            flat = np.array(
+                [s.encode() if isinstance(s, str) else s for s in out["data"]], dtype=object
+            )
             outputs[out["name"]] = flat.reshape(shape)
         else:
             dtype = numpy_dtype(out["datatype"])
             outputs[out["name"]] = np.array(out["data"], dtype=dtype).reshape(shape)
-    return InferResponse(doc.get("model_name", ""), str(doc.get("model_version", "")),
-                         doc.get("id"), outputs, doc)
+    return InferResponse(
+        doc.get("model_name", ""), str(doc.get("model_version", "")), doc.get("id"), outputs, doc
+    )
 
 
 class Client:
-    def __init__(self, url: str | None = None, token: str | None = None,
-                 timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0
+    ) -> None:
         headers = {}
         token = token if token is not None else os.environ.get("INFERGATE_TOKEN")
         if token:
@@ -118,8 +130,11 @@ class Client:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise ClientError(0, f"cannot reach infergate at {self.url}: {exc}. Hint: is "
-                                 "`infergate serve` running? Set --url or INFERGATE_URL") from None
+            raise ClientError(
+                0,
+                f"cannot reach infergate at {self.url}: {exc}. Hint: is "
+                "`infergate serve` running? Set --url or INFERGATE_URL",
+            ) from None
         if response.status_code >= 400:
             try:
                 message = response.json().get("error", response.text)
@@ -160,16 +175,22 @@ class Client:
         return self._json("POST", "/v2/repository/index")  # type: ignore[no-any-return]
 
     def infer(
-        self, model: str, inputs: dict[str, Array], version: str | None = None,
-        outputs: list[str] | None = None, binary: bool = True,
+        self,
+        model: str,
+        inputs: dict[str, Array],
+        version: str | None = None,
+        outputs: list[str] | None = None,
+        binary: bool = True,
         parameters: dict[str, Any] | None = None,
     ) -> InferResponse:
         body, headers = encode_infer_request(inputs, outputs, binary, parameters=parameters)
         return self.infer_raw(model, body, headers, version)
 
-    def infer_raw(self, model: str, body: bytes, headers: dict[str, str],
-                  version: str | None = None) -> InferResponse:
+    def infer_raw(
+        self, model: str, body: bytes, headers: dict[str, str], version: str | None = None
+    ) -> InferResponse:
         path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
         response = self._request("POST", path, content=body, headers=headers)
-        return decode_infer_response(response.content,
-                                     response.headers.get("inference-header-content-length"))
+        return decode_infer_response(
+            response.content, response.headers.get("inference-header-content-length")
+        )

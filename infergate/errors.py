@@ -1,14 +1,14 @@
 """One exception tree for the engine; the HTTP edge maps each class to a status code.
 
-    InfergateError                    500
-    ├── BadRequest                    400  (shape, dtype, size, JSON)
-    │   └── PayloadTooLarge           413
-    ├── ModelNotFound                 404  (unknown model or version)
-    ├── ModelNotReady                 503  (loading, restarting, unavailable)
-    ├── WorkerFailed                  503  (the worker died or was killed mid-request)
-    ├── DeadlineExceeded              504  (the request ran past its timeout)
-    ├── ModelExecutionError           500  (the runtime raised)
-    └── ConfigError                        (a model.toml or profile is wrong; not an HTTP error)
+InfergateError                    500
+├── BadRequest                    400  (shape, dtype, size, JSON)
+│   └── PayloadTooLarge           413
+├── ModelNotFound                 404  (unknown model or version)
+├── ModelNotReady                 503  (loading, restarting, unavailable)
+├── WorkerFailed                  503  (the worker died or was killed mid-request)
+├── DeadlineExceeded              504  (the request ran past its timeout)
+├── ModelExecutionError           500  (the runtime raised)
+└── ConfigError                        (a model.toml or profile is wrong; not an HTTP error)
 """
 
 from __future__ import annotations

@@ -42,14 +42,14 @@ def load_profile(path: Path | None) -> Profile:
     root = Table(data, path)
     server = root.table("server")
     defaults = ServerSettings()
-    models = server.str("models", str(defaults.models))
+    models = server.string("models", str(defaults.models))
     models_path = Path(models)
     if not models_path.is_absolute() and path.parent.name == "profiles":
         # "models" in profiles/default.toml means the models folder beside profiles/.
         models_path = path.parent.parent / models_path
     settings = ServerSettings(
-        host=server.str("host", defaults.host),
-        port=server.int("port", defaults.port, minimum=0),
+        host=server.string("host", defaults.host),
+        port=server.integer("port", defaults.port, minimum=0),
         models=models_path,
         max_request_mb=server.number("max_request_mb", defaults.max_request_mb, minimum=0.001),
         load_timeout_s=server.number("load_timeout_s", defaults.load_timeout_s, minimum=1),
@@ -58,5 +58,8 @@ def load_profile(path: Path | None) -> Profile:
     for name in _OWNED_ELSEWHERE:
         root.table(name)  # checked to be a table; its keys are validated by its owner
     root.reject_unknown()
-    return Profile(source=path, server=settings,
-                   sections={name: data.get(name, {}) for name in _OWNED_ELSEWHERE})
+    return Profile(
+        source=path,
+        server=settings,
+        sections={name: data.get(name, {}) for name in _OWNED_ELSEWHERE},
+    )

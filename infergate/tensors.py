@@ -113,12 +113,15 @@ def from_wire(buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...])
     if datatype == "BYTES":
         flat = deserialize_bytes(buffer)
         if flat.size != count:
-            raise ValueError(f"holds {flat.size} BYTES elements but shape {list(shape)} needs {count}")
+            raise ValueError(
+                f"holds {flat.size} BYTES elements but shape {list(shape)} needs {count}"
+            )
         return flat.reshape(shape)
     dtype = numpy_dtype(datatype).newbyteorder("<")
     expected = count * dtype.itemsize
     if len(buffer) != expected:
         raise ValueError(
-            f"has {len(buffer)} bytes of data but shape {list(shape)} of {datatype} needs {expected}"
+            f"has {len(buffer)} bytes of data but shape {list(shape)} of {datatype} "
+            f"needs {expected}"
         )
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)

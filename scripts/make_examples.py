@@ -28,8 +28,9 @@ def make_digits(models: Path, examples: Path) -> float:
     clf = MLPClassifier(hidden_layer_sizes=(64,), max_iter=400, random_state=0)
     clf.fit(x_train, y_train)
     accuracy = float(clf.score(x_test, y_test))
-    onx = to_onnx(clf, x_train[:1], options={id(clf): {"zipmap": False}},
-                  initial_types=None, target_opset=17)
+    onx = to_onnx(
+        clf, x_train[:1], options={id(clf): {"zipmap": False}}, initial_types=None, target_opset=17
+    )
     # Name the tensors for people: input, label, probabilities.
     onx.graph.input[0].name = "input"
     for node in onx.graph.node:
@@ -62,7 +63,7 @@ def make_encoder(models: Path, examples: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     module.save(str(folder / "model.pt"))
     (models / "encoder" / "model.toml").write_text(
-        '# A TorchScript file carries no tensor names: declare them here.\n'
+        "# A TorchScript file carries no tensor names: declare them here.\n"
         'runtime = "torchscript"\n\n'
         '[[inputs]]\nname = "features"\ndatatype = "FP32"\nshape = [-1, 8]\n\n'
         '[[outputs]]\nname = "embedding"\ndatatype = "FP32"\nshape = [-1, 4]\n'

@@ -53,8 +53,7 @@ def slow_server(tmp_path: Path) -> Iterator[ServerProcess]:
     models = tmp_path / "models"
     for name, instances in (("loop", 2), ("solo", 1)):
         make_loop(models / name / "1" / "model.onnx")
-        (models / name / "model.toml").write_text(
-            f"timeout_ms = 1500\ninstances = {instances}\n")
+        (models / name / "model.toml").write_text(f"timeout_ms = 1500\ninstances = {instances}\n")
     make_mlp(models / "mlp" / "1" / "model.onnx")
     proc = ServerProcess(models, write_profile(tmp_path), tmp_path / "server.log").start()
     yield proc

@@ -39,14 +39,17 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
 def mlp_weights(sizes: tuple[int, ...], seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [
-        ((rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32),
-         (rng.standard_normal(b) * 0.1).astype(np.float32))
+        (
+            (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32),
+            (rng.standard_normal(b) * 0.1).astype(np.float32),
+        )
         for a, b in zip(sizes[:-1], sizes[1:], strict=False)
     ]
 
 
-def make_mlp(path: Path, sizes: tuple[int, ...] = (4, 8, 3), seed: int = 0,
-             offset: float = 0.0) -> Path:
+def make_mlp(
+    path: Path, sizes: tuple[int, ...] = (4, 8, 3), seed: int = 0, offset: float = 0.0
+) -> Path:
     """x [-1, sizes[0]] -> y [-1, sizes[-1]]; `offset` is added to y, so versions differ."""
     nodes, inits = [], []
     current = "x"
@@ -63,7 +66,8 @@ def make_mlp(path: Path, sizes: tuple[int, ...] = (4, 8, 3), seed: int = 0,
     inits.append(numpy_helper.from_array(np.array([offset], dtype=np.float32), "offset"))
     nodes.append(helper.make_node("Add", [current, "offset"], ["y"]))
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", sizes[0]])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", sizes[-1]])],
         inits,

@@ -21,8 +21,9 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, models: Path, profile: Path, log: Path,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, models: Path, profile: Path, log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.models = models
         self.profile = profile
         self.port = free_port()
@@ -34,9 +35,21 @@ class ServerProcess:
     def start(self, timeout_s: float = 90.0) -> ServerProcess:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "infergate", "serve", "--models", str(self.models),
-                 "--profile", str(self.profile), "--port", str(self.port)],
-                stdout=log, stderr=subprocess.STDOUT, env=self._env,
+                [
+                    sys.executable,
+                    "-m",
+                    "infergate",
+                    "serve",
+                    "--models",
+                    str(self.models),
+                    "--profile",
+                    str(self.profile),
+                    "--port",
+                    str(self.port),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env,
                 start_new_session=True,  # so a test can signal the whole group
             )
         deadline = time.monotonic() + timeout_s
@@ -67,8 +80,12 @@ class ServerProcess:
         return response.json()  # type: ignore[no-any-return]
 
     def worker_pids(self, name: str) -> list[int]:
-        return [i["pid"] for v in self.model(name)["versions"] for i in v["instances"]
-                if i["pid"] is not None]
+        return [
+            i["pid"]
+            for v in self.model(name)["versions"]
+            for i in v["instances"]
+            if i["pid"] is not None
+        ]
 
     def wait_model_state(self, name: str, state: str, timeout_s: float = 60.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s

@@ -13,8 +13,12 @@ from tests.server import ServerProcess
 
 
 def x_input(**overrides: Any) -> dict[str, Any]:
-    tensor: dict[str, Any] = {"name": "x", "datatype": "FP32", "shape": [1, 4],
-                              "data": [1, 2, 3, 4]}
+    tensor: dict[str, Any] = {
+        "name": "x",
+        "datatype": "FP32",
+        "shape": [1, 4],
+        "data": [1, 2, 3, 4],
+    }
     tensor.update(overrides)
     return tensor
 
@@ -22,62 +26,163 @@ def x_input(**overrides: Any) -> dict[str, Any]:
 JSON = {"Content-Type": "application/json"}
 CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
     ("unknown model", "/v2/models/nope/infer", b"{}", JSON, 404, "unknown model 'nope'"),
-    ("unknown version", "/v2/models/mlp/versions/9/infer", b"{}", JSON, 404,
-     "no version 9 being served; live versions: 1, 2"),
-    ("bad version", "/v2/models/mlp/versions/abc/infer", b"{}", JSON, 400,
-     "positive integer"),
+    (
+        "unknown version",
+        "/v2/models/mlp/versions/9/infer",
+        b"{}",
+        JSON,
+        404,
+        "no version 9 being served; live versions: 1, 2",
+    ),
+    ("bad version", "/v2/models/mlp/versions/abc/infer", b"{}", JSON, 400, "positive integer"),
     ("malformed JSON", "/v2/models/mlp/infer", b'{"inputs": [', JSON, 400, "not valid JSON"),
     ("not an object", "/v2/models/mlp/infer", b"[1, 2]", JSON, 400, "JSON object"),
     ("no inputs", "/v2/models/mlp/infer", b'{"inputs": []}', JSON, 400, "non-empty 'inputs'"),
-    ("missing input", "/v2/models/echo/infer",
-     orjson.dumps({"inputs": [{"name": "in_FP32", "datatype": "FP32", "shape": [1, 2],
-                               "data": [1, 2]}]}), JSON, 400, "input 'in_BOOL' is missing"),
-    ("unexpected input", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input(), x_input(name="z")]}), JSON, 400,
-     "unexpected input 'z'"),
-    ("wrong datatype", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input(datatype="FP64")]}), JSON, 400,
-     "input 'x' has datatype FP64 but model 'mlp' expects FP32"),
-    ("unknown datatype", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input(datatype="FLOAT")]}), JSON, 400,
-     "datatype 'FLOAT'; expected one of"),
-    ("wrong shape", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input(shape=[1, 5], data=[1, 2, 3, 4, 5])]}), JSON, 400,
-     "input 'x' has shape [1, 5] but model 'mlp' expects [-1, 4]"),
-    ("wrong rank", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input(shape=[4])]}), JSON, 400, "expects [-1, 4]"),
-    ("data length vs shape", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input(shape=[2, 4])]}), JSON, 400,
-     "has 4 elements of data but shape [2, 4] needs 8"),
-    ("non-numeric data", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input(data=["a", "b", "c", "d"])]}), JSON, 400,
-     "non-numeric values"),
-    ("fractional int", "/v2/models/echo/infer",
-     orjson.dumps({"inputs": [{"name": "in_INT32", "datatype": "INT32", "shape": [1, 2],
-                               "data": [1.5, 2]}]}), JSON, 400, "fractional"),
-    ("bad shape", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input(shape=[1, "4"])]}), JSON, 400,
-     "'shape' must be a list of non-negative integers"),
-    ("no data", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4]}]}), JSON,
-     400, "neither 'data' nor parameters.binary_data_size"),
-    ("binary size vs shape", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input(data=None, parameters={"binary_data_size": 12})]})
-     + b"\0" * 12, {"Inference-Header-Content-Length": "104"}, 400,
-     "has 12 bytes of data but shape [1, 4] of FP32 needs 16"),
-    ("binary data missing", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input(data=None, parameters={"binary_data_size": 16})]}),
-     {"Inference-Header-Content-Length": "104"}, 400, "remain"),
-    ("bad header length", "/v2/models/mlp/infer", b"{}",
-     {"Inference-Header-Content-Length": "999"}, 400, "body has only 2 bytes"),
-    ("unknown output", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input()], "outputs": [{"name": "nope"}]}), JSON, 400,
-     "unknown output 'nope' requested from model 'mlp'; it has y"),
-    ("too large", "/v2/models/mlp/infer", b"{" + b" " * (2 << 20) + b"}", JSON, 413,
-     "over the 1 MB limit"),
-    ("bad timeout", "/v2/models/mlp/infer",
-     orjson.dumps({"inputs": [x_input()], "parameters": {"timeout": "soon"}}), JSON, 400,
-     "parameters.timeout"),
+    (
+        "missing input",
+        "/v2/models/echo/infer",
+        orjson.dumps(
+            {"inputs": [{"name": "in_FP32", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+        ),
+        JSON,
+        400,
+        "input 'in_BOOL' is missing",
+    ),
+    (
+        "unexpected input",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(), x_input(name="z")]}),
+        JSON,
+        400,
+        "unexpected input 'z'",
+    ),
+    (
+        "wrong datatype",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(datatype="FP64")]}),
+        JSON,
+        400,
+        "input 'x' has datatype FP64 but model 'mlp' expects FP32",
+    ),
+    (
+        "unknown datatype",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(datatype="FLOAT")]}),
+        JSON,
+        400,
+        "datatype 'FLOAT'; expected one of",
+    ),
+    (
+        "wrong shape",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(shape=[1, 5], data=[1, 2, 3, 4, 5])]}),
+        JSON,
+        400,
+        "input 'x' has shape [1, 5] but model 'mlp' expects [-1, 4]",
+    ),
+    (
+        "wrong rank",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(shape=[4])]}),
+        JSON,
+        400,
+        "expects [-1, 4]",
+    ),
+    (
+        "data length vs shape",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(shape=[2, 4])]}),
+        JSON,
+        400,
+        "has 4 elements of data but shape [2, 4] needs 8",
+    ),
+    (
+        "non-numeric data",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(data=["a", "b", "c", "d"])]}),
+        JSON,
+        400,
+        "non-numeric values",
+    ),
+    (
+        "fractional int",
+        "/v2/models/echo/infer",
+        orjson.dumps(
+            {
+                "inputs": [
+                    {"name": "in_INT32", "datatype": "INT32", "shape": [1, 2], "data": [1.5, 2]}
+                ]
+            }
+        ),
+        JSON,
+        400,
+        "fractional",
+    ),
+    (
+        "bad shape",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(shape=[1, "4"])]}),
+        JSON,
+        400,
+        "'shape' must be a list of non-negative integers",
+    ),
+    (
+        "no data",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4]}]}),
+        JSON,
+        400,
+        "neither 'data' nor parameters.binary_data_size",
+    ),
+    (
+        "binary size vs shape",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(data=None, parameters={"binary_data_size": 12})]})
+        + b"\0" * 12,
+        {"Inference-Header-Content-Length": "104"},
+        400,
+        "has 12 bytes of data but shape [1, 4] of FP32 needs 16",
+    ),
+    (
+        "binary data missing",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(data=None, parameters={"binary_data_size": 16})]}),
+        {"Inference-Header-Content-Length": "104"},
+        400,
+        "remain",
+    ),
+    (
+        "bad header length",
+        "/v2/models/mlp/infer",
+        b"{}",
+        {"Inference-Header-Content-Length": "999"},
+        400,
+        "body has only 2 bytes",
+    ),
+    (
+        "unknown output",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input()], "outputs": [{"name": "nope"}]}),
+        JSON,
+        400,
+        "unknown output 'nope' requested from model 'mlp'; it has y",
+    ),
+    (
+        "too large",
+        "/v2/models/mlp/infer",
+        b"{" + b" " * (2 << 20) + b"}",
+        JSON,
+        413,
+        "over the 1 MB limit",
+    ),
+    (
+        "bad timeout",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input()], "parameters": {"timeout": "soon"}}),
+        JSON,
+        400,
+        "parameters.timeout",
+    ),
     ("unknown endpoint", "/v2/nothing/here", b"{}", JSON, 404, "no such endpoint"),
 ]
 
@@ -90,12 +195,22 @@ def _fix_header_length(body: bytes, headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
-@pytest.mark.parametrize(("path", "body", "headers", "status", "message"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_request(server: ServerProcess, path: str, body: bytes, headers: dict[str, str],
-                     status: int, message: str) -> None:
-    response = httpx.post(server.url + path, content=body,
-                          headers=_fix_header_length(body, headers))
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "status", "message"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_bad_request(
+    server: ServerProcess,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    status: int,
+    message: str,
+) -> None:
+    response = httpx.post(
+        server.url + path, content=body, headers=_fix_header_length(body, headers)
+    )
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     assert message in response.json()["error"]

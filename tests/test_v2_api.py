@@ -49,8 +49,12 @@ def test_json_infer_equals_onnxruntime_and_echoes_id(
     server: ServerProcess, repository: Path
 ) -> None:
     x = np.arange(8, dtype=np.float32).reshape(2, 4) / 7
-    body = {"id": "req-42", "inputs": [
-        {"name": "x", "datatype": "FP32", "shape": [2, 4], "data": x.reshape(-1).tolist()}]}
+    body = {
+        "id": "req-42",
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [2, 4], "data": x.reshape(-1).tolist()}
+        ],
+    }
     response = httpx.post(f"{server.url}/v2/models/mlp/versions/1/infer", json=body)
     assert response.status_code == 200, response.text
     doc = response.json()
@@ -66,8 +70,9 @@ def test_json_infer_equals_onnxruntime_and_echoes_id(
 
 def test_default_version_is_the_highest(server: ServerProcess) -> None:
     x = np.zeros((1, 4), np.float32)
-    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
-                        "data": x.tolist()}]}  # nested data is accepted too
+    body = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": x.tolist()}]
+    }  # nested data is accepted too
     doc = httpx.post(f"{server.url}/v2/models/mlp/infer", json=body).json()
     assert doc["model_version"] == "2"
     assert min(doc["outputs"][0]["data"]) > 50  # version 2 adds 100
@@ -75,15 +80,26 @@ def test_default_version_is_the_highest(server: ServerProcess) -> None:
 
 def test_binary_request_and_response(server: ServerProcess, repository: Path) -> None:
     x = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
-    header = orjson.dumps({
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [5, 4],
-                    "parameters": {"binary_data_size": x.nbytes}}],
-        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
-    })
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP32",
+                    "shape": [5, 4],
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    )
     response = httpx.post(
-        f"{server.url}/v2/models/lone/infer", content=header + x.tobytes(),
-        headers={"Inference-Header-Content-Length": str(len(header)),
-                 "Content-Type": "application/octet-stream"},
+        f"{server.url}/v2/models/lone/infer",
+        content=header + x.tobytes(),
+        headers={
+            "Inference-Header-Content-Length": str(len(header)),
+            "Content-Type": "application/octet-stream",
+        },
     )
     assert response.status_code == 200, response.text
     json_len = int(response.headers["Inference-Header-Content-Length"])
@@ -105,14 +121,16 @@ def _echo_inputs() -> dict[str, np.ndarray]:
             from infergate.tensors import numpy_dtype
 
             dtype = numpy_dtype(name)
-            out[name] = (rng.integers(0, 100, (2, 2)) * (1 if dtype.kind != "f" else 0.5)
-                         ).astype(dtype)
+            out[name] = (rng.integers(0, 100, (2, 2)) * (1 if dtype.kind != "f" else 0.5)).astype(
+                dtype
+            )
     return out
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
-def test_tritonclient_every_datatype(triton_client: triton.InferenceServerClient,
-                                     binary: bool) -> None:
+def test_tritonclient_every_datatype(
+    triton_client: triton.InferenceServerClient, binary: bool
+) -> None:
     values = _echo_inputs()
     inputs = []
     for name, array in values.items():
@@ -152,8 +170,10 @@ def test_tritonclient_defaults_and_repository_index(
     probabilities = result.as_numpy("probabilities")
     assert probabilities.shape == (1, 10)
     np.testing.assert_allclose(
-        probabilities, ort_run(repository / "digits" / "1" / "model.onnx", {"input": sample})[1],
-        rtol=1e-6)
+        probabilities,
+        ort_run(repository / "digits" / "1" / "model.onnx", {"input": sample})[1],
+        rtol=1e-6,
+    )
     index = {(m["name"], m.get("version")): m for m in triton_client.get_model_repository_index()}
     assert index[("mlp", "1")]["state"] == "READY"
     assert index[("broken", "1")]["state"] == "FAILED"
@@ -169,8 +189,10 @@ def test_tritonclient_sees_errors(triton_client: triton.InferenceServerClient) -
 
 def test_requested_outputs_only(server: ServerProcess) -> None:
     sample = np.zeros(64, np.float32).tolist()
-    body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": sample}],
-            "outputs": [{"name": "label"}]}
+    body = {
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": sample}],
+        "outputs": [{"name": "label"}],
+    }
     doc = httpx.post(f"{server.url}/v2/models/digits/infer", json=body).json()
     assert [o["name"] for o in doc["outputs"]] == ["label"]
 
@@ -179,16 +201,23 @@ def test_torchscript_model_is_served(server: ServerProcess) -> None:
     import torch
 
     features = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
-    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [2, 8],
-                        "data": features.reshape(-1).tolist()}]}
+    body = {
+        "inputs": [
+            {
+                "name": "features",
+                "datatype": "FP32",
+                "shape": [2, 8],
+                "data": features.reshape(-1).tolist(),
+            }
+        ]
+    }
     response = httpx.post(f"{server.url}/v2/models/encoder/infer", json=body)
     assert response.status_code == 200, response.text
     out = response.json()["outputs"][0]
     assert out["name"] == "embedding"
     got = np.array(out["data"], np.float32).reshape(out["shape"])
     module = torch.jit.load(str(Path(__file__).parent.parent / "models/encoder/1/model.pt"))
-    np.testing.assert_allclose(got, module(torch.from_numpy(features)).detach().numpy(),
-                               rtol=1e-5)
+    np.testing.assert_allclose(got, module(torch.from_numpy(features)).detach().numpy(), rtol=1e-5)
     meta = httpx.get(f"{server.url}/v2/models/encoder").json()
     assert meta["platform"] == "pytorch_libtorch"
 

@@ -78,8 +78,9 @@ def test_sigkill_mid_request_fails_fast_and_the_worker_restarts(
     assert hanging.elapsed < 1.4  # well before the 1.5 s execution timeout
     # Ready tells the truth while the worker restarts; the other models keep serving.
     assert httpx.get(f"{slow_server.url}/v2/models/solo/ready").status_code == 503
-    assert httpx.post(f"{slow_server.url}/v2/models/mlp/infer", json=mlp_request()
-                      ).status_code == 200
+    assert (
+        httpx.post(f"{slow_server.url}/v2/models/mlp/infer", json=mlp_request()).status_code == 200
+    )
     model = slow_server.wait_model_state("solo", "ready")
     instance = model["versions"][0]["instances"][0]
     assert instance["restarts"] == 1
@@ -106,8 +107,12 @@ def test_a_hung_worker_is_killed_at_the_execution_timeout(slow_server: ServerPro
     # Meanwhile the gateway answers health, metadata and other models at once.
     for _ in range(5):
         assert httpx.get(f"{slow_server.url}/v2/health/live", timeout=1).status_code == 200
-        assert httpx.post(f"{slow_server.url}/v2/models/mlp/infer", json=mlp_request(),
-                          timeout=1).status_code == 200
+        assert (
+            httpx.post(
+                f"{slow_server.url}/v2/models/mlp/infer", json=mlp_request(), timeout=1
+            ).status_code
+            == 200
+        )
     response = hanging.result()
     assert response.status_code == 504
     assert "did not answer within 1500 ms" in response.json()["error"]

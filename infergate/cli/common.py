@@ -12,11 +12,13 @@ from rich.console import Console
 from infergate.client import Client, ClientError, default_url
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # errors stay one greppable line
 
 UrlOption = Annotated[
     str | None,
-    typer.Option("--url", envvar="INFERGATE_URL", help="Server URL [default: http://127.0.0.1:8000]"),
+    typer.Option(
+        "--url", envvar="INFERGATE_URL", help="Server URL [default: http://127.0.0.1:8000]"
+    ),
 ]
 TokenOption = Annotated[
     str | None,
@@ -32,8 +34,9 @@ def client(url: str | None, token: str | None) -> Client:
 
 
 def print_json(doc: Any) -> None:
-    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
-                     .decode() + "\n")
+    sys.stdout.write(
+        orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
+    )
 
 
 def fail(message: str, code: int = EXIT_FAILURE, as_json: bool = False) -> NoReturn:
@@ -50,8 +53,12 @@ def fail_client(exc: ClientError, as_json: bool = False) -> NoReturn:
 
 
 STATE_STYLES = {
-    "ready": "green", "loading": "yellow", "restarting": "yellow", "failed": "red",
-    "unavailable": "red", "stopped": "dim",
+    "ready": "green",
+    "loading": "yellow",
+    "restarting": "yellow",
+    "failed": "red",
+    "unavailable": "red",
+    "stopped": "dim",
 }
 
 

@@ -31,8 +31,11 @@ def _version(package: str) -> str | None:
 
 def _python() -> Check:
     ok = sys.version_info >= (3, 10)
-    return Check("python", "ok" if ok else "fail",
-                 f"{platform.python_version()} on {platform.system()} {platform.machine()}")
+    return Check(
+        "python",
+        "ok" if ok else "fail",
+        f"{platform.python_version()} on {platform.system()} {platform.machine()}",
+    )
 
 
 def _onnxruntime() -> Check:
@@ -47,12 +50,18 @@ def _onnxruntime() -> Check:
 def _torch() -> Check:
     version = _version("torch")
     if version is None:
-        return Check("torch", "warn", "not installed: TorchScript models are unavailable. "
-                                      "Hint: ./install.sh --torch")
+        return Check(
+            "torch",
+            "warn",
+            "not installed: TorchScript models are unavailable. Hint: ./install.sh --torch",
+        )
     import torch
 
-    cuda = f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)" \
-        if torch.cuda.is_available() else "CPU only"
+    cuda = (
+        f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)"
+        if torch.cuda.is_available()
+        else "CPU only"
+    )
     return Check("torch", "ok", f"{version}; {cuda}")
 
 
@@ -60,13 +69,18 @@ def _nvml() -> Check:
     try:
         import pynvml
     except ImportError:
-        return Check("nvml", "ok", "nvidia-ml-py not installed: serving on the CPU "
-                                   "(./install.sh adds it when nvidia-smi answers)")
+        return Check(
+            "nvml",
+            "ok",
+            "nvidia-ml-py not installed: serving on the CPU "
+            "(./install.sh adds it when nvidia-smi answers)",
+        )
     try:
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
-        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                 for i in range(count)]
+        names = [
+            pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)
+        ]
         pynvml.nvmlShutdown()
     except pynvml.NVMLError as exc:
         return Check("nvml", "warn", f"installed but no GPU answers: {exc}")
@@ -82,8 +96,7 @@ def _models(models: Path) -> list[Check]:
         entries = scan_repository(models)
     except ConfigError as exc:
         return [Check("models", "fail", str(exc))]
-    checks = [Check("models", "ok" if entries else "warn",
-                    f"{len(entries)} model(s) in {models}")]
+    checks = [Check("models", "ok" if entries else "warn", f"{len(entries)} model(s) in {models}")]
     for entry in entries:
         if entry.problem:
             checks.append(Check(f"model {entry.name}", "fail", entry.problem))
@@ -91,9 +104,14 @@ def _models(models: Path) -> list[Check]:
         runtimes = {v.runtime for v in entry.versions}
         reasons = [r for r in map(unavailable_reason, sorted(runtimes)) if r]
         versions = ", ".join(str(v.version) for v in entry.served_versions())
-        checks.append(Check(f"model {entry.name}", "warn" if reasons else "ok",
-                            "; ".join(reasons) or f"{'/'.join(sorted(runtimes))}, "
-                                                  f"serving version(s) {versions}"))
+        checks.append(
+            Check(
+                f"model {entry.name}",
+                "warn" if reasons else "ok",
+                "; ".join(reasons)
+                or f"{'/'.join(sorted(runtimes))}, serving version(s) {versions}",
+            )
+        )
     return checks
 
 

@@ -69,8 +69,9 @@ def _build_inputs(items: list[str], metadata: dict[str, Any]) -> dict[str, Array
 
 def _preview(array: Array, limit: int = 10) -> str:
     flat = array.reshape(-1)
-    items = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x
-             for x in flat[:limit].tolist()]
+    items = [
+        x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in flat[:limit].tolist()
+    ]
     text = ", ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in items)
     return f"[{text}{', …' if flat.size > limit else ''}]"
 
@@ -83,9 +84,15 @@ def _show(response: InferResponse, json: bool, save: Path | None) -> None:
     if json:
         doc = dict(response.raw)
         doc["outputs"] = [
-            {"name": n, "datatype": o["datatype"], "shape": o["shape"],
-             "data": [x.decode("utf-8", "replace") if isinstance(x, bytes) else x
-                      for x in response.outputs[n].reshape(-1).tolist()]}
+            {
+                "name": n,
+                "datatype": o["datatype"],
+                "shape": o["shape"],
+                "data": [
+                    x.decode("utf-8", "replace") if isinstance(x, bytes) else x
+                    for x in response.outputs[n].reshape(-1).tolist()
+                ],
+            }
             for n, o in ((o["name"], o) for o in response.raw.get("outputs", []))
         ]
         print_json(doc)
@@ -93,8 +100,9 @@ def _show(response: InferResponse, json: bool, save: Path | None) -> None:
     console.print(f"[bold]{response.model}[/] version {response.version}")
     table = Table("output", "datatype", "shape", "values")
     for out in response.raw.get("outputs", []):
-        table.add_row(out["name"], out["datatype"], str(out["shape"]),
-                      _preview(response.outputs[out["name"]]))
+        table.add_row(
+            out["name"], out["datatype"], str(out["shape"]), _preview(response.outputs[out["name"]])
+        )
     console.print(table)
     if save is not None:
         console.print(f"saved to {save}/<output>.npy")
@@ -102,21 +110,31 @@ def _show(response: InferResponse, json: bool, save: Path | None) -> None:
 
 def infer(
     model: Annotated[str, typer.Argument(help="Model name")],
-    inputs: Annotated[list[str] | None, typer.Argument(
-        help="NAME=FILE.npy, NAME=FILE.json or NAME='[json]' per input (NAME= may be left out "
-             "for a one-input model), or - to read a whole V2 request from stdin")] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="NAME=FILE.npy, NAME=FILE.json or NAME='[json]' per input (NAME= may be left out "
+            "for a one-input model), or - to read a whole V2 request from stdin"
+        ),
+    ] = None,
     version: Annotated[str | None, typer.Option("--version", "-v", help="Model version")] = None,
-    output: Annotated[list[str] | None, typer.Option(
-        "--output", "-o", help="Only this output (repeatable)")] = None,
+    output: Annotated[
+        list[str] | None, typer.Option("--output", "-o", help="Only this output (repeatable)")
+    ] = None,
     save: Annotated[Path | None, typer.Option(help="Write each output to DIR/NAME.npy")] = None,
     binary: Annotated[bool, typer.Option(help="Send tensors as binary data")] = True,
-    url: UrlOption = None, token: TokenOption = None, json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    json: JsonOption = False,
 ) -> None:
     """Run one inference and print the outputs."""
     items = inputs or []
     if not items:
-        fail("give the inputs (NAME=FILE.npy ...) or - to read a V2 request on stdin",
-             EXIT_USAGE, json)
+        fail(
+            "give the inputs (NAME=FILE.npy ...) or - to read a V2 request on stdin",
+            EXIT_USAGE,
+            json,
+        )
     try:
         with client(url, token) as c:
             response = _run(c, model, items, version, output, binary)
@@ -125,8 +143,14 @@ def infer(
     _show(response, json, save)
 
 
-def _run(c: Client, model: str, items: list[str], version: str | None,
-         output: list[str] | None, binary: bool) -> InferResponse:
+def _run(
+    c: Client,
+    model: str,
+    items: list[str],
+    version: str | None,
+    output: list[str] | None,
+    binary: bool,
+) -> InferResponse:
     if items == ["-"]:
         body = sys.stdin.buffer.read()
         return c.infer_raw(model, body, {"Content-Type": "application/json"}, version)

@@ -41,19 +41,28 @@ def list_models(url: UrlOption = None, token: TokenOption = None, json: JsonOpti
     table = Table("model", "version", "state", "instances", "platform", "reason")
     for model in models:
         if not model["versions"]:
-            table.add_row(model["name"], "-", styled_state(model["state"]), "-", "-",
-                          model["reason"] or "")
+            table.add_row(
+                model["name"], "-", styled_state(model["state"]), "-", "-", model["reason"] or ""
+            )
         for v in model["versions"]:
             marker = "*" if v["version"] == model["default_version"] else ""
-            table.add_row(model["name"], f"{v['version']}{marker}", styled_state(v["state"]),
-                          _instances(v), v["platform"], v["reason"] or "")
+            table.add_row(
+                model["name"],
+                f"{v['version']}{marker}",
+                styled_state(v["state"]),
+                _instances(v),
+                v["platform"],
+                v["reason"] or "",
+            )
     console.print(table)
 
 
 @app.command("status")
 def status(
     name: Annotated[str, typer.Argument(help="Model name")],
-    url: UrlOption = None, token: TokenOption = None, json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    json: JsonOption = False,
 ) -> None:
     """One model in detail: versions, instances with their PIDs and devices, tensors."""
     try:
@@ -64,18 +73,27 @@ def status(
     if json:
         print_json(model)
         return
-    console.print(f"[bold]{model['name']}[/]  {styled_state(model['state'])}"
-                  + (f"  default version {model['default_version']}"
-                     if model["default_version"] else ""))
+    console.print(
+        f"[bold]{model['name']}[/]  {styled_state(model['state'])}"
+        + (f"  default version {model['default_version']}" if model["default_version"] else "")
+    )
     if model["reason"]:
         console.print(f"  reason: {model['reason']}", highlight=False)
     for v in model["versions"]:
-        console.print(f"\n version {v['version']}  {styled_state(v['state'])}  {v['platform']}  "
-                      f"{v['path']}", highlight=False)
+        console.print(
+            f"\n version {v['version']}  {styled_state(v['state'])}  {v['platform']}  {v['path']}",
+            highlight=False,
+        )
         table = Table("instance", "state", "pid", "device", "restarts", "reason")
         for i in v["instances"]:
-            table.add_row(str(i["index"]), styled_state(i["state"]), str(i["pid"] or "-"),
-                          i["device"] or "-", str(i["restarts"]), i["reason"] or "")
+            table.add_row(
+                str(i["index"]),
+                styled_state(i["state"]),
+                str(i["pid"] or "-"),
+                i["device"] or "-",
+                str(i["restarts"]),
+                i["reason"] or "",
+            )
         console.print(table)
         tensors = Table("tensor", "name", "datatype", "shape")
         for kind in ("inputs", "outputs"):

@@ -14,8 +14,9 @@ from infergate.errors import ConfigError
 
 def serve(
     models: Annotated[Path | None, typer.Option(help="Model repository [default: models/]")] = None,
-    profile: Annotated[Path | None, typer.Option(
-        help="Profile TOML [default: profiles/default.toml when present]")] = None,
+    profile: Annotated[
+        Path | None, typer.Option(help="Profile TOML [default: profiles/default.toml when present]")
+    ] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind [default: 127.0.0.1]")] = None,
     port: Annotated[int | None, typer.Option(help="Port [default: 8000]")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
@@ -31,10 +32,12 @@ def serve(
     settings = loaded.server
     models_dir = models or settings.models
     if not models_dir.is_dir():
-        fail(f"models folder {models_dir} does not exist; create it or pass --models DIR",
-             EXIT_USAGE)
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        fail(
+            f"models folder {models_dir} does not exist; create it or pass --models DIR", EXIT_USAGE
+        )
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+    )
 
     import uvicorn
 
@@ -44,8 +47,12 @@ def serve(
     engine = Engine(EngineSettings(models_dir=models_dir, load_timeout_s=settings.load_timeout_s))
     app = create_app(engine, int(settings.max_request_mb * 2**20))
     config = uvicorn.Config(
-        app, host=host or settings.host, port=settings.port if port is None else port,
-        log_level=log_level, access_log=access_log, timeout_graceful_shutdown=10,
+        app,
+        host=host or settings.host,
+        port=settings.port if port is None else port,
+        log_level=log_level,
+        access_log=access_log,
+        timeout_graceful_shutdown=10,
     )
     server = uvicorn.Server(config)
     server.run()

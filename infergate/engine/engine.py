@@ -108,8 +108,7 @@ class Engine:
         except KeyError:
             known = ", ".join(sorted(self._models)) or "none"
             raise ModelNotFound(
-                f"unknown model {name!r}; served models: {known}. "
-                "Hint: infergate model list"
+                f"unknown model {name!r}; served models: {known}. Hint: infergate model list"
             ) from None
 
     def version(self, name: str, version: int | None = None) -> ServedVersion:

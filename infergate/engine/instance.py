@@ -8,6 +8,7 @@ not retried in a loop: the instance is marked failed with the reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Literal
 
@@ -87,8 +88,14 @@ class Instance:
                 if self._clock.now() - up_since >= self._stable_after_s:
                     backoff = self._backoff_initial_s
                 self.reason = handle.death_reason
-                log.warning("%s v%s instance %d: %s; restarting in %.2f s", self.spec.model,
-                            self.spec.version, self.index, handle.death_reason, backoff)
+                log.warning(
+                    "%s v%s instance %d: %s; restarting in %.2f s",
+                    self.spec.model,
+                    self.spec.version,
+                    self.index,
+                    handle.death_reason,
+                    backoff,
+                )
             self.state = "restarting"
             self.restarts += 1
             await asyncio.sleep(backoff)
@@ -106,10 +113,8 @@ class Instance:
             await self.handle.stop()
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         if self.state != "failed":
             self.state = "stopped"
         self._settled.set()

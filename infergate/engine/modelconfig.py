@@ -13,21 +13,23 @@ RUNTIMES: tuple[RuntimeName, ...] = ("onnx", "torchscript")
 
 
 def _tensor(table: Table) -> TensorSpec:
-    name = table.str("name", None)
-    datatype = table.str("datatype", None, choices=tuple(V2_TO_NUMPY))
-    shape = table.list("shape", None)
+    name = table.string("name", None)
+    datatype = table.string("datatype", None, choices=tuple(V2_TO_NUMPY))
+    shape = table.array("shape", None)
     if name is None or datatype is None or shape is None:
         raise ConfigError(f"{table.where('')}: each tensor needs name, datatype and shape")
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
-        raise ConfigError(f"{table.where('shape')}: expected integers >= -1 (-1 is free), got {shape}")
+        raise ConfigError(
+            f"{table.where('shape')}: expected integers >= -1 (-1 is free), got {shape}"
+        )
     table.reject_unknown()
     return TensorSpec(name=name, datatype=datatype, shape=tuple(shape))
 
 
 def _version_policy(table: Table) -> VersionPolicy:
-    latest = table.int("latest", 1, minimum=1)
-    every = table.bool("all", False)
-    versions = table.list("versions", [])
+    latest = table.integer("latest", 1, minimum=1)
+    every = table.boolean("all", False)
+    versions = table.array("versions", [])
     if not all(isinstance(v, int) and v > 0 for v in versions):
         raise ConfigError(f"{table.where('versions')}: expected positive integers, got {versions}")
     table.reject_unknown()
@@ -36,18 +38,18 @@ def _version_policy(table: Table) -> VersionPolicy:
 
 def parse_model_config(path: Path) -> ModelConfig:
     table = Table(load_toml(path), path)
-    runtime = table.str("runtime", None, choices=RUNTIMES)
+    runtime = table.string("runtime", None, choices=RUNTIMES)
     config = ModelConfig(
         runtime=runtime,  # type: ignore[arg-type]
-        instances=table.int("instances", 1, minimum=1),
-        device=table.str("device", "auto"),
+        instances=table.integer("instances", 1, minimum=1),
+        device=table.string("device", "auto"),
         timeout_s=table.number("timeout_ms", 30_000.0, minimum=1) / 1000.0,
         inputs=tuple(_tensor(t) for t in table.tables("inputs")),
         outputs=tuple(_tensor(t) for t in table.tables("outputs")),
         version_policy=_version_policy(table.table("version_policy")),
-        max_batch_size=table.int("max_batch_size", None, minimum=0),
-        memory_mb=table.int("memory_mb", None, minimum=1),
-        sha256=table.str("sha256", None),
+        max_batch_size=table.integer("max_batch_size", None, minimum=0),
+        memory_mb=table.integer("memory_mb", None, minimum=1),
+        sha256=table.string("sha256", None),
     )
     # Sections other issues own; accepted now so a profile written for them still loads.
     table.table("batching")

@@ -15,15 +15,15 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 def is_ignored(path: Path) -> bool:
     """Editors' and copiers' temporaries, and hidden files, are never models."""
     name = path.name
-    return (
-        name.startswith((".", "~"))
-        or name.endswith(("~", ".swp", ".swx", ".tmp", ".part", ".crdownload"))
+    return name.startswith((".", "~")) or name.endswith(
+        ("~", ".swp", ".swx", ".tmp", ".part", ".crdownload")
     )
 
 
 def _model_file(folder: Path) -> Path | None:
     candidates = [
-        p for p in sorted(folder.iterdir())
+        p
+        for p in sorted(folder.iterdir())
         if p.is_file() and not is_ignored(p) and p.suffix in MODEL_FILE_RUNTIMES
     ]
     return candidates[0] if candidates else None

@@ -55,8 +55,9 @@ class ServedVersion:
     def state(self) -> str:
         if self.unavailable is not None:
             return "unavailable"
-        states = {i.state if i.state != "ready" or i.ready else "restarting"
-                  for i in self.instances}
+        states = {
+            i.state if i.state != "ready" or i.ready else "restarting" for i in self.instances
+        }
         return min(states, key=_STATE_RANK.index)
 
     @property
@@ -81,8 +82,11 @@ class ServedVersion:
         return info.outputs if info else self.config.outputs
 
     def not_ready_error(self) -> ModelNotReady:
-        hint = "Hint: retry shortly" if self.state in ("loading", "restarting") else (
-            "Hint: fix the model and reload it (infergate model status shows why)")
+        hint = (
+            "Hint: retry shortly"
+            if self.state in ("loading", "restarting")
+            else ("Hint: fix the model and reload it (infergate model status shows why)")
+        )
         why = f": {self.reason}" if self.reason else ""
         return ModelNotReady(
             f"model {self.name!r} version {self.version} is {self.state}{why}. {hint}"

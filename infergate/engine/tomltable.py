@@ -54,13 +54,15 @@ class Table:
             raise ConfigError(f"{self.where(key)}: expected {expected}, got {value!r}")
         return value
 
-    def str(self, key: str, default: T, choices: tuple[str, ...] = ()) -> str | T:
+    def string(self, key: str, default: T, choices: tuple[str, ...] = ()) -> str | T:
         value = self._get(key, (str,), "a string", default)
         if choices and value is not default and value not in choices:
-            raise ConfigError(f"{self.where(key)}: expected one of {', '.join(choices)}, got {value!r}")
+            raise ConfigError(
+                f"{self.where(key)}: expected one of {', '.join(choices)}, got {value!r}"
+            )
         return value  # type: ignore[no-any-return]
 
-    def int(self, key: str, default: T, minimum: int | None = None) -> int | T:
+    def integer(self, key: str, default: T, minimum: int | None = None) -> int | T:
         value = self._get(key, (int,), "an integer", default)
         if minimum is not None and value is not default and value < minimum:
             raise ConfigError(f"{self.where(key)}: expected an integer >= {minimum}, got {value}")
@@ -72,10 +74,10 @@ class Table:
             raise ConfigError(f"{self.where(key)}: expected a number >= {minimum}, got {value}")
         return value if value is default else float(value)
 
-    def bool(self, key: str, default: T) -> bool | T:
+    def boolean(self, key: str, default: T) -> bool | T:
         return self._get(key, (bool,), "true or false", default)  # type: ignore[no-any-return]
 
-    def list(self, key: str, default: T) -> list[Any] | T:
+    def array(self, key: str, default: T) -> list[Any] | T:
         return self._get(key, (list,), "an array", default)  # type: ignore[no-any-return]
 
     def table(self, key: str) -> Table:

@@ -52,7 +52,6 @@ def check_outputs(
     for name in wanted:
         if name not in names:
             raise BadRequest(
-                f"unknown output {name!r} requested from model {model!r}; "
-                f"it has {', '.join(names)}"
+                f"unknown output {name!r} requested from model {model!r}; it has {', '.join(names)}"
             )
     return list(dict.fromkeys(wanted))

@@ -42,8 +42,9 @@ def _timeout_s(parameters: dict[str, Any]) -> float | None:
     if timeout is None:
         return None
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise BadRequest(f"parameters.timeout must be a positive number of microseconds, "
-                         f"got {timeout!r}")
+        raise BadRequest(
+            f"parameters.timeout must be a positive number of microseconds, got {timeout!r}"
+        )
     return float(timeout) / 1e6
 
 
@@ -68,8 +69,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
         try:
             body = gzip.decompress(body) if encoding == "gzip" else zlib.decompress(body)
         except (OSError, zlib.error) as exc:
-            raise BadRequest(f"body says Content-Encoding {encoding} but does not "
-                             f"decompress: {exc}") from None
+            raise BadRequest(
+                f"body says Content-Encoding {encoding} but does not decompress: {exc}"
+            ) from None
         if len(body) > limit:
             raise too_big
     elif encoding not in ("", "identity"):
@@ -96,8 +98,14 @@ def version_status(served: ServedVersion) -> dict[str, Any]:
         "path": str(served.file.path),
         "platform": served.platform,
         "instances": [
-            {"index": i.index, "state": i.state, "pid": i.pid, "restarts": i.restarts,
-             "device": i.ready_info.device if i.ready_info else None, "reason": i.reason}
+            {
+                "index": i.index,
+                "state": i.state,
+                "pid": i.pid,
+                "restarts": i.restarts,
+                "device": i.ready_info.device if i.ready_info else None,
+                "reason": i.reason,
+            }
             for i in served.instances
         ],
         "inputs": [s.to_json() for s in served.inputs],
@@ -125,8 +133,9 @@ def create_app(engine: Engine, max_request_bytes: int) -> FastAPI:
         finally:
             await engine.stop()
 
-    app = FastAPI(title="infergate", version=__version__, lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="infergate", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     install_error_handlers(app)
 
     @app.get("/v2/health/live")
@@ -166,28 +175,43 @@ def create_app(engine: Engine, max_request_bytes: int) -> FastAPI:
             raise served.not_ready_error()
         body = await _read_body(request, max_request_bytes)
         decoded = decode_request(body, request.headers.get(HEADER_LENGTH))
-        result = await engine.infer(InferenceRequest(
-            model=name, version=number, inputs=decoded.inputs, outputs=decoded.outputs,
-            timeout_s=_timeout_s(decoded.parameters),
-        ))
-        content, header_length = encode_response(result.model, result.version, result.outputs,
-                                                 decoded)
+        result = await engine.infer(
+            InferenceRequest(
+                model=name,
+                version=number,
+                inputs=decoded.inputs,
+                outputs=decoded.outputs,
+                timeout_s=_timeout_s(decoded.parameters),
+            )
+        )
+        content, header_length = encode_response(
+            result.model, result.version, result.outputs, decoded
+        )
         if header_length is None:
             return Response(content, media_type="application/json")
-        return Response(content, media_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(header_length)})
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(header_length)},
+        )
 
     @app.post("/v2/repository/index")
     async def repository_index() -> Response:
         rows = []
         for record in engine.models():
             if not record.versions:
-                rows.append({"name": record.name, "state": "UNAVAILABLE",
-                             "reason": record.reason or ""})
+                rows.append(
+                    {"name": record.name, "state": "UNAVAILABLE", "reason": record.reason or ""}
+                )
             for served in record.versions.values():
-                rows.append({"name": record.name, "version": str(served.version),
-                             "state": "READY" if served.ready else served.state.upper(),
-                             "reason": served.reason or ""})
+                rows.append(
+                    {
+                        "name": record.name,
+                        "version": str(served.version),
+                        "state": "READY" if served.ready else served.state.upper(),
+                        "reason": served.reason or "",
+                    }
+                )
         return _json(rows)
 
     @app.get("/admin/models")
@@ -197,4 +221,5 @@ def create_app(engine: Engine, max_request_bytes: int) -> FastAPI:
     @app.get("/admin/models/{name}")
     async def admin_model(name: str) -> Response:
         return _json(model_status(engine.model(name)))
+
     return app

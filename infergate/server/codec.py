@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 
 from infergate.errors import BadRequest
-from infergate.tensors import Array, V2_TO_NUMPY, from_wire, numpy_dtype, to_wire, v2_datatype
+from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wire, v2_datatype
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -40,8 +40,9 @@ def _shape(name: str, value: Any) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
     ):
-        raise BadRequest(f"input {name!r}: 'shape' must be a list of non-negative integers, "
-                         f"got {value!r}")
+        raise BadRequest(
+            f"input {name!r}: 'shape' must be a list of non-negative integers, got {value!r}"
+        )
     return tuple(value)
 
 
@@ -50,35 +51,46 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     if datatype == "BYTES":
         flat = np.asarray(data, dtype=object).reshape(-1) if data != [] else np.empty(0, object)
         if flat.size != count:
-            raise BadRequest(f"input {name!r} has {flat.size} elements of data but shape "
-                             f"{list(shape)} needs {count}")
+            raise BadRequest(
+                f"input {name!r} has {flat.size} elements of data but shape "
+                f"{list(shape)} needs {count}"
+            )
         out = np.empty(count, dtype=object)
         for i, item in enumerate(flat):
             if not isinstance(item, (str, bytes)):
-                raise BadRequest(f"input {name!r} is BYTES but element {i} is {item!r}, "
-                                 "not a string")
+                raise BadRequest(
+                    f"input {name!r} is BYTES but element {i} is {item!r}, not a string"
+                )
             out[i] = item.encode("utf-8") if isinstance(item, str) else item
         return out.reshape(shape)
     dtype = numpy_dtype(datatype)
     try:
         raw = np.array(data)
     except ValueError:
-        raise BadRequest(f"input {name!r}: 'data' is a ragged nested list; give a flat list "
-                         f"or one nested to shape {list(shape)}") from None
+        raise BadRequest(
+            f"input {name!r}: 'data' is a ragged nested list; give a flat list "
+            f"or one nested to shape {list(shape)}"
+        ) from None
     if raw.size != count:
-        raise BadRequest(f"input {name!r} has {raw.size} elements of data but shape "
-                         f"{list(shape)} needs {count}")
+        raise BadRequest(
+            f"input {name!r} has {raw.size} elements of data but shape {list(shape)} needs {count}"
+        )
     if raw.size and raw.dtype.kind not in "biuf":
-        raise BadRequest(f"input {name!r} is {datatype} but its data holds non-numeric values "
-                         f"(such as {raw.reshape(-1)[0]!r})")
+        raise BadRequest(
+            f"input {name!r} is {datatype} but its data holds non-numeric values "
+            f"(such as {raw.reshape(-1)[0]!r})"
+        )
     if raw.size and dtype.kind in "iu":
         if raw.dtype.kind == "f":
-            raise BadRequest(f"input {name!r} is {datatype} but its data holds fractional "
-                             "numbers; send integers or change the datatype")
-        info = np.iinfo(dtype)
+            raise BadRequest(
+                f"input {name!r} is {datatype} but its data holds fractional "
+                "numbers; send integers or change the datatype"
+            )
+        info = np.iinfo(dtype)  # type: ignore[type-var]  # dtype.kind is "i" or "u" here
         if raw.min() < info.min or raw.max() > info.max:
-            raise BadRequest(f"input {name!r}: values out of range for {datatype} "
-                             f"({info.min}..{info.max})")
+            raise BadRequest(
+                f"input {name!r}: values out of range for {datatype} ({info.min}..{info.max})"
+            )
     if raw.size and dtype.kind == "b" and raw.dtype.kind != "b":
         raise BadRequest(f"input {name!r} is BOOL; send true/false values")
     return raw.astype(dtype, copy=False).reshape(shape)
@@ -91,19 +103,24 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
         try:
             json_len = int(header_length)
         except ValueError:
-            raise BadRequest(f"Inference-Header-Content-Length must be an integer, "
-                             f"got {header_length!r}") from None
+            raise BadRequest(
+                f"Inference-Header-Content-Length must be an integer, got {header_length!r}"
+            ) from None
         if not 0 <= json_len <= len(body):
-            raise BadRequest(f"Inference-Header-Content-Length is {json_len} but the body "
-                             f"has only {len(body)} bytes")
+            raise BadRequest(
+                f"Inference-Header-Content-Length is {json_len} but the body "
+                f"has only {len(body)} bytes"
+            )
         view = memoryview(body)
         doc, binary = _loads(view[:json_len]), view[json_len:]
     else:
         doc = _loads(body)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise BadRequest("request must have a non-empty 'inputs' array of tensors "
-                         "(each with name, datatype, shape and data)")
+        raise BadRequest(
+            "request must have a non-empty 'inputs' array of tensors "
+            "(each with name, datatype, shape and data)"
+        )
     inputs: dict[str, Array] = {}
     offset = 0
     for i, item in enumerate(raw_inputs):
@@ -114,15 +131,19 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
             raise BadRequest(f"input {name!r} appears twice")
         datatype = item.get("datatype")
         if datatype not in V2_TO_NUMPY:
-            raise BadRequest(f"input {name!r} has datatype {datatype!r}; expected one of "
-                             f"{', '.join(V2_TO_NUMPY)}")
+            raise BadRequest(
+                f"input {name!r} has datatype {datatype!r}; expected one of "
+                f"{', '.join(V2_TO_NUMPY)}"
+            )
         shape = _shape(name, item.get("shape"))
         params = item.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise BadRequest(f"input {name!r} says binary_data_size {size} but only "
-                                 f"{len(binary) - offset} bytes of binary data remain")
+                raise BadRequest(
+                    f"input {name!r} says binary_data_size {size} but only "
+                    f"{len(binary) - offset} bytes of binary data remain"
+                )
             try:
                 inputs[name] = from_wire(binary[offset : offset + size], datatype, shape)
             except ValueError as exc:
@@ -131,11 +152,12 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
         elif "data" in item:
             inputs[name] = _json_tensor(name, datatype, shape, item["data"])
         else:
-            raise BadRequest(f"input {name!r} has neither 'data' nor "
-                             "parameters.binary_data_size")
+            raise BadRequest(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
     if offset != len(binary):
-        raise BadRequest(f"{len(binary) - offset} bytes of binary data follow the JSON header "
-                         "but no input claims them")
+        raise BadRequest(
+            f"{len(binary) - offset} bytes of binary data follow the JSON header "
+            "but no input claims them"
+        )
     return _decode_outputs(doc, inputs)
 
 
@@ -174,7 +196,7 @@ def _json_data(array: Array) -> list[Any]:
     flat = array.reshape(-1)
     if array.dtype.kind in ("O", "S", "U"):
         return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in flat]
-    return flat.tolist()  # type: ignore[no-any-return]
+    return flat.tolist()
 
 
 def encode_response(

@@ -17,8 +17,12 @@ def error_response(status: int, message: str, retry_after_s: float | None = None
     headers = {}
     if retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
-    return Response(orjson.dumps({"error": message}), status_code=status,
-                    media_type="application/json", headers=headers)
+    return Response(
+        orjson.dumps({"error": message}),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

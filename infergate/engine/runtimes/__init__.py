@@ -20,7 +20,11 @@ def unavailable_reason(runtime: RuntimeName) -> str | None:
     Only looks for the package, so the gateway can ask without importing torch.
     """
     module, hint = INSTALL_HINTS[runtime]
-    if importlib.util.find_spec(module) is None:
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:  # a finder that refuses the name: as good as absent
+        found = False
+    if not found:
         return f"the {runtime} runtime needs {module}, which is not installed. Hint: {hint}"
     return None
 

@@ -36,7 +36,7 @@ class TorchScriptRuntime:
         with warnings.catch_warnings():
             # torch 2.13 deprecates TorchScript for torch.export; TorchScript is what we serve.
             warnings.simplefilter("ignore", DeprecationWarning)
-            self._module = torch.jit.load(str(path), map_location=device)
+            self._module = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
         self._module.eval()
         self._inputs = inputs
         self._outputs = outputs
@@ -54,8 +54,10 @@ class TorchScriptRuntime:
         return self._device
 
     def run(self, inputs: dict[str, Array], output_names: list[str]) -> dict[str, Array]:
-        args = [torch.from_numpy(np.ascontiguousarray(inputs[s.name])).to(self._device)
-                for s in self._inputs]
+        args = [
+            torch.from_numpy(np.ascontiguousarray(inputs[s.name])).to(self._device)
+            for s in self._inputs
+        ]
         with torch.inference_mode():
             result = self._module(*args)
         tensors = list(result) if isinstance(result, (tuple, list)) else [result]

@@ -7,6 +7,7 @@ when the pipe hits EOF the worker is gone and every future it held fails at once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import multiprocessing
 from multiprocessing.connection import Connection
@@ -102,8 +103,11 @@ class WorkerHandle:
         self._conn.close()
         self._process.join(timeout=1.0)  # EOF means it is exiting; reap it for the exit code
         code = self._process.exitcode
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else (
-            f"exited with code {code}")
+        how = (
+            f"was killed by signal {-code}"
+            if code is not None and code < 0
+            else (f"exited with code {code}")
+        )
         if self.death_reason == "the worker exited":
             self.death_reason = f"worker pid {self.pid} {how}"
         if not self._ready.done():
@@ -130,10 +134,8 @@ class WorkerHandle:
         """Ask the worker to exit after its current call; kill it if it does not."""
         if not self.alive:
             return
-        try:
+        with contextlib.suppress(OSError):
             self._conn.send(Stop())
-        except OSError:
-            pass
         try:
             await asyncio.wait_for(asyncio.shield(self.exited), grace_s)
         except TimeoutError:
@@ -160,8 +162,9 @@ class WorkerHandle:
             self._in.close()
             self._in = OwnedArena(needed * 2)
         refs = write_tensors(self._in.buf, inputs)
-        call = InferCall(next(self._ids), self._in.name, self._out.name, self._out.size, refs,
-                         tuple(outputs))
+        call = InferCall(
+            next(self._ids), self._in.name, self._out.name, self._out.size, refs, tuple(outputs)
+        )
         future: asyncio.Future[InferDone | InferFailed] = self._loop.create_future()
         self._pending[call.id] = future
         self._conn.send(call)
@@ -182,6 +185,7 @@ class WorkerHandle:
         if reply.inline is not None:
             self._out.close()
             self._out = OwnedArena(reply.needed * 2)
-            return {r.name: from_wire(reply.inline[r.name], r.datatype, r.shape)
-                    for r in reply.outputs}
+            return {
+                r.name: from_wire(reply.inline[r.name], r.datatype, r.shape) for r in reply.outputs
+            }
         return {r.name: read_tensor(self._out.buf, r, copy=True) for r in reply.outputs}

@@ -5,6 +5,7 @@ resource tracker, which would otherwise unlink the gateway's segment when the wo
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from multiprocessing import shared_memory
@@ -43,10 +44,8 @@ class OwnedArena:
 
     def close(self) -> None:
         self._shm.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self._shm.unlink()
-        except FileNotFoundError:
-            pass
 
 
 class MappedArena:
@@ -101,4 +100,3 @@ def read_tensor(buf: memoryview, ref: TensorRef, copy: bool) -> Array:
     """A view of (or, with copy, a copy out of) the tensor that `ref` points at."""
     view = from_wire(buf[ref.offset : ref.offset + ref.nbytes], ref.datatype, ref.shape)
     return view.copy() if copy and view.dtype.kind != "O" else view
-

@@ -80,8 +80,9 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
         conn.close()
         return
     conn.send(
-        Ready(os.getpid(), runtime.device, runtime.inputs, runtime.outputs,
-              time.monotonic() - started)
+        Ready(
+            os.getpid(), runtime.device, runtime.inputs, runtime.outputs, time.monotonic() - started
+        )
     )
     arenas = _Arenas()
     while True:

@@ -1,0 +1,160 @@
+"""The CLI against a real server: people's tables, --json for scripts, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+from infergate.cli.main import app
+from tests.server import ServerProcess, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def run(*args: str, stdin: str | None = None) -> tuple[int, str]:
+    result = runner.invoke(app, list(args), input=stdin)
+    return result.exit_code, result.output
+
+
+def test_model_list_json_and_table(server: ServerProcess) -> None:
+    code, out = run("model", "list", "--url", server.url, "--json")
+    assert code == 0
+    models = {m["name"]: m for m in json.loads(out)}
+    assert models["digits"]["state"] == "ready"
+    assert models["broken"]["state"] == "failed"
+    assert [v["version"] for v in models["mlp"]["versions"]] == [1, 2]
+    code, out = run("model", "list", "--url", server.url)
+    assert code == 0
+    assert "digits" in out
+    assert "onnxruntime_onnx" in out
+
+
+def test_model_status_shows_instances(server: ServerProcess) -> None:
+    code, out = run("model", "status", "digits", "--url", server.url, "--json")
+    assert code == 0
+    status = json.loads(out)
+    [instance] = status["versions"][0]["instances"]
+    assert instance["pid"] in server.worker_pids("digits")
+    assert instance["device"] == "cpu"
+    code, out = run("model", "status", "digits", "--url", server.url)
+    assert code == 0
+    assert str(instance["pid"]) in out
+    assert "probabilities" in out
+
+
+def test_infer_npy_sample_predicts_its_digit(server: ServerProcess) -> None:
+    code, out = run(
+        "infer", "digits", str(REPO / "examples" / "digit-7.npy"), "--url", server.url, "--json"
+    )
+    assert code == 0, out
+    outputs = {o["name"]: o for o in json.loads(out)["outputs"]}
+    assert outputs["label"]["data"] == [7]
+    code, out = run(
+        "infer", "digits", f"input={REPO / 'examples' / 'digit-7.npy'}", "--url", server.url
+    )
+    assert code == 0
+    assert "label" in out
+    assert "[7]" in out
+
+
+def test_infer_json_literal_save_and_json_transport(server: ServerProcess, tmp_path: Path) -> None:
+    code, out = run(
+        "infer",
+        "mlp",
+        "x=[[1, 2, 3, 4]]",
+        "--version",
+        "1",
+        "--no-binary",
+        "--save",
+        str(tmp_path),
+        "--url",
+        server.url,
+    )
+    assert code == 0, out
+    saved = np.load(tmp_path / "y.npy")
+    assert saved.shape == (1, 3)
+
+
+def test_infer_reads_a_v2_request_on_stdin(server: ServerProcess) -> None:
+    request = {
+        "id": "from-stdin",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}],
+    }
+    code, out = run("infer", "mlp", "-", "--url", server.url, "--json", stdin=json.dumps(request))
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["id"] == "from-stdin"
+    assert doc["outputs"][0]["shape"] == [1, 3]
+
+
+def test_failures_and_usage_have_exit_codes(server: ServerProcess) -> None:
+    code, out = run("infer", "nope", "x=[1]", "--url", server.url, "--json")
+    assert code == 1
+    assert "unknown model 'nope'" in json.loads(out)["error"]
+    code, out = run("infer", "mlp", "x=[[1, 2, 3]]", "--url", server.url)
+    assert code == 1
+    assert "expects [-1, 4]" in out
+    assert "HTTP 400" in out
+    code, _ = run("infer", "mlp", "--url", server.url)
+    assert code == 2
+    code, out = run("model", "list", "--url", f"http://127.0.0.1:{free_port()}")
+    assert code == 1
+    assert "cannot reach infergate" in out
+
+
+def test_doctor(tmp_path: Path) -> None:
+    code, out = run("doctor", "--models", str(REPO / "models"), "--json")
+    assert code == 0, out
+    checks = {c["name"]: c for c in json.loads(out)}
+    assert checks["onnxruntime"]["status"] == "ok"
+    assert "CPUExecutionProvider" in checks["onnxruntime"]["detail"]
+    assert checks["model digits"]["status"] == "ok"
+    assert checks["model encoder"]["status"] == "ok"
+    code, out = run("doctor", "--models", str(tmp_path / "missing"), "--json")
+    assert code == 1
+    assert "does not exist" in {c["name"]: c for c in json.loads(out)}["models"]["detail"]
+
+
+def test_python_dash_m_and_bad_usage() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "infergate", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert done.stdout.startswith("infergate ")
+    done = subprocess.run(
+        [sys.executable, "-m", "infergate", "model", "list", "--bogus"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+
+
+def test_serve_refuses_a_missing_models_folder(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infergate",
+            "serve",
+            "--models",
+            str(tmp_path / "none"),
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert "does not exist" in done.stderr

@@ -1,0 +1,85 @@
+"""V2 bodies to numpy and back, without a server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infergate.client import decode_infer_response, encode_infer_request
+from infergate.errors import BadRequest
+from infergate.server.codec import decode_request, encode_response
+from infergate.tensors import V2_TO_NUMPY, deserialize_bytes, from_wire, serialize_bytes
+
+SAMPLES = {
+    name: (
+        np.array([[b"a", b"\xff\x00"], [b"", b"long" * 10]], dtype=object)
+        if name == "BYTES"
+        else np.arange(4).reshape(2, 2).astype(dtype)
+    )
+    for name, dtype in V2_TO_NUMPY.items()
+}
+
+
+@pytest.mark.parametrize("datatype", list(SAMPLES))
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_round_trip_every_datatype(datatype: str, binary: bool) -> None:
+    array = SAMPLES[datatype]
+    if datatype == "BYTES" and not binary:
+        array = np.array([[b"a", b"b"], [b"", b"\xc3\xa9"]], dtype=object)  # JSON: UTF-8 only
+    body, headers = encode_infer_request({"t": array}, binary=binary, request_id="r")
+    decoded = decode_request(body, headers.get("Inference-Header-Content-Length"))
+    got = decoded.inputs["t"]
+    assert got.shape == array.shape
+    assert decoded.id == "r"
+    response, json_len = encode_response("m", 1, {"t": got}, decoded)
+    back = decode_infer_response(response, str(json_len) if json_len else None)
+    assert back.outputs["t"].shape == array.shape
+    assert list(back.outputs["t"].reshape(-1)) == list(array.reshape(-1))
+    if datatype != "BYTES":
+        assert back.outputs["t"].dtype == array.dtype
+
+
+def test_bytes_wire_format() -> None:
+    array = np.array([b"ab", b"", b"xyz"], dtype=object)
+    raw = serialize_bytes(array)
+    assert raw == b"\x02\x00\x00\x00ab\x00\x00\x00\x00\x03\x00\x00\x00xyz"
+    assert list(deserialize_bytes(raw)) == [b"ab", b"", b"xyz"]
+    with pytest.raises(ValueError, match="claims 3 bytes but only 2 remain"):
+        deserialize_bytes(raw[:-1])
+    with pytest.raises(ValueError, match="needs 4"):
+        from_wire(raw, "BYTES", (4,))
+
+
+def test_outputs_binary_per_output_and_by_default() -> None:
+    body = (
+        b'{"inputs":[{"name":"x","datatype":"INT32","shape":[2],"data":[1,2]}],'
+        b'"outputs":[{"name":"a","parameters":{"binary_data":true}},{"name":"b"}]}'
+    )
+    decoded = decode_request(body, None)
+    assert decoded.outputs == ("a", "b")
+    assert decoded.binary_outputs == frozenset({"a"})
+    everything = decode_request(
+        b'{"inputs":[{"name":"x","datatype":"INT32","shape":[2],"data":[1,2]}],'
+        b'"parameters":{"binary_data_output":true}}',
+        None,
+    )
+    assert everything.outputs is None
+    assert everything.binary_by_default
+
+
+@pytest.mark.parametrize(
+    ("data", "datatype", "message"),
+    [
+        ([300, 1], "UINT8", "out of range for UINT8"),
+        ([1, 0], "BOOL", "BOOL; send true/false"),
+        ([[1, 2], [3]], "FP32", "ragged"),
+        ([1, "x"], "BYTES", "element 0 is 1, not a string"),
+    ],
+)
+def test_json_data_checks(data: list[object], datatype: str, message: str) -> None:
+    body = b'{"inputs":[{"name":"x","datatype":"%s","shape":[2],"data":%s}]}' % (
+        datatype.encode(),
+        str(data).replace("'", '"').encode(),
+    )
+    with pytest.raises(BadRequest, match=message):
+        decode_request(body, None)
