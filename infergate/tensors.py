@@ -6,6 +6,7 @@ definition of how a tensor looks as bytes.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Final
 
@@ -37,6 +38,9 @@ Array = npt.NDArray[np.generic]
 
 def v2_datatype(dtype: np.dtype[np.generic]) -> str:
     """The V2 datatype name of a numpy dtype; strings and bytes are BYTES."""
+    name = _NUMPY_KIND_TO_V2.get(dtype)
+    if name is not None:
+        return name
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"
     try:
@@ -109,7 +113,7 @@ def to_wire(array: Array) -> bytes:
 
 def from_wire(buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...]) -> Array:
     """A tensor from raw bytes; raises ValueError naming the size mismatch."""
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)
     if datatype == "BYTES":
         flat = deserialize_bytes(buffer)
         if flat.size != count:

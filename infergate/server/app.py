@@ -3,80 +3,26 @@ onto one engine call and back."""
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import Response
+from starlette.types import ASGIApp
 
 from infergate import __version__
 from infergate.engine.engine import Engine, ModelRecord
-from infergate.engine.inference import InferenceRequest
 from infergate.engine.served import ServedVersion
-from infergate.errors import BadRequest, PayloadTooLarge
-from infergate.server.codec import HEADER_LENGTH, decode_request, encode_response
 from infergate.server.errors import error_response, install_error_handlers
+from infergate.server.infer_route import InferRoute, version_number
 
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 
 
 def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
-
-
-def _version_number(version: str | None) -> int | None:
-    if version is None or version == "":
-        return None
-    if not version.isdigit() or int(version) <= 0:
-        raise BadRequest(f"model version must be a positive integer, got {version!r}")
-    return int(version)
-
-
-def _timeout_s(parameters: dict[str, Any]) -> float | None:
-    """tritonclient sends `timeout` in microseconds."""
-    timeout = parameters.get("timeout")
-    if timeout is None:
-        return None
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise BadRequest(
-            f"parameters.timeout must be a positive number of microseconds, got {timeout!r}"
-        )
-    return float(timeout) / 1e6
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    too_big = PayloadTooLarge(
-        f"request body is over the {limit / 2**20:g} MB limit. Hint: send smaller batches or "
-        "raise max_request_mb in the profile's [server] table"
-    )
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    encoding = request.headers.get("content-encoding", "").lower()
-    if encoding in ("gzip", "deflate"):
-        try:
-            body = gzip.decompress(body) if encoding == "gzip" else zlib.decompress(body)
-        except (OSError, zlib.error) as exc:
-            raise BadRequest(
-                f"body says Content-Encoding {encoding} but does not decompress: {exc}"
-            ) from None
-        if len(body) > limit:
-            raise too_big
-    elif encoding not in ("", "identity"):
-        raise BadRequest(f"Content-Encoding {encoding!r} is not supported; use gzip or deflate")
-    return body
 
 
 def model_metadata(served: ServedVersion, record: ModelRecord) -> dict[str, Any]:
@@ -124,7 +70,7 @@ def model_status(record: ModelRecord) -> dict[str, Any]:
     }
 
 
-def create_app(engine: Engine, max_request_bytes: int) -> FastAPI:
+def create_app(engine: Engine, max_request_bytes: int) -> ASGIApp:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await engine.start()
@@ -155,45 +101,16 @@ def create_app(engine: Engine, max_request_bytes: int) -> FastAPI:
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
     async def metadata(name: str, version: str | None = None) -> Response:
-        served = engine.version(name, _version_number(version))
+        served = engine.version(name, version_number(version))
         return _json(model_metadata(served, engine.model(name)))
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> Response:
-        served = engine.version(name, _version_number(version))
+        served = engine.version(name, version_number(version))
         if not served.ready:
             raise served.not_ready_error()
         return _json({"name": name, "version": str(served.version), "ready": True})
-
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(request: Request, name: str, version: str | None = None) -> Response:
-        number = _version_number(version)
-        served = engine.version(name, number)  # 404 and 503 before reading a large body
-        if not served.ready:
-            raise served.not_ready_error()
-        body = await _read_body(request, max_request_bytes)
-        decoded = decode_request(body, request.headers.get(HEADER_LENGTH))
-        result = await engine.infer(
-            InferenceRequest(
-                model=name,
-                version=number,
-                inputs=decoded.inputs,
-                outputs=decoded.outputs,
-                timeout_s=_timeout_s(decoded.parameters),
-            )
-        )
-        content, header_length = encode_response(
-            result.model, result.version, result.outputs, decoded
-        )
-        if header_length is None:
-            return Response(content, media_type="application/json")
-        return Response(
-            content,
-            media_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(header_length)},
-        )
 
     @app.post("/v2/repository/index")
     async def repository_index() -> Response:
@@ -222,4 +139,4 @@ def create_app(engine: Engine, max_request_bytes: int) -> FastAPI:
     async def admin_model(name: str) -> Response:
         return _json(model_status(engine.model(name)))
 
-    return app
+    return InferRoute(engine, app, max_request_bytes)

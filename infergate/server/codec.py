@@ -13,8 +13,6 @@ import orjson
 from infergate.errors import BadRequest
 from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wire, v2_datatype
 
-HEADER_LENGTH = "inference-header-content-length"
-
 
 @dataclass(frozen=True)
 class DecodedRequest:

@@ -13,15 +13,21 @@ from starlette.exceptions import HTTPException
 from infergate.errors import InfergateError
 
 
+def retry_after_header(seconds: float) -> str:
+    """Whole seconds, at least 1, as Retry-After wants them."""
+    return str(max(1, math.ceil(seconds)))
+
+
+def error_body(error: Exception | str) -> bytes:
+    return orjson.dumps({"error": str(error)})
+
+
 def error_response(status: int, message: str, retry_after_s: float | None = None) -> Response:
     headers = {}
     if retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+        headers["Retry-After"] = retry_after_header(retry_after_s)
     return Response(
-        orjson.dumps({"error": message}),
-        status_code=status,
-        media_type="application/json",
-        headers=headers,
+        error_body(message), status_code=status, media_type="application/json", headers=headers
     )
 
 

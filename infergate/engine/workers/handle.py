@@ -21,6 +21,8 @@ from infergate.engine.workers.messages import (
     Ready,
     Stop,
     WorkerSpec,
+    decode,
+    encode,
 )
 from infergate.engine.workers.shm import OwnedArena, layout_size, read_tensor, write_tensors
 from infergate.engine.workers.worker import worker_main
@@ -80,7 +82,7 @@ class WorkerHandle:
     def _on_readable(self) -> None:
         try:
             while self._conn.poll():
-                self._dispatch(self._conn.recv())
+                self._dispatch(decode(self._conn.recv_bytes()))
         except (EOFError, OSError):
             self._on_exit()
 
@@ -135,7 +137,7 @@ class WorkerHandle:
         if not self.alive:
             return
         with contextlib.suppress(OSError):
-            self._conn.send(Stop())
+            self._conn.send_bytes(encode(Stop()))
         try:
             await asyncio.wait_for(asyncio.shield(self.exited), grace_s)
         except TimeoutError:
@@ -167,7 +169,7 @@ class WorkerHandle:
         )
         future: asyncio.Future[InferDone | InferFailed] = self._loop.create_future()
         self._pending[call.id] = future
-        self._conn.send(call)
+        self._conn.send_bytes(encode(call))
         try:
             reply = await asyncio.wait_for(future, timeout_s)
         except TimeoutError:

@@ -89,8 +89,8 @@ def write_tensors(buf: memoryview, arrays: dict[str, Array]) -> tuple[TensorRef,
             nbytes = len(raw)
         else:
             nbytes = int(array.nbytes)
-            target = np.frombuffer(buf, dtype=array.dtype, count=array.size, offset=offset)
-            target[...] = array.reshape(-1)
+            contiguous = np.ascontiguousarray(array)
+            buf[offset : offset + nbytes] = memoryview(contiguous).cast("B")  # type: ignore[arg-type]
         refs.append(TensorRef(name, datatype, tuple(array.shape), offset, nbytes))
         offset += aligned(nbytes)
     return tuple(refs)

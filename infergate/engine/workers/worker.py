@@ -22,6 +22,8 @@ from infergate.engine.workers.messages import (
     Stop,
     TensorRef,
     WorkerSpec,
+    decode,
+    encode,
 )
 from infergate.engine.workers.shm import MappedArena, layout_size, read_tensor, write_tensors
 from infergate.tensors import to_wire, v2_datatype
@@ -76,18 +78,24 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     try:
         runtime = _load(spec)
     except Exception as exc:  # any load failure is reported, not raised: the gateway decides
-        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
+        conn.send_bytes(encode(LoadFailed(f"{type(exc).__name__}: {exc}")))
         conn.close()
         return
-    conn.send(
-        Ready(
-            os.getpid(), runtime.device, runtime.inputs, runtime.outputs, time.monotonic() - started
+    conn.send_bytes(
+        encode(
+            Ready(
+                os.getpid(),
+                runtime.device,
+                runtime.inputs,
+                runtime.outputs,
+                time.monotonic() - started,
+            )
         )
     )
     arenas = _Arenas()
     while True:
         try:
-            message = conn.recv()
+            message = decode(conn.recv_bytes())
         except (EOFError, OSError):
             return  # the gateway went away
         if isinstance(message, Stop):
@@ -100,4 +108,4 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
             reply = InferFailed(message.id, f"{type(exc).__name__}: {detail[0] if detail else ''}")
             if os.environ.get("INFERGATE_WORKER_TRACEBACKS"):
                 traceback.print_exc()
-        conn.send(reply)
+        conn.send_bytes(encode(reply))

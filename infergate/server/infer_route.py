@@ -1,0 +1,164 @@
+"""POST /v2/models/{name}[/versions/{v}]/infer as a bare ASGI app.
+
+Inference is the one route where serving overhead is the product: FastAPI's request
+cycle (middleware stack, dependency solving, response wrappers) costs several hundred
+microseconds per call on a small machine, more than the pipe to the worker. So this route
+reads the body, calls the engine and writes the answer in raw ASGI, and every other route
+stays in FastAPI, which this app falls back to.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+import zlib
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from infergate.engine.engine import Engine
+from infergate.engine.inference import InferenceRequest
+from infergate.errors import BadRequest, InfergateError, PayloadTooLarge
+from infergate.server.codec import decode_request, encode_response
+from infergate.server.errors import error_body, retry_after_header
+
+log = logging.getLogger("infergate.server")
+
+INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]*))?/infer$")
+_JSON = (b"content-type", b"application/json")
+_BINARY = (b"content-type", b"application/octet-stream")
+
+
+def version_number(version: str | None) -> int | None:
+    if version is None or version == "":
+        return None
+    if not version.isdigit() or int(version) <= 0:
+        raise BadRequest(f"model version must be a positive integer, got {version!r}")
+    return int(version)
+
+
+def timeout_s(parameters: dict[str, Any]) -> float | None:
+    """tritonclient sends `timeout` in microseconds."""
+    timeout = parameters.get("timeout")
+    if timeout is None:
+        return None
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        raise BadRequest(
+            f"parameters.timeout must be a positive number of microseconds, got {timeout!r}"
+        )
+    return float(timeout) / 1e6
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    return dict(scope["headers"])
+
+
+def _too_big(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"request body is over the {limit / 2**20:g} MB limit. Hint: send smaller batches or "
+        "raise max_request_mb in the profile's [server] table"
+    )
+
+
+async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -> bytes:
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_big(limit)
+    chunks = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise BadRequest("the client went away before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_big(limit)
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return _decompress(body, headers.get(b"content-encoding", b"").decode().lower(), limit)
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise BadRequest(f"Content-Encoding {encoding!r} is not supported; use gzip or deflate")
+    try:
+        body = gzip.decompress(body) if encoding == "gzip" else zlib.decompress(body)
+    except (OSError, zlib.error) as exc:
+        raise BadRequest(
+            f"body says Content-Encoding {encoding} but does not decompress: {exc}"
+        ) from None
+    if len(body) > limit:
+        raise _too_big(limit)
+    return body
+
+
+class InferRoute:
+    """Answers infer requests itself; hands everything else to `fallback`."""
+
+    def __init__(self, engine: Engine, fallback: ASGIApp, max_request_bytes: int) -> None:
+        self._engine = engine
+        self._fallback = fallback
+        self._limit = max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = INFER_PATH.match(scope["path"])
+            if match is not None:
+                await self._infer(match.group(1), match.group(2), scope, receive, send)
+                return
+        await self._fallback(scope, receive, send)
+
+    async def _infer(
+        self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        try:
+            status, headers, body = 200, *await self._answer(name, version, scope, receive)
+        except InfergateError as exc:
+            status, headers, body = exc.status, error_headers(exc.retry_after_s), error_body(exc)
+        except Exception as exc:  # a bug must not take the connection down silently
+            log.exception("infer %s failed", name)
+            status, headers = 500, error_headers(None)
+            body = error_body(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _answer(
+        self, name: str, version: str | None, scope: Scope, receive: Receive
+    ) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        number = version_number(version)
+        served = self._engine.version(name, number)  # 404 and 503 before reading the body
+        if not served.ready:
+            raise served.not_ready_error()
+        headers = _headers(scope)
+        body = await read_body(headers, receive, self._limit)
+        header_length = headers.get(b"inference-header-content-length")
+        decoded = decode_request(body, header_length.decode() if header_length else None)
+        result = await self._engine.infer(
+            InferenceRequest(
+                model=name,
+                version=number,
+                inputs=decoded.inputs,
+                outputs=decoded.outputs,
+                timeout_s=timeout_s(decoded.parameters),
+            )
+        )
+        content, json_length = encode_response(
+            result.model, result.version, result.outputs, decoded
+        )
+        if json_length is None:
+            return [_JSON], content
+        return [_BINARY, (b"inference-header-content-length", str(json_length).encode())], content
+
+
+def error_headers(retry_after_s: float | None) -> list[tuple[bytes, bytes]]:
+    headers = [_JSON]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", retry_after_header(retry_after_s).encode()))
+    return headers

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Set up infergate in .venv (idempotent: run it again after a pull).
+#
+#   ./install.sh           the server and CLI (onnxruntime; the gpu extra when nvidia-smi answers)
+#   ./install.sh --torch   also TorchScript models (torch 2.13.0, CPU build)
+#   ./install.sh --dev     also the tests, linters and torch
+#   ./install.sh --cpu     never the gpu extra, even with a GPU present
+set -euo pipefail
+cd "$(dirname "$0")"
+
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+
+extras=()
+gpu=auto
+for arg in "$@"; do
+  case "$arg" in
+    --dev) extras+=(dev torch) ;;
+    --torch) extras+=(torch) ;;
+    --cpu) gpu=no ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "install.sh: unknown option $arg" >&2; usage >&2; exit 2 ;;
+  esac
+done
+if [ "$gpu" = auto ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  extras+=(gpu)
+  echo "install.sh: nvidia-smi answers; adding the gpu extra (onnxruntime-gpu, nvidia-ml-py)"
+fi
+
+python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "install.sh: infergate needs Python 3.10 or newer; set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+
+spec="."
+if [ ${#extras[@]} -gt 0 ]; then
+  spec=".[$(printf '%s\n' "${extras[@]}" | sort -u | paste -sd, -)]"
+fi
+echo "install.sh: pip install -e '$spec'"
+.venv/bin/python -m pip install --quiet -e "$spec"
+
+if [[ " ${extras[*]} " == *" gpu "* ]]; then
+  # onnxruntime and onnxruntime-gpu install the same module; keep only the GPU build.
+  .venv/bin/python -m pip uninstall --quiet -y onnxruntime
+  .venv/bin/python -m pip install --quiet --force-reinstall --no-deps onnxruntime-gpu
+fi
+echo "install.sh: done. Next: .venv/bin/infergate serve   (and .venv/bin/infergate doctor)"
