@@ -21,6 +21,11 @@ class ServerSettings:
     models: Path = Path("models")
     max_request_mb: float = 64.0
     load_timeout_s: float = 120.0
+    model_control: str = "poll"
+    file_stable_s: float = 1.0
+    drain_timeout_s: float = 30.0
+    require_signed_models: bool = False
+    trusted_keys: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,17 @@ class Profile:
     source: Path | None
     server: ServerSettings = field(default_factory=ServerSettings)
     sections: dict[str, Any] = field(default_factory=dict)
+
+
+def _key_paths(server: Table, base: Path) -> tuple[Path, ...]:
+    keys = server.array("trusted_keys", [])
+    if not all(isinstance(k, str) for k in keys):
+        raise ConfigError(f"{server.where('trusted_keys')}: expected paths to .pub files")
+    paths = tuple(Path(k) if Path(k).is_absolute() else base / k for k in keys)
+    for key in paths:
+        if not key.is_file():
+            raise ConfigError(f"{server.where('trusted_keys')}: {key} does not exist")
+    return paths
 
 
 def load_profile(path: Path | None) -> Profile:
@@ -53,7 +69,21 @@ def load_profile(path: Path | None) -> Profile:
         models=models_path,
         max_request_mb=server.number("max_request_mb", defaults.max_request_mb, minimum=0.001),
         load_timeout_s=server.number("load_timeout_s", defaults.load_timeout_s, minimum=1),
+        model_control=server.string(
+            "model_control", defaults.model_control, choices=("poll", "explicit")
+        ),
+        file_stable_s=server.number("file_stable_s", defaults.file_stable_s, minimum=0.05),
+        drain_timeout_s=server.number("drain_timeout_s", defaults.drain_timeout_s, minimum=0),
+        require_signed_models=server.boolean(
+            "require_signed_models", defaults.require_signed_models
+        ),
+        trusted_keys=_key_paths(server, path.parent),
     )
+    if settings.require_signed_models and not settings.trusted_keys:
+        raise ConfigError(
+            f"{path}: server.require_signed_models is true but server.trusted_keys is empty; "
+            "add the .pub files of the keys you sign with (infergate model keygen makes one)"
+        )
     server.reject_unknown()
     for name in _OWNED_ELSEWHERE:
         root.table(name)  # checked to be a table; its keys are validated by its owner

@@ -41,10 +41,26 @@ def serve(
 
     import uvicorn
 
+    from infergate.engine.context import EngineContext
     from infergate.engine.engine import Engine, EngineSettings
+    from infergate.engine.verify import VerifyPolicy, load_public_key
     from infergate.server.app import create_app
 
-    engine = Engine(EngineSettings(models_dir=models_dir, load_timeout_s=settings.load_timeout_s))
+    try:
+        keys = tuple(load_public_key(k) for k in settings.trusted_keys)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+    context = EngineContext(
+        verify=VerifyPolicy(settings.require_signed_models, keys),
+        load_timeout_s=settings.load_timeout_s,
+        drain_timeout_s=settings.drain_timeout_s,
+    )
+    engine_settings = EngineSettings(
+        models_dir=models_dir,
+        model_control="explicit" if settings.model_control == "explicit" else "poll",
+        stable_s=settings.file_stable_s,
+    )
+    engine = Engine(engine_settings, context)
     app = create_app(engine, int(settings.max_request_mb * 2**20))
     config = uvicorn.Config(
         app,

@@ -1,90 +1,53 @@
-"""The engine façade the HTTP layer calls: what is served, and inference on it."""
+"""The engine façade the HTTP layer calls: what is served, inference on it, and the
+repository's load and unload."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from infergate.clock import Clock, MonotonicClock
+from infergate.engine.context import EngineContext
 from infergate.engine.inference import InferenceRequest, InferenceResult
-from infergate.engine.repository import scan_repository
+from infergate.engine.registry import ModelRecord, Registry
 from infergate.engine.served import ServedVersion
-from infergate.engine.spec import ModelEntry
 from infergate.engine.validate import check_inputs, check_outputs
-from infergate.errors import ModelNotFound
+from infergate.engine.watcher import RepositoryWatcher
+from infergate.errors import ModelNotFound, ModelNotReady
 
-log = logging.getLogger("infergate.engine")
+ModelControl = Literal["poll", "explicit"]
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     models_dir: Path
-    load_timeout_s: float = 120.0
-
-
-@dataclass
-class ModelRecord:
-    """A model the repository holds, and the versions of it being served."""
-
-    entry: ModelEntry
-    versions: dict[int, ServedVersion]
-
-    @property
-    def name(self) -> str:
-        return self.entry.name
-
-    def default_version(self) -> ServedVersion | None:
-        """The highest served version that is ready, else the highest at all."""
-        ordered = sorted(self.versions.values(), key=lambda v: v.version)
-        ready = [v for v in ordered if v.ready]
-        candidates = ready or ordered
-        return candidates[-1] if candidates else None
-
-    @property
-    def state(self) -> str:
-        if self.entry.problem:
-            return "failed"
-        default = self.default_version()
-        return default.state if default else "unavailable"
-
-    @property
-    def reason(self) -> str | None:
-        if self.entry.problem:
-            return self.entry.problem
-        default = self.default_version()
-        return default.reason if default else None
+    model_control: ModelControl = "poll"
+    stable_s: float = 1.0  # a changed file is acted on once unchanged this long
 
 
 class Engine:
-    def __init__(self, settings: EngineSettings, clock: Clock | None = None) -> None:
+    def __init__(self, settings: EngineSettings, context: EngineContext | None = None) -> None:
         self.settings = settings
-        self.clock = clock or MonotonicClock()
-        self._models: dict[str, ModelRecord] = {}
+        self.context = context or EngineContext()
+        self.registry = Registry(settings.models_dir, self.context)
         self._loaded = asyncio.Event()
+        self._watcher: RepositoryWatcher | None = None
+        self._startup: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Scan the repository and start loading every model; returns without waiting."""
-        for entry in scan_repository(self.settings.models_dir):
-            versions = {
-                f.version: ServedVersion(entry, f, self.clock, self.settings.load_timeout_s)
-                for f in entry.served_versions()
-            }
-            self._models[entry.name] = ModelRecord(entry, versions)
-            if entry.problem:
-                log.error("model %s: %s", entry.name, entry.problem)
-            for served in versions.values():
-                served.start()
-        asyncio.create_task(self._mark_loaded(), name="engine:initial-load")
+        """Start loading every model and, in poll mode, watching; returns at once."""
+        self._startup = asyncio.create_task(self._load_all(), name="engine:initial-load")
 
-    async def _mark_loaded(self) -> None:
-        await asyncio.gather(
-            *(v.wait_settled() for m in self._models.values() for v in m.versions.values())
-        )
+    async def _load_all(self) -> None:
+        if self.settings.model_control == "poll":
+            # Watch before the first scan, so nothing written during it is missed.
+            self._watcher = RepositoryWatcher(
+                self.settings.models_dir, self.registry, self.context, self.settings.stable_s
+            )
+            self._watcher.start()
+        await self.registry.sync_all()
         self._loaded.set()
-        for model in self._models.values():
-            log.info("model %s: %s", model.name, model.state)
 
     async def wait_loaded(self) -> None:
         """Until every model's first load has ended, in success or failure."""
@@ -95,29 +58,31 @@ class Engine:
         return self._loaded.is_set()
 
     async def stop(self) -> None:
-        await asyncio.gather(
-            *(v.stop() for m in self._models.values() for v in m.versions.values())
-        )
+        if self._watcher is not None:
+            await self._watcher.stop()
+        if self._startup is not None and not self._startup.done():
+            self._startup.cancel()
+        await self.registry.stop()
 
     def models(self) -> list[ModelRecord]:
-        return [self._models[k] for k in sorted(self._models)]
+        return self.registry.records()
 
     def model(self, name: str) -> ModelRecord:
-        try:
-            return self._models[name]
-        except KeyError:
-            known = ", ".join(sorted(self._models)) or "none"
-            raise ModelNotFound(
-                f"unknown model {name!r}; served models: {known}. Hint: infergate model list"
-            ) from None
+        return self.registry.record(name)
 
     def version(self, name: str, version: int | None = None) -> ServedVersion:
-        record = self.model(name)
+        record = self.registry.record(name)
         if version is None:
             served = record.default_version()
             if served is None:
-                raise ModelNotFound(
-                    f"model {name!r} has no servable version: {record.reason or 'none on disk'}"
+                hint = (
+                    "retry shortly"
+                    if record.state == "loading"
+                    else ("infergate model status " + name + " shows why")
+                )
+                raise ModelNotReady(
+                    f"model {name!r} is {record.state}: {record.reason or 'no version on disk'}. "
+                    f"Hint: {hint}"
                 )
             return served
         try:
@@ -127,6 +92,15 @@ class Engine:
             raise ModelNotFound(
                 f"model {name!r} has no version {version} being served; live versions: {live}"
             ) from None
+
+    async def load(self, name: str) -> ModelRecord:
+        """Load (or reload) `name` from disk, as Triton's repository API does."""
+        record = await self.registry.sync(name, explicit=True)
+        assert record is not None
+        return record
+
+    async def unload(self, name: str) -> None:
+        await self.registry.unload(name)
 
     async def infer(self, request: InferenceRequest) -> InferenceResult:
         served = self.version(request.model, request.version)

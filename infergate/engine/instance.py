@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import Literal
 
-from infergate.clock import Clock
+from infergate.engine.context import EngineContext
 from infergate.engine.workers.handle import WorkerHandle, WorkerLoadError
 from infergate.engine.workers.messages import Ready, WorkerSpec
-
-log = logging.getLogger("infergate.instance")
 
 InstanceState = Literal["loading", "ready", "restarting", "failed", "stopped"]
 
@@ -26,8 +23,7 @@ class Instance:
         self,
         spec: WorkerSpec,
         index: int,
-        clock: Clock,
-        load_timeout_s: float = 120.0,
+        context: EngineContext,
         backoff_initial_s: float = 0.25,
         backoff_max_s: float = 10.0,
         stable_after_s: float = 60.0,
@@ -39,8 +35,9 @@ class Instance:
         self.restarts = 0
         self.handle: WorkerHandle | None = None
         self.ready_info: Ready | None = None
-        self._clock = clock
-        self._load_timeout_s = load_timeout_s
+        self._context = context
+        self._clock = context.clock
+        self._load_timeout_s = context.load_timeout_s
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._stable_after_s = stable_after_s
@@ -76,7 +73,6 @@ class Instance:
                     self._fail(f"load failed: {exc}")
                     return
                 self.reason = f"reload after a crash failed: {exc}"
-                log.warning("%s v%s: %s", self.spec.model, self.spec.version, self.reason)
             else:
                 ever_ready = True
                 self.state, self.reason = "ready", None
@@ -88,13 +84,13 @@ class Instance:
                 if self._clock.now() - up_since >= self._stable_after_s:
                     backoff = self._backoff_initial_s
                 self.reason = handle.death_reason
-                log.warning(
-                    "%s v%s instance %d: %s; restarting in %.2f s",
+                self._context.metrics.worker_restarts.labels(self.spec.model).inc()
+                self._context.events.publish(
+                    "worker_restarting",
                     self.spec.model,
+                    f"instance {self.index}: {handle.death_reason}; restarting in {backoff:.2f} s",
                     self.spec.version,
-                    self.index,
-                    handle.death_reason,
-                    backoff,
+                    instance=self.index,
                 )
             self.state = "restarting"
             self.restarts += 1
@@ -104,7 +100,6 @@ class Instance:
 
     def _fail(self, reason: str) -> None:
         self.state, self.reason = "failed", reason
-        log.error("%s v%s: %s", self.spec.model, self.spec.version, reason)
         self._settled.set()
 
     async def stop(self) -> None:

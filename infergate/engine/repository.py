@@ -57,20 +57,59 @@ def _scan_folder(folder: Path) -> ModelEntry:
     return ModelEntry(name=name, config=config, versions=tuple(versions), problem=problem)
 
 
-def scan_repository(root: Path) -> list[ModelEntry]:
-    """Every model under `root`, sorted by name; problems are recorded, not raised."""
+def _lone_file(root: Path, name: str) -> Path | None:
+    for suffix in MODEL_FILE_RUNTIMES:
+        candidate = root / f"{name}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def scan_model(root: Path, name: str) -> ModelEntry | None:
+    """One model as it is on disk now, or None when it is gone."""
+    folder = root / name
+    if folder.is_dir():
+        return _scan_folder(folder)
+    lone = _lone_file(root, name)
+    if lone is None:
+        return None
+    version = ModelVersionFile(1, lone, MODEL_FILE_RUNTIMES[lone.suffix])
+    return ModelEntry(name=name, config=ModelConfig(), versions=(version,))
+
+
+def model_names(root: Path) -> list[str]:
+    """The names of the models under `root`: folders, and lone model files by stem."""
     if not root.is_dir():
         raise ConfigError(f"models folder {root} does not exist; create it or pass --models DIR")
-    entries: dict[str, ModelEntry] = {}
-    for child in sorted(root.iterdir()):
+    names = set()
+    for child in root.iterdir():
         if is_ignored(child) or not _NAME.match(child.stem):
             continue
         if child.is_dir():
-            entries[child.name] = _scan_folder(child)
+            names.add(child.name)
         elif child.is_file() and child.suffix in MODEL_FILE_RUNTIMES:
-            name = child.stem
-            if name in entries:
-                continue  # a folder of the same name wins; it can hold versions and config
-            version = ModelVersionFile(1, child, MODEL_FILE_RUNTIMES[child.suffix])
-            entries[name] = ModelEntry(name=name, config=ModelConfig(), versions=(version,))
-    return [entries[k] for k in sorted(entries)]
+            names.add(child.stem)  # a folder of the same name wins in scan_model
+    return sorted(names)
+
+
+def model_name_for(root: Path, path: Path) -> str | None:
+    """Which model a changed path belongs to, or None for paths no model cares about."""
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        return None
+    if not parts or any(is_ignored(Path(part)) for part in parts):
+        return None
+    first = parts[0]
+    if len(parts) == 1:
+        stem = first.removesuffix(".sig")
+        suffix = Path(stem).suffix
+        if suffix in MODEL_FILE_RUNTIMES:
+            return Path(stem).stem
+    return first if _NAME.match(first) else None
+
+
+def scan_repository(root: Path) -> list[ModelEntry]:
+    """Every model under `root`, sorted by name; problems are recorded, not raised."""
+    entries = [scan_model(root, name) for name in model_names(root)]
+    return [e for e in entries if e is not None]

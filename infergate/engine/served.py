@@ -1,13 +1,19 @@
-"""A model version being served: its instances, its state, and dispatch to them."""
+"""A model version being served: its instances, its state, dispatch to them, and drain."""
 
 from __future__ import annotations
 
 import asyncio
 
-from infergate.clock import Clock
+from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
 from infergate.engine.runtimes import unavailable_reason
-from infergate.engine.spec import PLATFORMS, ModelEntry, ModelVersionFile, TensorSpec
+from infergate.engine.spec import (
+    PLATFORMS,
+    ModelConfig,
+    ModelEntry,
+    ModelVersionFile,
+    TensorSpec,
+)
 from infergate.engine.workers.messages import WorkerSpec
 from infergate.errors import ModelNotReady, WorkerFailed
 from infergate.tensors import Array
@@ -18,14 +24,18 @@ _STATE_RANK = ["ready", "restarting", "loading", "failed", "stopped"]
 
 class ServedVersion:
     def __init__(
-        self, entry: ModelEntry, file: ModelVersionFile, clock: Clock, load_timeout_s: float
+        self, entry: ModelEntry, file: ModelVersionFile, sha256: str, context: EngineContext
     ) -> None:
         self.name = entry.name
         self.version = file.version
         self.file = file
-        self.config = entry.config
+        self.sha256 = sha256
+        self.config: ModelConfig = entry.config
         self.platform = PLATFORMS[file.runtime]
         self.unavailable = unavailable_reason(file.runtime)
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         spec = WorkerSpec(
             model=entry.name,
             version=file.version,
@@ -35,9 +45,11 @@ class ServedVersion:
             inputs=entry.config.inputs,
             outputs=entry.config.outputs,
         )
-        self.instances = [
-            Instance(spec, i, clock, load_timeout_s) for i in range(entry.config.instances)
-        ]
+        self.instances = [Instance(spec, i, context) for i in range(entry.config.instances)]
+
+    def same_as(self, file: ModelVersionFile, sha256: str, config: ModelConfig) -> bool:
+        """Would loading `file` again give what serves now?"""
+        return self.file == file and self.sha256 == sha256 and self.config == config
 
     def start(self) -> None:
         if self.unavailable is None:
@@ -50,6 +62,14 @@ class ServedVersion:
 
     async def stop(self) -> None:
         await asyncio.gather(*(i.stop() for i in self.instances))
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait for in-flight requests to finish (True), or the timeout (False)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
 
     @property
     def state(self) -> str:
@@ -82,11 +102,10 @@ class ServedVersion:
         return info.outputs if info else self.config.outputs
 
     def not_ready_error(self) -> ModelNotReady:
-        hint = (
-            "Hint: retry shortly"
-            if self.state in ("loading", "restarting")
-            else ("Hint: fix the model and reload it (infergate model status shows why)")
-        )
+        if self.state in ("loading", "restarting"):
+            hint = "Hint: retry shortly"
+        else:
+            hint = "Hint: fix the model and reload it (infergate model status shows why)"
         why = f": {self.reason}" if self.reason else ""
         return ModelNotReady(
             f"model {self.name!r} version {self.version} is {self.state}{why}. {hint}"
@@ -99,6 +118,20 @@ class ServedVersion:
         return min(ready, key=lambda i: i.handle.busy if i.handle else 0)
 
     async def infer(
+        self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
+    ) -> dict[str, Array]:
+        # Counted from the same loop step that chose this version, so a drain never
+        # misses a request that is about to start.
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._dispatch(inputs, outputs, timeout_s)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def _dispatch(
         self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
     ) -> dict[str, Array]:
         instance = self._pick()

@@ -1,5 +1,6 @@
-"""The FastAPI app: KServe V2 routes, the repository index, /admin. Each route maps HTTP
-onto one engine call and back."""
+"""The FastAPI app: KServe V2 routes, the repository extension, /admin and /metrics.
+Each route maps HTTP onto one engine call and back. Inference itself is answered by
+InferRoute in front of this app (see infer_route.py)."""
 
 from __future__ import annotations
 
@@ -9,65 +10,22 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp
 
 from infergate import __version__
-from infergate.engine.engine import Engine, ModelRecord
-from infergate.engine.served import ServedVersion
+from infergate.engine.engine import Engine
+from infergate.errors import BadRequest
 from infergate.server.errors import error_response, install_error_handlers
 from infergate.server.infer_route import InferRoute, version_number
+from infergate.server.views import model_metadata, model_status, repository_index
 
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 
 
 def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
-
-
-def model_metadata(served: ServedVersion, record: ModelRecord) -> dict[str, Any]:
-    return {
-        "name": served.name,
-        "versions": [str(v) for v in sorted(record.versions)],
-        "platform": served.platform,
-        "inputs": [s.to_json() for s in served.inputs],
-        "outputs": [s.to_json() for s in served.outputs],
-        "parameters": {"state": served.state},
-    }
-
-
-def version_status(served: ServedVersion) -> dict[str, Any]:
-    return {
-        "version": served.version,
-        "state": served.state,
-        "reason": served.reason,
-        "path": str(served.file.path),
-        "platform": served.platform,
-        "instances": [
-            {
-                "index": i.index,
-                "state": i.state,
-                "pid": i.pid,
-                "restarts": i.restarts,
-                "device": i.ready_info.device if i.ready_info else None,
-                "reason": i.reason,
-            }
-            for i in served.instances
-        ],
-        "inputs": [s.to_json() for s in served.inputs],
-        "outputs": [s.to_json() for s in served.outputs],
-    }
-
-
-def model_status(record: ModelRecord) -> dict[str, Any]:
-    default = record.default_version()
-    return {
-        "name": record.name,
-        "state": record.state,
-        "reason": record.reason,
-        "default_version": default.version if default else None,
-        "versions": [version_status(record.versions[v]) for v in sorted(record.versions)],
-    }
 
 
 def create_app(engine: Engine, max_request_bytes: int) -> ASGIApp:
@@ -113,23 +71,20 @@ def create_app(engine: Engine, max_request_bytes: int) -> ASGIApp:
         return _json({"name": name, "version": str(served.version), "ready": True})
 
     @app.post("/v2/repository/index")
-    async def repository_index() -> Response:
-        rows = []
-        for record in engine.models():
-            if not record.versions:
-                rows.append(
-                    {"name": record.name, "state": "UNAVAILABLE", "reason": record.reason or ""}
-                )
-            for served in record.versions.values():
-                rows.append(
-                    {
-                        "name": record.name,
-                        "version": str(served.version),
-                        "state": "READY" if served.ready else served.state.upper(),
-                        "reason": served.reason or "",
-                    }
-                )
-        return _json(rows)
+    async def index() -> Response:
+        return _json(repository_index(engine.models()))
+
+    @app.post("/v2/repository/models/{name}/load")
+    async def load(name: str) -> Response:
+        record = await engine.load(name)
+        if record.state != "ready":
+            raise BadRequest(f"failed to load {name!r}: {record.reason}")
+        return _json({})
+
+    @app.post("/v2/repository/models/{name}/unload")
+    async def unload(name: str) -> Response:
+        await engine.unload(name)
+        return _json({})
 
     @app.get("/admin/models")
     async def admin_models() -> Response:
@@ -137,6 +92,31 @@ def create_app(engine: Engine, max_request_bytes: int) -> ASGIApp:
 
     @app.get("/admin/models/{name}")
     async def admin_model(name: str) -> Response:
-        return _json(model_status(engine.model(name)))
+        status = model_status(engine.model(name))
+        status["events"] = [e.to_json() for e in engine.context.events.recent(name)[-10:]]
+        return _json(status)
+
+    @app.get("/admin/events")
+    async def events(replay: int = 0) -> StreamingResponse:
+        """Server-sent events: reloads, failures, restarts, as they happen."""
+
+        async def stream() -> AsyncIterator[bytes]:
+            yield b": infergate events\n\n"
+            async for event in engine.context.events.subscribe(replay):
+                yield (
+                    b"event: "
+                    + event.kind.encode()
+                    + b"\ndata: "
+                    + orjson.dumps(event.to_json())
+                    + b"\n\n"
+                )
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(
+            generate_latest(engine.context.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
 
     return InferRoute(engine, app, max_request_bytes)

@@ -13,6 +13,7 @@ from multiprocessing.connection import Connection
 
 from infergate.engine.runtimes import open_runtime
 from infergate.engine.runtimes.base import Runtime, sample_inputs
+from infergate.engine.spec import TensorSpec
 from infergate.engine.workers.messages import (
     InferCall,
     InferDone,
@@ -29,10 +30,26 @@ from infergate.engine.workers.shm import MappedArena, layout_size, read_tensor, 
 from infergate.tensors import to_wire, v2_datatype
 
 
+def _check_declared(
+    kind: str, declared: tuple[TensorSpec, ...], found: tuple[TensorSpec, ...]
+) -> None:
+    """model.toml's inputs/outputs, when it declares them, must be what the file has."""
+    if declared and declared != found:
+
+        def show(specs: tuple[TensorSpec, ...]) -> str:
+            return ", ".join(f"{s.name} {s.datatype} {list(s.shape)}" for s in specs)
+
+        raise ValueError(
+            f"the file's {kind} ({show(found)}) differ from model.toml's ({show(declared)})"
+        )
+
+
 def _load(spec: WorkerSpec) -> Runtime:
     runtime = open_runtime(
         spec.runtime, spec.path, spec.device, spec.inputs, spec.outputs, spec.threads
     )
+    _check_declared("inputs", spec.inputs, runtime.inputs)
+    _check_declared("outputs", spec.outputs, runtime.outputs)
     warm = sample_inputs(runtime.inputs)
     runtime.run(warm, [o.name for o in runtime.outputs])
     return runtime

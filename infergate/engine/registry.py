@@ -1,0 +1,250 @@
+"""What is loaded: each model's served versions, and `sync`, which brings one model in
+line with its files: verify, load the new in fresh workers, warm up, swap atomically,
+drain the old, stop it. A failure leaves what serves untouched and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infergate.engine.context import EngineContext
+from infergate.engine.repository import model_names, scan_model
+from infergate.engine.served import ServedVersion
+from infergate.engine.spec import ModelConfig, ModelEntry, ModelVersionFile
+from infergate.engine.verify import VerificationFailed, verify_file
+from infergate.errors import ModelNotFound
+
+
+@dataclass
+class ModelRecord:
+    """A model the repository holds (or held), and the versions of it being served."""
+
+    name: str
+    entry: ModelEntry | None = None
+    versions: dict[int, ServedVersion] = field(default_factory=dict)
+    problem: str | None = None  # the model as a whole is wrong (model.toml, no file)
+    failures: dict[int, str] = field(default_factory=dict)  # version -> why it did not load
+    # version -> (sha256, config) of a file that failed, so the same file is not retried
+    # until it changes (or a person asks for a load).
+    failed_files: dict[int, tuple[str, ModelConfig]] = field(default_factory=dict)
+    unloaded: bool = False
+    loading: bool = False
+
+    def default_version(self) -> ServedVersion | None:
+        """The highest served version that is ready, else the highest at all."""
+        ordered = sorted(self.versions.values(), key=lambda v: v.version)
+        ready = [v for v in ordered if v.ready]
+        candidates = ready or ordered
+        return candidates[-1] if candidates else None
+
+    @property
+    def state(self) -> str:
+        if self.unloaded:
+            return "unloaded"
+        default = self.default_version()
+        if default is not None:
+            return default.state
+        if self.loading:
+            return "loading"
+        return "failed" if self.problem or self.failures else "unavailable"
+
+    @property
+    def reason(self) -> str | None:
+        if self.unloaded:
+            return "unloaded; load it with infergate model load " + self.name
+        if self.problem:
+            return self.problem
+        if self.failures:
+            version = max(self.failures)
+            return f"version {version}: {self.failures[version]}"
+        default = self.default_version()
+        return default.reason if default else None
+
+
+class Registry:
+    def __init__(self, root: Path, context: EngineContext) -> None:
+        self.root = root
+        self._context = context
+        self._records: dict[str, ModelRecord] = {}
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def records(self) -> list[ModelRecord]:
+        return [self._records[k] for k in sorted(self._records)]
+
+    def record(self, name: str) -> ModelRecord:
+        try:
+            return self._records[name]
+        except KeyError:
+            known = ", ".join(sorted(self._records)) or "none"
+            raise ModelNotFound(
+                f"unknown model {name!r}; served models: {known}. Hint: infergate model list"
+            ) from None
+
+    async def sync_all(self) -> None:
+        names = await asyncio.to_thread(model_names, self.root)
+        await asyncio.gather(*(self.sync(name) for name in names))
+
+    async def sync(self, name: str, explicit: bool = False) -> ModelRecord | None:
+        """Bring `name` in line with disk. `explicit` (an API load) also reloads files that
+        did not change, retries ones that failed, and lifts an unload."""
+        async with self._locks[name]:
+            record = self._records.get(name)
+            if record is not None and record.unloaded and not explicit:
+                return record  # unloaded stays unloaded until someone loads it
+            entry = await asyncio.to_thread(scan_model, self.root, name)
+            if entry is None:
+                if record is not None:
+                    self._retire(record, list(record.versions), "its files were removed")
+                    del self._records[name]
+                    self._context.events.publish("model_removed", name, "files removed")
+                elif explicit:
+                    raise ModelNotFound(f"no model {name!r} in {self.root}")
+                return None
+            if record is None:
+                record = self._records[name] = ModelRecord(name)
+            record.unloaded = False
+            await self._sync_entry(record, entry, explicit)
+            return record
+
+    async def _sync_entry(self, record: ModelRecord, entry: ModelEntry, explicit: bool) -> None:
+        record.entry = entry
+        record.problem = entry.problem
+        if entry.problem:
+            self._failed(record, None, entry.problem)
+            return  # what serves keeps serving: a broken model.toml replaces nothing
+        desired = entry.served_versions()
+        record.loading = True
+        try:
+            candidates = await self._candidates(record, entry, desired, explicit)
+            for candidate in candidates:
+                candidate.start()
+            started = self._context.clock.now()
+            await asyncio.gather(*(c.wait_settled() for c in candidates))
+            load_s = self._context.clock.now() - started
+        finally:
+            record.loading = False
+        for candidate in candidates:
+            self._swap_in(record, candidate, load_s)
+        wanted = {f.version for f in desired}
+        # Versions that left the policy go once a wanted one serves; until then they are
+        # the fallback, since a bad new file must not leave the model with nothing.
+        if any(v in record.versions and record.versions[v].ready for v in wanted):
+            gone = [v for v in record.versions if v not in wanted]
+            self._retire(record, gone, "no longer in the version policy or on disk")
+        for version in [v for v in record.failures if v not in wanted]:
+            record.failures.pop(version)
+            record.failed_files.pop(version, None)
+
+    async def _candidates(
+        self,
+        record: ModelRecord,
+        entry: ModelEntry,
+        desired: list[ModelVersionFile],
+        explicit: bool,
+    ) -> list[ServedVersion]:
+        """Verified new ServedVersions for the files that differ from what serves."""
+        out = []
+        for file in desired:
+            try:
+                sha = await asyncio.to_thread(
+                    verify_file, file.path, entry.config.sha256, self._context.verify
+                )
+            except (VerificationFailed, OSError) as exc:
+                self._failed(record, file.version, f"verification failed: {exc}")
+                continue
+            current = record.versions.get(file.version)
+            if not explicit:
+                if current is not None and current.same_as(file, sha, entry.config):
+                    continue
+                if record.failed_files.get(file.version) == (sha, entry.config):
+                    continue  # the same bad file: wait for it to change
+            out.append(ServedVersion(entry, file, sha, self._context))
+            self._context.events.publish(
+                "model_loading",
+                record.name,
+                f"loading {file.path.name} (sha256 {sha[:12]})",
+                file.version,
+            )
+        return out
+
+    def _swap_in(self, record: ModelRecord, candidate: ServedVersion, load_s: float) -> None:
+        version = candidate.version
+        if candidate.unavailable is not None and version not in record.versions:
+            # Listed, with the install command, so people see why and how to fix it.
+            record.versions[version] = candidate
+            self._context.events.publish(
+                "model_unavailable", record.name, candidate.unavailable, version
+            )
+            return
+        if not candidate.ready:
+            reason = candidate.reason or "it did not become ready"
+            record.failed_files[version] = (candidate.sha256, candidate.config)
+            self._failed(record, version, reason)
+            task = asyncio.create_task(candidate.stop())
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+            return
+        old = record.versions.get(version)
+        record.versions[version] = candidate  # the switch: one assignment on the loop
+        record.failures.pop(version, None)
+        record.failed_files.pop(version, None)
+        if old is not None:
+            self._retire_one(record, old, "replaced by a new file")
+        self._context.metrics.reloads.labels(record.name, "ready").inc()
+        self._context.metrics.reload_seconds.labels(record.name).observe(load_s)
+        self._context.events.publish(
+            "model_ready",
+            record.name,
+            f"serving sha256 {candidate.sha256[:12]} after {load_s * 1000:.0f} ms",
+            version,
+            sha256=candidate.sha256,
+            load_s=load_s,
+        )
+
+    def _failed(self, record: ModelRecord, version: int | None, reason: str) -> None:
+        if version is not None:
+            record.failures[version] = reason
+        self._context.metrics.reloads.labels(record.name, "failed").inc()
+        serving = record.default_version()
+        keeps = f"; version {serving.version} keeps serving" if serving and serving.ready else ""
+        self._context.events.publish("model_load_failed", record.name, reason + keeps, version)
+
+    def _retire(self, record: ModelRecord, versions: list[int], why: str) -> None:
+        for version in versions:
+            served = record.versions.pop(version, None)
+            if served is not None:
+                self._retire_one(record, served, why)
+
+    def _retire_one(self, record: ModelRecord, served: ServedVersion, why: str) -> None:
+        async def drain_and_stop() -> None:
+            drained = await served.drain(self._context.drain_timeout_s)
+            await served.stop()
+            self._context.events.publish(
+                "model_version_stopped",
+                record.name,
+                f"{why}; {'drained' if drained else 'drain timed out'}, workers stopped",
+                served.version,
+            )
+
+        task = asyncio.create_task(drain_and_stop())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def unload(self, name: str) -> None:
+        async with self._locks[name]:
+            record = self.record(name)
+            retiring = list(record.versions.values())
+            record.versions.clear()
+            record.unloaded = True
+            await asyncio.gather(*(v.drain(self._context.drain_timeout_s) for v in retiring))
+            await asyncio.gather(*(v.stop() for v in retiring))
+            self._context.events.publish("model_unloaded", name, "drained and stopped")
+
+    async def stop(self) -> None:
+        versions = [v for r in self._records.values() for v in r.versions.values()]
+        await asyncio.gather(*(v.stop() for v in versions))
+        await asyncio.gather(*self._retiring, return_exceptions=True)
