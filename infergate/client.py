@@ -174,6 +174,14 @@ class Client:
     def repository_index(self) -> list[dict[str, Any]]:
         return self._json("POST", "/v2/repository/index")  # type: ignore[no-any-return]
 
+    def load_model(self, name: str) -> None:
+        """Load or reload `name` from disk; returns once it serves (or raises why not)."""
+        self._request("POST", f"/v2/repository/models/{name}/load", timeout=None)
+
+    def unload_model(self, name: str) -> None:
+        """Drain and stop `name`; returns once its workers have exited."""
+        self._request("POST", f"/v2/repository/models/{name}/unload", timeout=None)
+
     def infer(
         self,
         model: str,

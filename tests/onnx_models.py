@@ -119,3 +119,16 @@ def make_loop(path: Path) -> Path:
         ],
     )
     return _save(helper.make_model(graph, opset_imports=OPSET), path)
+
+
+def make_fails_on_single_rows(path: Path) -> Path:
+    """x [-1, 4] -> y [2, 4]: reshapes to exactly two rows, so a batch of one (as the
+    warm-up sends) fails inside onnxruntime while a batch of two works."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "two_rows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(np.array([2, 4], dtype=np.int64), "shape")],
+    )
+    return _save(helper.make_model(graph, opset_imports=OPSET), path)

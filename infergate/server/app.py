@@ -77,8 +77,14 @@ def create_app(engine: Engine, max_request_bytes: int) -> ASGIApp:
     @app.post("/v2/repository/models/{name}/load")
     async def load(name: str) -> Response:
         record = await engine.load(name)
-        if record.state != "ready":
-            raise BadRequest(f"failed to load {name!r}: {record.reason}")
+        if record.problem or record.failures or record.state != "ready":
+            serving = record.default_version()
+            keeps = (
+                f"; version {serving.version} keeps serving"
+                if serving is not None and serving.ready
+                else ""
+            )
+            raise BadRequest(f"failed to load {name!r}: {record.reason}{keeps}")
         return _json({})
 
     @app.post("/v2/repository/models/{name}/unload")

@@ -1,0 +1,170 @@
+"""Triton's repository extension with tritonclient, explicit model control, and signed
+models, each against a real server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from infergate.engine.verify import generate_key, load_private_key, sign_file
+from tests.conftest import write_profile
+from tests.onnx_models import make_mlp
+from tests.server import ServerProcess
+from tests.test_reload import failures, infer, offset_of, place, wait_until
+
+
+def start(tmp_path: Path, profile: str) -> ServerProcess:
+    return ServerProcess(
+        tmp_path / "models", write_profile(tmp_path, profile), tmp_path / "server.log"
+    ).start()
+
+
+@pytest.fixture
+def explicit_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    make_mlp(tmp_path / "models" / "mlp" / "1" / "model.onnx")
+    make_mlp(tmp_path / "models" / "spare" / "1" / "model.onnx", seed=2)
+    proc = start(tmp_path, '[server]\nmodel_control = "explicit"\nfile_stable_s = 0.1\n')
+    yield proc
+    proc.stop()
+
+
+def test_tritonclient_load_unload_index(explicit_server: ServerProcess) -> None:
+    client = triton.InferenceServerClient(explicit_server.url.removeprefix("http://"))
+    pids = explicit_server.worker_pids("spare")
+    client.unload_model("spare")
+    for pid in pids:
+        assert not psutil.pid_exists(pid)  # unload returns after the workers exited
+    assert not client.is_model_ready("spare")
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["spare"]["state"] == "UNAVAILABLE"
+    assert "unloaded" in index["spare"]["reason"]
+    assert index["mlp"]["state"] == "READY"
+    client.load_model("spare")
+    assert client.is_model_ready("spare")
+    with pytest.raises(InferenceServerException, match="no model 'nothere'"):
+        client.load_model("nothere")
+
+
+def test_explicit_mode_ignores_file_changes_until_load(explicit_server: ServerProcess) -> None:
+    base = infer(explicit_server.url).json()["outputs"][0]["data"]
+    place(explicit_server.models / "mlp" / "1" / "model.onnx", lambda p: make_mlp(p, offset=3.0))
+    # No watcher in explicit mode: give a watcher ample time, and the old file still serves.
+    deadline = __import__("time").monotonic() + 1.0
+    while __import__("time").monotonic() < deadline:
+        assert offset_of(infer(explicit_server.url), base) == 0
+    client = triton.InferenceServerClient(explicit_server.url.removeprefix("http://"))
+    client.load_model("mlp")  # loading a loaded model reloads it
+    assert offset_of(infer(explicit_server.url), base) == 3
+
+
+def test_loading_a_bad_file_says_why_and_keeps_serving(explicit_server: ServerProcess) -> None:
+    base = infer(explicit_server.url).json()["outputs"][0]["data"]
+    place(
+        explicit_server.models / "mlp" / "1" / "model.onnx",
+        lambda p: p.write_bytes(b"garbage") or p,
+    )
+    client = triton.InferenceServerClient(explicit_server.url.removeprefix("http://"))
+    with pytest.raises(InferenceServerException, match="failed to load 'mlp'"):
+        client.load_model("mlp")
+    assert offset_of(infer(explicit_server.url), base) == 0
+
+
+def test_signed_models_only(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    trusted = generate_key(keys / "team.key")
+    generate_key(keys / "intruder.key")
+    model = tmp_path / "models" / "mlp" / "1" / "model.onnx"
+    make_mlp(model)
+    sign_file(model, load_private_key(keys / "team.key"))
+    make_mlp(tmp_path / "models" / "unsigned" / "1" / "model.onnx")
+    server = start(
+        tmp_path,
+        f"[server]\nrequire_signed_models = true\nfile_stable_s = 0.2\n"
+        f'trusted_keys = ["{trusted}"]\n',
+    )
+    try:
+        assert server.model("mlp")["state"] == "ready"
+        unsigned = server.model("unsigned")
+        assert unsigned["state"] == "failed"
+        assert "is not signed" in unsigned["reason"]
+        base = infer(server.url).json()["outputs"][0]["data"]
+
+        def signed_by(key: str, offset: float) -> None:
+            staged = tmp_path / "staged.onnx"
+            make_mlp(staged, offset=offset)
+            sign_file(staged, load_private_key(keys / key))
+            (tmp_path / "staged.onnx.sig").replace(model.with_name("model.onnx.sig"))
+            staged.replace(model)
+
+        signed_by("intruder.key", 5.0)
+        reason = wait_until(lambda: failures(server).get("1"), what="the rejection")
+        assert "does not verify against any trusted key" in reason
+        assert offset_of(infer(server.url), base) == 0
+        signed_by("team.key", 6.0)
+        wait_until(lambda: offset_of(infer(server.url), base) == 6, what="the signed file")
+    finally:
+        server.stop()
+
+
+def test_cli_load_unload_reload(explicit_server: ServerProcess) -> None:
+    import json
+
+    from tests.test_cli import run
+
+    pids = explicit_server.worker_pids("spare")
+    code, out = run("model", "unload", "spare", "--url", explicit_server.url)
+    assert code == 0, out
+    assert "spare: unloaded" in out
+    assert not any(psutil.pid_exists(p) for p in pids)
+    code, out = run("model", "load", "spare", "--url", explicit_server.url, "--json")
+    assert code == 0, out
+    assert json.loads(out)["state"] == "ready"
+    code, out = run("model", "reload", "spare", "--url", explicit_server.url)
+    assert code == 0
+    assert "spare: reloaded, version 1 serving" in out
+    place(
+        explicit_server.models / "spare" / "1" / "model.onnx", lambda p: p.write_bytes(b"junk") or p
+    )
+    code, out = run("model", "reload", "spare", "--url", explicit_server.url)
+    assert code == 1
+    assert "failed to load 'spare'" in out
+    assert "version 1 keeps serving" in out
+
+
+def test_cli_keygen_sign_verify(tmp_path: Path) -> None:
+    import json
+
+    from tests.test_cli import run
+
+    model = make_mlp(tmp_path / "model.onnx")
+    code, out = run("model", "keygen", str(tmp_path / "k"), "--json")
+    assert code == 0
+    assert json.loads(out)["public_key"].endswith("k.pub")
+    code, out = run("model", "keygen", str(tmp_path / "k"))
+    assert code == 2
+    assert "already exists" in out
+    code, out = run("model", "verify", str(model), "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["signature"] == "none"
+    assert report["opens"] == "yes"
+    assert report["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+    code, out = run("model", "sign", str(model), "--key", str(tmp_path / "k"))
+    assert code == 0
+    code, out = run("model", "verify", str(model), "--key", str(tmp_path / "k.pub"), "--json")
+    assert code == 0
+    assert json.loads(out)["signature"] == "verified"
+    model.write_bytes(model.read_bytes() + b"\0")
+    code, out = run("model", "verify", str(model), "--key", str(tmp_path / "k.pub"))
+    assert code == 1
+    assert "does not verify" in out
+    (tmp_path / "bad.onnx").write_bytes(b"nope")
+    code, out = run("model", "verify", str(tmp_path / "bad.onnx"), "--json")
+    assert code == 1
+    assert json.loads(out)["opens"] == "no"

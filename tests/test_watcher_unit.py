@@ -1,0 +1,73 @@
+"""The pure parts of watching: which model a path belongs to, and when files have settled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infergate.clock import FakeClock
+from infergate.engine.repository import model_name_for
+from infergate.engine.watcher import Settler, snapshot
+
+ROOT = Path("/models")
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/models/digits/1/model.onnx", "digits"),
+        ("/models/digits/model.toml", "digits"),
+        ("/models/digits/2", "digits"),
+        ("/models/digits/1/model.onnx.sig", "digits"),
+        ("/models/plain.onnx", "plain"),
+        ("/models/plain.onnx.sig", "plain"),
+        ("/models/enc.pt", "enc"),
+        ("/models/digits/1/.model.onnx.tmp", None),
+        ("/models/digits/1/model.onnx~", None),
+        ("/models/digits/1/model.onnx.part", None),
+        ("/models/.git/config", None),
+        ("/elsewhere/x.onnx", None),
+    ],
+)
+def test_model_name_for(path: str, name: str | None) -> None:
+    assert model_name_for(ROOT, Path(path)) == name
+
+
+def test_settles_only_after_files_stop_changing() -> None:
+    clock = FakeClock()
+    settler = Settler(clock, stable_s=1.0)
+    settler.touched("m")
+    assert settler.poll({"m": (("a", 10, 1),)}) == []  # first look
+    clock.advance(0.6)
+    assert settler.poll({"m": (("a", 20, 2),)}) == []  # still growing: the clock restarts
+    clock.advance(0.6)
+    assert settler.poll({"m": (("a", 20, 2),)}) == []  # still only 0.6 s unchanged
+    clock.advance(0.5)
+    assert settler.poll({"m": (("a", 20, 2),)}) == ["m"]
+    assert settler.pending == []
+    assert settler.poll({"m": (("a", 20, 2),)}) == []  # acted on once
+
+
+def test_a_new_event_restarts_the_wait() -> None:
+    clock = FakeClock()
+    settler = Settler(clock, stable_s=1.0)
+    settler.touched("m")
+    settler.poll({"m": ()})
+    clock.advance(0.9)
+    settler.touched("m")  # e.g. a rename that kept size and mtime
+    settler.poll({"m": ()})
+    clock.advance(0.5)
+    assert settler.poll({"m": ()}) == []
+    clock.advance(0.6)
+    assert settler.poll({"m": ()}) == ["m"]
+
+
+def test_snapshot_sees_size_and_ignores_temporaries(tmp_path: Path) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"12345")
+    (tmp_path / "m" / "1" / ".model.onnx.tmp").write_bytes(b"partial")
+    (tmp_path / "lone.onnx").write_bytes(b"1")
+    [(path, size, _)] = snapshot(tmp_path, "m")
+    assert (path, size) == ("m/1/model.onnx", 5)
+    assert [row[:2] for row in snapshot(tmp_path, "lone")] == [("lone.onnx", 1)]
