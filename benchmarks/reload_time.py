@@ -59,10 +59,14 @@ def main() -> None:
     finally:
         server.stop()
     print(f"swaps: {args.swaps}, file_stable_s = {args.stable_s}")
-    print(f"file stable -> new version serving: median {statistics.median(server_s) * 1000:.0f} ms"
-          f" (min {min(server_s) * 1000:.0f}, max {max(server_s) * 1000:.0f})")
-    print(f"file written -> new version serving: median {statistics.median(client_s) * 1000:.0f}"
-          f" ms (includes the {args.stable_s:g} s stability wait)")
+    print(
+        f"file stable -> new version serving: median {statistics.median(server_s) * 1000:.0f} ms"
+        f" (min {min(server_s) * 1000:.0f}, max {max(server_s) * 1000:.0f})"
+    )
+    print(
+        f"file written -> new version serving: median {statistics.median(client_s) * 1000:.0f}"
+        f" ms (includes the {args.stable_s:g} s stability wait)"
+    )
 
 
 if __name__ == "__main__":
