@@ -43,6 +43,11 @@ class WorkerFailed(InfergateError):
     retry_after_s = 1.0
 
 
+class Overloaded(InfergateError):
+    status = 503
+    retry_after_s = 1.0
+
+
 class DeadlineExceeded(InfergateError):
     status = 504
 

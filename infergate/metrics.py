@@ -22,6 +22,34 @@ class Metrics:
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=self.registry,
         )
+        self.shed = Counter(
+            "infergate_requests_shed",
+            "Requests refused or dropped by the scheduler, by class and why "
+            "(queue_full, shed, deadline)",
+            ["model", "class", "reason"],
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "infergate_batch_size",
+            "Rows in each batch run on a worker",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.registry,
+        )
+        self.queue_seconds = Histogram(
+            "infergate_queue_seconds",
+            "Time a request waited in its model's queue",
+            ["model", "class"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30),
+            registry=self.registry,
+        )
+        self.compute_seconds = Histogram(
+            "infergate_compute_seconds",
+            "Time a batch took on its worker, transfer included",
+            ["model"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30),
+            registry=self.registry,
+        )
         self.worker_restarts = Counter(
             "infergate_worker_restarts",
             "Worker processes restarted after dying, hanging or being killed",

@@ -93,12 +93,12 @@ def test_a_request_on_a_killed_worker_is_retried_on_a_sibling(
     slow_server: ServerProcess,
 ) -> None:
     url = f"{slow_server.url}/v2/models/loop/infer"
-    running = Background(url, loop_request(400_000))  # about a second of work
-    time.sleep(0.2)
+    running = Background(url, loop_request(200_000))  # about 0.4 s of work, well inside 1.5 s
+    time.sleep(0.1)
     os.kill(instance_pid(slow_server, "loop", 0), signal.SIGKILL)
     response = running.result()
     assert response.status_code == 200, response.text
-    assert response.json()["outputs"][0]["data"] == [400_000.0]
+    assert response.json()["outputs"][0]["data"] == [200_000.0]
 
 
 def test_a_hung_worker_is_killed_at_the_execution_timeout(slow_server: ServerProcess) -> None:

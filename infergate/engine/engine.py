@@ -108,8 +108,11 @@ class Engine:
             raise served.not_ready_error()
         check_inputs(served.name, served.inputs, request.inputs)
         outputs = check_outputs(served.name, served.outputs, request.outputs)
+        cls = self.context.classes.resolve(request.priority, cap=self.context.tenant_class())
         timeout = served.config.timeout_s
+        queue_deadline = cls.deadline_s
         if request.timeout_s is not None:
             timeout = min(timeout, request.timeout_s)
-        result = await served.infer(request.inputs, outputs, timeout)
-        return InferenceResult(served.name, served.version, result)
+            queue_deadline = min(queue_deadline, request.timeout_s)
+        result, timing = await served.infer(request.inputs, outputs, cls, queue_deadline, timeout)
+        return InferenceResult(served.name, served.version, result, timing)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from infergate.engine.scheduling.scheduler import Timing
 from infergate.tensors import Array
 
 
@@ -14,6 +16,7 @@ class InferenceRequest:
     version: int | None = None
     outputs: tuple[str, ...] | None = None  # None: every output
     timeout_s: float | None = None  # the client's own deadline, if it gave one
+    priority: Any = None  # V2 parameters.priority: a class name, or tritonclient's integer
 
 
 @dataclass(frozen=True)
@@ -21,3 +24,4 @@ class InferenceResult:
     model: str
     version: int
     outputs: dict[str, Array] = field(default_factory=dict)
+    timing: Timing | None = None

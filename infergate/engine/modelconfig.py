@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infergate.engine.spec import ModelConfig, RuntimeName, TensorSpec, VersionPolicy
+from infergate.engine.spec import (
+    BatchingOverrides,
+    ModelConfig,
+    RuntimeName,
+    TensorSpec,
+    VersionPolicy,
+)
 from infergate.engine.tomltable import Table, load_toml
 from infergate.errors import ConfigError
 from infergate.tensors import V2_TO_NUMPY
@@ -36,6 +42,16 @@ def _version_policy(table: Table) -> VersionPolicy:
     return VersionPolicy(latest=latest, all=every, versions=tuple(versions))
 
 
+def _batching(table: Table) -> BatchingOverrides:
+    overrides = BatchingOverrides(
+        max_batch_size=table.integer("max_batch_size", None, minimum=0),
+        max_queue_delay_ms=table.number("max_queue_delay_ms", None, minimum=0),
+        max_queue_size=table.integer("max_queue_size", None, minimum=1),
+    )
+    table.reject_unknown()
+    return overrides
+
+
 def parse_model_config(path: Path) -> ModelConfig:
     table = Table(load_toml(path), path)
     runtime = table.string("runtime", None, choices=RUNTIMES)
@@ -47,12 +63,11 @@ def parse_model_config(path: Path) -> ModelConfig:
         inputs=tuple(_tensor(t) for t in table.tables("inputs")),
         outputs=tuple(_tensor(t) for t in table.tables("outputs")),
         version_policy=_version_policy(table.table("version_policy")),
-        max_batch_size=table.integer("max_batch_size", None, minimum=0),
+        batching=_batching(table.table("batching")),
         memory_mb=table.integer("memory_mb", None, minimum=1),
         sha256=table.string("sha256", None),
     )
-    # Sections other issues own; accepted now so a profile written for them still loads.
-    table.table("batching")
+    # Owned by the breakers; accepted now so a model.toml written for them still loads.
     table.table("breaker")
     table.reject_unknown()
     return config

@@ -7,16 +7,36 @@ import asyncio
 from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
 from infergate.engine.runtimes import unavailable_reason
+from infergate.engine.scheduling.batching import has_batch_dimension
+from infergate.engine.scheduling.classes import PriorityClass
+from infergate.engine.scheduling.queue import QueuePolicy
+from infergate.engine.scheduling.scheduler import Scheduler, Timing
 from infergate.engine.spec import (
     PLATFORMS,
+    BatchingOverrides,
     ModelConfig,
     ModelEntry,
     ModelVersionFile,
     TensorSpec,
 )
 from infergate.engine.workers.messages import WorkerSpec
-from infergate.errors import ModelNotReady, WorkerFailed
+from infergate.errors import ModelNotReady
 from infergate.tensors import Array
+
+
+def queue_policy(defaults: QueuePolicy, overrides: BatchingOverrides) -> QueuePolicy:
+    """The profile's batching, with model.toml's [batching] on top."""
+    delay = overrides.max_queue_delay_ms
+    return QueuePolicy(
+        max_batch_size=defaults.max_batch_size
+        if overrides.max_batch_size is None
+        else overrides.max_batch_size,
+        max_delay_s=defaults.max_delay_s if delay is None else delay / 1000.0,
+        max_queue_size=defaults.max_queue_size
+        if overrides.max_queue_size is None
+        else overrides.max_queue_size,
+    )
+
 
 # The order a version's state is summarised in: the best instance wins.
 _STATE_RANK = ["ready", "restarting", "loading", "failed", "stopped"]
@@ -46,6 +66,14 @@ class ServedVersion:
             outputs=entry.config.outputs,
         )
         self.instances = [Instance(spec, i, context) for i in range(entry.config.instances)]
+        self.scheduler = Scheduler(
+            entry.name,
+            file.version,
+            self.instances,
+            queue_policy(context.queue_policy, entry.config.batching),
+            context.clock,
+            context.metrics,
+        )
 
     def same_as(self, file: ModelVersionFile, sha256: str, config: ModelConfig) -> bool:
         """Would loading `file` again give what serves now?"""
@@ -61,6 +89,7 @@ class ServedVersion:
             await asyncio.gather(*(i.wait_settled() for i in self.instances))
 
     async def stop(self) -> None:
+        await self.scheduler.stop()
         await asyncio.gather(*(i.stop() for i in self.instances))
 
     async def drain(self, timeout_s: float) -> bool:
@@ -111,38 +140,32 @@ class ServedVersion:
             f"model {self.name!r} version {self.version} is {self.state}{why}. {hint}"
         )
 
-    def _pick(self, exclude: Instance | None = None) -> Instance:
-        ready = [i for i in self.instances if i.ready and i is not exclude]
-        if not ready:
-            raise self.not_ready_error()
-        return min(ready, key=lambda i: i.handle.busy if i.handle else 0)
+    def depth_by_class(self) -> dict[str, int]:
+        return self.scheduler.depth_by_class()
+
+    @property
+    def batchable(self) -> bool:
+        return self.scheduler.policy.max_batch_size > 1 and has_batch_dimension(
+            self.inputs, self.outputs
+        )
 
     async def infer(
-        self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
-    ) -> dict[str, Array]:
+        self,
+        inputs: dict[str, Array],
+        outputs: list[str],
+        cls: PriorityClass,
+        queue_deadline_s: float,
+        timeout_s: float,
+    ) -> tuple[dict[str, Array], Timing]:
         # Counted from the same loop step that chose this version, so a drain never
         # misses a request that is about to start.
         self.in_flight += 1
         self._idle.clear()
         try:
-            return await self._dispatch(inputs, outputs, timeout_s)
+            return await self.scheduler.submit(
+                inputs, outputs, cls, queue_deadline_s, timeout_s, self.batchable
+            )
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
-
-    async def _dispatch(
-        self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
-    ) -> dict[str, Array]:
-        instance = self._pick()
-        assert instance.handle is not None
-        try:
-            return await instance.handle.infer(inputs, outputs, timeout_s)
-        except WorkerFailed:
-            # Inference is idempotent: a request whose worker died gets one more try on
-            # a sibling instance, when there is one.
-            if not any(i.ready for i in self.instances if i is not instance):
-                raise
-            sibling = self._pick(exclude=instance)
-            assert sibling.handle is not None
-            return await sibling.handle.infer(inputs, outputs, timeout_s)

@@ -51,6 +51,15 @@ class VersionPolicy:
 
 
 @dataclass(frozen=True)
+class BatchingOverrides:
+    """model.toml's [batching]: each unset key takes the profile's value."""
+
+    max_batch_size: int | None = None  # 0 turns batching off for this model
+    max_queue_delay_ms: float | None = None
+    max_queue_size: int | None = None
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """What model.toml says; every field has a default so the file is optional."""
 
@@ -61,7 +70,7 @@ class ModelConfig:
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
-    max_batch_size: int | None = None
+    batching: BatchingOverrides = field(default_factory=BatchingOverrides)
     memory_mb: int | None = None
     sha256: str | None = None
 

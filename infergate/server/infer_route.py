@@ -147,6 +147,7 @@ class InferRoute:
                 inputs=decoded.inputs,
                 outputs=decoded.outputs,
                 timeout_s=timeout_s(decoded.parameters),
+                priority=decoded.parameters.get("priority"),
             )
         )
         content, json_length = encode_response(

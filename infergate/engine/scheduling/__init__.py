@@ -1,0 +1,1 @@
+"""Between admission and the workers: priority classes, deadlines, dynamic batching."""

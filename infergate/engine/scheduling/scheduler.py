@@ -1,0 +1,281 @@
+"""The scheduler of one served model version: admits requests into its JobQueue, and a
+small loop hands batches to idle instances as they free up.
+
+Large requests are cut into chunks of at most max_batch_size rows, so a more urgent
+request waits behind at most one running chunk per instance (preemption at batch
+granularity). Every request ends in exactly one answer: its outputs, 504 when its deadline
+passed in the queue (it never runs), or 503 when the queue was full or it was shed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from infergate.clock import Clock
+from infergate.engine.instance import Instance
+from infergate.engine.scheduling.batching import (
+    batch_key,
+    merge,
+    rows_of,
+    split_rows,
+    unmerge,
+)
+from infergate.engine.scheduling.classes import PriorityClass
+from infergate.engine.scheduling.queue import Job, JobQueue, QueueFull, QueuePolicy
+from infergate.errors import (
+    DeadlineExceeded,
+    InfergateError,
+    ModelExecutionError,
+    Overloaded,
+    WorkerFailed,
+)
+from infergate.metrics import Metrics
+from infergate.tensors import Array
+
+# While work waits and no instance is free (one may be restarting), look again this often.
+_IDLE_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What a request went through, for metrics and the dashboard."""
+
+    queue_s: float
+    compute_s: float
+    batch_size: int  # rows in the (largest) batch it ran in
+    cls: str
+
+
+@dataclass(eq=False)
+class _Ticket:
+    outputs: tuple[str, ...]
+    timeout_s: float
+    cls: PriorityClass
+    parts: int
+    future: asyncio.Future[tuple[dict[str, Array], Timing]]
+    results: dict[int, dict[str, Array]] = field(default_factory=dict)
+    queue_s: float = 0.0
+    compute_s: float = 0.0
+    batch_size: int = 0
+
+    def fail(self, error: InfergateError) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+    def part_done(
+        self,
+        index: int,
+        outputs: dict[str, Array],
+        queue_s: float,
+        compute_s: float,
+        batch_size: int,
+    ) -> None:
+        self.results[index] = outputs
+        self.queue_s = max(self.queue_s, queue_s)
+        self.compute_s += compute_s
+        self.batch_size = max(self.batch_size, batch_size)
+        if len(self.results) == self.parts and not self.future.done():
+            merged = merge([self.results[i] for i in range(self.parts)])
+            timing = Timing(self.queue_s, self.compute_s, self.batch_size, self.cls.name)
+            self.future.set_result((merged, timing))
+
+
+@dataclass(eq=False)
+class _Work:
+    ticket: _Ticket
+    index: int
+    inputs: dict[str, Array]
+    retried: bool = False
+
+
+class Scheduler:
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        instances: list[Instance],
+        policy: QueuePolicy,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.policy = policy
+        self._instances = instances
+        self._clock = clock
+        self._metrics = metrics
+        self._queue: JobQueue[_Work] = JobQueue(policy)
+        self._running: set[Instance] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def depth_by_class(self) -> dict[str, int]:
+        return self._queue.depth_by_class()
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"scheduler:{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        error = Overloaded(f"model {self.name!r} version {self.version} was stopped")
+        for job in self._queue.expire(float("inf")):
+            job.payload.ticket.fail(error)
+
+    async def submit(
+        self,
+        inputs: dict[str, Array],
+        outputs: list[str],
+        cls: PriorityClass,
+        queue_deadline_s: float,
+        timeout_s: float,
+        batchable: bool,
+    ) -> tuple[dict[str, Array], Timing]:
+        now = self._clock.now()
+        batching = batchable and self._queue.batching
+        if batching and rows_of(inputs) > self.policy.max_batch_size:
+            chunks = split_rows(inputs, self.policy.max_batch_size)
+        else:
+            chunks = [inputs]
+        future: asyncio.Future[tuple[dict[str, Array], Timing]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        ticket = _Ticket(tuple(outputs), timeout_s, cls, len(chunks), future)
+        key = batch_key(inputs) if batching else None
+        jobs = [
+            Job(
+                _Work(ticket, i, chunk),
+                cls,
+                now,
+                now + queue_deadline_s,
+                rows_of(chunk) if batching else 1,
+                key,
+            )
+            for i, chunk in enumerate(chunks)
+        ]
+        try:
+            shed = self._queue.admit(jobs)
+        except QueueFull:
+            self._metrics.shed.labels(self.name, cls.name, "queue_full").inc()
+            raise Overloaded(
+                f"model {self.name!r} has {len(self._queue)} requests queued, its limit "
+                f"(max_queue_size = {self.policy.max_queue_size}); nothing of a lower class "
+                "than yours could be shed. Hint: retry after a pause, or add instances"
+            ) from None
+        for victim in shed:
+            self._metrics.shed.labels(self.name, victim.cls.name, "shed").inc()
+            victim.payload.ticket.fail(
+                Overloaded(
+                    f"model {self.name!r} is overloaded: this {victim.cls.name} request was shed "
+                    f"to make room for a {cls.name} one. Hint: retry after a pause"
+                )
+            )
+        self._ensure_running()
+        self._wake.set()
+        return await future
+
+    def _free(self) -> list[Instance]:
+        return [i for i in self._instances if i.ready and i not in self._running]
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            now = self._clock.now()
+            for job in self._queue.expire(now):
+                self._expired(job, now)
+            wake_at = None
+            free = self._free()
+            while free:
+                taken = self._queue.take(now)
+                if taken is None:
+                    break
+                if isinstance(taken, float):
+                    wake_at = taken
+                    break
+                instance = free.pop(0)
+                self._running.add(instance)
+                asyncio.create_task(self._execute(instance, taken, now))
+            timeout = self._sleep_for(now, wake_at, bool(free))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _sleep_for(self, now: float, wake_at: float | None, any_free: bool) -> float | None:
+        times = [t for t in (wake_at, self._queue.next_deadline()) if t is not None]
+        if len(self._queue) and not any_free:
+            times.append(now + _IDLE_POLL_S)
+        if not times:
+            return None
+        # A hair past the deadline, so the job has expired when the loop looks again.
+        return max(0.0, min(times) - now) + 0.0002
+
+    def _expired(self, job: Job[_Work], now: float) -> None:
+        waited = (now - job.arrival) * 1000
+        self._metrics.shed.labels(self.name, job.cls.name, "deadline").inc()
+        job.payload.ticket.fail(
+            DeadlineExceeded(
+                f"request to model {self.name!r} waited {waited:.0f} ms in the queue, past its "
+                f"deadline of {(job.deadline - job.arrival) * 1000:.0f} ms ({job.cls.name} class); "
+                "it was not run. Hint: retry later, lower the load, or add instances"
+            )
+        )
+
+    async def _execute(self, instance: Instance, jobs: list[Job[_Work]], started: float) -> None:
+        try:
+            works = [j for j in jobs if not j.payload.ticket.future.done()]
+            if works:
+                await self._run_batch(instance, works, started)
+        finally:
+            self._running.discard(instance)
+            self._wake.set()
+
+    async def _run_batch(self, instance: Instance, jobs: list[Job[_Work]], started: float) -> None:
+        works = [j.payload for j in jobs]
+        names = list(dict.fromkeys(n for w in works for n in w.ticket.outputs))
+        rows = [
+            rows_of(w.inputs) if self._queue.batching and j.key is not None else 1
+            for w, j in zip(works, jobs, strict=True)
+        ]
+        timeout = max(w.ticket.timeout_s for w in works)
+        handle = instance.handle
+        assert handle is not None
+        t0 = self._clock.now()
+        try:
+            outputs = await handle.infer(merge([w.inputs for w in works]), names, timeout)
+            pieces = unmerge(outputs, rows) if len(works) > 1 else [outputs]
+        except WorkerFailed as exc:
+            self._retry_or_fail(jobs, instance, exc)
+            return
+        except ValueError as exc:
+            for w in works:
+                w.ticket.fail(ModelExecutionError(str(exc)))
+            return
+        except InfergateError as exc:
+            for w in works:
+                w.ticket.fail(exc)
+            return
+        compute_s = self._clock.now() - t0
+        size = sum(rows)
+        self._metrics.batch_size.labels(self.name).observe(size)
+        for job, work, piece in zip(jobs, works, pieces, strict=True):
+            queue_s = started - job.arrival
+            self._metrics.queue_seconds.labels(self.name, job.cls.name).observe(queue_s)
+            self._metrics.compute_seconds.labels(self.name).observe(compute_s)
+            wanted = {n: piece[n] for n in work.ticket.outputs}
+            work.ticket.part_done(work.index, wanted, queue_s, compute_s, size)
+
+    def _retry_or_fail(self, jobs: list[Job[_Work]], failed: Instance, exc: WorkerFailed) -> None:
+        """Inference is idempotent: work on a worker that died gets one more try, on a
+        sibling, when one is ready."""
+        sibling_ready = any(i.ready for i in self._instances if i is not failed)
+        for job in jobs:
+            if sibling_ready and not job.payload.retried:
+                job.payload.retried = True
+                again = Job(job.payload, job.cls, job.arrival, job.deadline, job.rows, job.key)
+                self._queue.admit([again], force=True)
+            else:
+                job.payload.ticket.fail(exc)
