@@ -1,5 +1,6 @@
-"""The profile (DESIGN §3): server settings now; batching, breakers, classes and tenants
-are read by the parts that own them. Unknown sections and keys are named, not ignored."""
+"""The profile (DESIGN §3): server settings, batching defaults, priority classes, and the
+default tenant's class. Breakers and the rest of the tenants' keys are accepted as tables
+for the parts that will own them. Unknown sections and keys are named, not ignored."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
+from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.tomltable import Table, load_toml
 from infergate.errors import ConfigError
 
 DEFAULT_PROFILE = Path("profiles/default.toml")
-_OWNED_ELSEWHERE = ("batching", "breaker", "classes", "tenants")
+_OWNED_ELSEWHERE = ("breaker",)
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,54 @@ class ServerSettings:
 class Profile:
     source: Path | None
     server: ServerSettings = field(default_factory=ServerSettings)
+    batching: QueuePolicy = field(default_factory=QueuePolicy)
+    classes: tuple[PriorityClass, ...] = DEFAULT_CLASSES
+    default_class: str = "burst"
     sections: dict[str, Any] = field(default_factory=dict)
+
+
+def _batching(table: Table) -> QueuePolicy:
+    defaults = QueuePolicy()
+    policy = QueuePolicy(
+        max_batch_size=table.integer("max_batch_size", defaults.max_batch_size, minimum=0),
+        max_delay_s=table.number("max_queue_delay_ms", defaults.max_delay_s * 1000, minimum=0)
+        / 1000.0,
+        max_queue_size=table.integer("max_queue_size", defaults.max_queue_size, minimum=1),
+    )
+    table.reject_unknown()
+    return policy
+
+
+def _classes(table: Table) -> tuple[PriorityClass, ...]:
+    names = table.keys()
+    if not names:
+        return DEFAULT_CLASSES
+    out = []
+    for name in names:
+        entry = table.table(name)
+        rank = entry.integer("rank", None, minimum=0)
+        deadline = entry.number("deadline_ms", None, minimum=0.1)
+        if rank is None or deadline is None:
+            raise ConfigError(f"{entry.where('')}: each class needs rank and deadline_ms")
+        entry.reject_unknown()
+        out.append(PriorityClass(name, rank, deadline / 1000.0))
+    return tuple(out)
+
+
+def _default_class(tenants: Table, classes: tuple[PriorityClass, ...]) -> str:
+    """The default tenant's class (the rest of [tenants] belongs to the tenants issue)."""
+    default = tenants.table("default")
+    name = default.string(
+        "class", "burst" if any(c.name == "burst" for c in classes) else classes[-1].name
+    )
+    if name not in {c.name for c in classes}:
+        raise ConfigError(
+            f"{default.where('class')}: {name!r} is not a class; the profile defines "
+            f"{', '.join(c.name for c in classes)}"
+        )
+    default.keys()  # rps, burst, max_concurrency, ...: validated where tenants are enforced
+    tenants.keys()
+    return name
 
 
 def _key_paths(server: Table, base: Path) -> tuple[Path, ...]:
@@ -85,11 +135,16 @@ def load_profile(path: Path | None) -> Profile:
             "add the .pub files of the keys you sign with (infergate model keygen makes one)"
         )
     server.reject_unknown()
+    classes = _classes(root.table("classes"))
+    profile = Profile(
+        source=path,
+        server=settings,
+        batching=_batching(root.table("batching")),
+        classes=classes,
+        default_class=_default_class(root.table("tenants"), classes),
+        sections={name: data.get(name, {}) for name in _OWNED_ELSEWHERE},
+    )
     for name in _OWNED_ELSEWHERE:
         root.table(name)  # checked to be a table; its keys are validated by its owner
     root.reject_unknown()
-    return Profile(
-        source=path,
-        server=settings,
-        sections={name: data.get(name, {}) for name in _OWNED_ELSEWHERE},
-    )
+    return profile

@@ -43,6 +43,7 @@ def serve(
 
     from infergate.engine.context import EngineContext
     from infergate.engine.engine import Engine, EngineSettings
+    from infergate.engine.scheduling.classes import ClassTable
     from infergate.engine.verify import VerifyPolicy, load_public_key
     from infergate.server.app import create_app
 
@@ -51,6 +52,9 @@ def serve(
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     context = EngineContext(
+        classes=ClassTable(loaded.classes),
+        default_class=loaded.default_class,
+        queue_policy=loaded.batching,
         verify=VerifyPolicy(settings.require_signed_models, keys),
         load_timeout_s=settings.load_timeout_s,
         drain_timeout_s=settings.drain_timeout_s,
