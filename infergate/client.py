@@ -115,6 +115,7 @@ class Client:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self.url = (url or default_url()).rstrip("/")
+        self.auth_headers = headers
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
     def close(self) -> None:

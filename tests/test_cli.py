@@ -158,3 +158,50 @@ def test_serve_refuses_a_missing_models_folder(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "does not exist" in done.stderr
+
+
+def test_bench_sweeps_concurrency_and_rate(server: ServerProcess) -> None:
+    code, out = run(
+        "bench",
+        "digits",
+        "--concurrency",
+        "1,4",
+        "--duration",
+        "0.5",
+        "--url",
+        server.url,
+        "--json",
+    )
+    assert code == 0, out
+    results = json.loads(out)
+    assert [r["level"] for r in results] == [1, 4]
+    assert all(r["requests"] > 5 and r["errors"] == {} for r in results)
+    assert all(0 < r["p50_ms"] <= r["p99_ms"] for r in results)
+    code, out = run(
+        "bench",
+        "mlp",
+        "--rate",
+        "40",
+        "--duration",
+        "0.5",
+        "--batch",
+        "3",
+        "--no-binary",
+        "--priority",
+        "batch",
+        "--url",
+        server.url,
+        "--json",
+    )
+    assert code == 0, out
+    [result] = json.loads(out)
+    assert result["mode"] == "rate"
+    assert result["requests"] == 20
+    code, out = run(
+        "bench", "digits", "--concurrency", "1", "--duration", "0.3", "--url", server.url
+    )
+    assert code == 0
+    assert "req/s" in out
+    assert "p99 ms" in out
+    code, out = run("bench", "digits", "--concurrency", "many", "--url", server.url)
+    assert code == 2

@@ -46,6 +46,7 @@ requests = st.lists(
     max_batch=st.sampled_from([1, 4, 8]),
     max_queue=st.integers(1, 20),
     delay=st.sampled_from([0.0, 0.002, 0.01]),
+    patient=st.booleans(),
 )
 def test_queue_promises(
     reqs: list[Request],
@@ -54,6 +55,7 @@ def test_queue_promises(
     max_batch: int,
     max_queue: int,
     delay: float,
+    patient: bool,
 ) -> None:
     for i, r in enumerate(reqs):
         r.id = i
@@ -92,10 +94,11 @@ def test_queue_promises(
             if busy_until[i] > now:
                 continue
             before = queue.waiting()
-            taken = queue.take(now)
+            taken = queue.take(now, may_wait=patient)
             if taken is None:
                 break
             if isinstance(taken, float):
+                assert patient
                 assert now < taken <= before[0].arrival + delay + 1e-12
                 wake = taken
                 break

@@ -6,6 +6,7 @@ import typer
 
 from infergate import __version__
 from infergate.cli import model
+from infergate.cli.bench import bench
 from infergate.cli.doctor import doctor
 from infergate.cli.infer import infer
 from infergate.cli.serve import serve
@@ -18,6 +19,7 @@ app = typer.Typer(
 app.command()(serve)
 app.command()(infer)
 app.command()(doctor)
+app.command()(bench)
 app.add_typer(model.app, name="model")
 
 

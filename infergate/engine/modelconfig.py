@@ -58,6 +58,7 @@ def parse_model_config(path: Path) -> ModelConfig:
     config = ModelConfig(
         runtime=runtime,  # type: ignore[arg-type]
         instances=table.integer("instances", 1, minimum=1),
+        threads=table.integer("threads", None, minimum=1),
         device=table.string("device", "auto"),
         timeout_s=table.number("timeout_ms", 30_000.0, minimum=1) / 1000.0,
         inputs=tuple(_tensor(t) for t in table.tables("inputs")),

@@ -64,6 +64,7 @@ class ServedVersion:
             device=entry.config.device,
             inputs=entry.config.inputs,
             outputs=entry.config.outputs,
+            threads=entry.config.threads,
         )
         self.instances = [Instance(spec, i, context) for i in range(entry.config.instances)]
         self.scheduler = Scheduler(

@@ -65,6 +65,7 @@ class ModelConfig:
 
     runtime: RuntimeName | None = None
     instances: int = 1
+    threads: int | None = None  # intra-op threads per instance; None: the runtime's default
     device: str = "auto"
     timeout_s: float = 30.0
     inputs: tuple[TensorSpec, ...] = ()

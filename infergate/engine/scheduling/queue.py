@@ -124,10 +124,13 @@ class JobQueue(Generic[T]):
         tops = [heap[0][0] for heap in self._heaps.values() if heap]
         return min(tops) if tops else None
 
-    def take(self, now: float) -> list[Job[T]] | float | None:
+    def take(self, now: float, may_wait: bool = True) -> list[Job[T]] | float | None:
         """The next batch to run, or the time to look again (a batch is filling), or None.
 
-        Call expire(now) first: take never returns a job past its deadline.
+        `may_wait` allows holding a part-full batch back for up to max_delay_s; the caller
+        passes False when waiting cannot pay off (nothing else is running, so no load is
+        building up behind it). Call expire(now) first: take never returns a job past its
+        deadline.
         """
         live = self._live()
         head = next(live, None)
@@ -143,7 +146,7 @@ class JobQueue(Generic[T]):
                     if rows == self.policy.max_batch_size:
                         break
             fill_by = min(head.arrival + self.policy.max_delay_s, head.deadline)
-            if rows < self.policy.max_batch_size and now < fill_by:
+            if may_wait and rows < self.policy.max_batch_size and now < fill_by:
                 return fill_by
         for job in batch:
             self._remove(job)

@@ -1,0 +1,113 @@
+"""Dynamic batching throughput, measured in one run on one machine.
+
+1. An MLP 1024->4096->4096->1000 served through the gateway (dynamic batching, binary
+   tensors, one row per request, concurrency 64) against onnxruntime in-process at its best
+   batch size: the gateway's rows/s as a share of that limit.
+2. The tiny MLP 64->128->10 at concurrency 64, with batching and with it turned off.
+
+    .venv/bin/python benchmarks/batching_throughput.py [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from infergate.loadgen import prepare, run_concurrency  # noqa: E402
+from infergate.loadgen import run as run_load  # noqa: E402
+from tests.onnx_models import make_mlp  # noqa: E402
+from tests.server import ServerProcess  # noqa: E402
+
+
+def in_process_best(
+    model: Path, width: int, batches: list[int], seconds: float
+) -> tuple[int, float, dict[int, float]]:
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    rows_per_s = {}
+    for batch in batches:
+        x = np.random.default_rng(0).standard_normal((batch, width)).astype(np.float32)
+        session.run(None, {"x": x})
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            session.run(None, {"x": x})
+            done += batch
+        rows_per_s[batch] = done / (time.perf_counter() - started)
+    best = max(rows_per_s, key=lambda b: rows_per_s[b])
+    return best, rows_per_s[best], rows_per_s
+
+
+def gateway_rows_per_s(
+    url: str, model: str, width: int, concurrency: int, seconds: float
+) -> dict[str, Any]:
+    x = np.random.default_rng(1).standard_normal((1, width)).astype(np.float32)
+    body, headers = prepare({"x": x}, binary=True)
+    path = f"/v2/models/{model}/infer"
+    run_load(run_concurrency(url, path, body, headers, concurrency, min(1.0, seconds)))
+    result = run_load(run_concurrency(url, path, body, headers, concurrency, seconds))
+    if result.errors:
+        raise RuntimeError(f"{model}: errors {result.errors}")
+    return {"rps": result.rps, "p50_ms": result.p50_ms, "p99_ms": result.p99_ms}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small model, short runs (CI)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    sizes = (256, 512, 512, 100) if args.quick else (1024, 4096, 4096, 1000)
+    seconds = 1.0 if args.quick else 8.0
+    work = Path(tempfile.mkdtemp(prefix="infergate-batching-"))
+    models = work / "models"
+    big = make_mlp(models / "big" / "1" / "model.onnx", sizes=sizes)
+    (models / "big" / "model.toml").write_text("[batching]\nmax_batch_size = 64\n")
+    make_mlp(models / "tiny" / "1" / "model.onnx", sizes=(64, 128, 10))
+    make_mlp(models / "tiny_unbatched" / "1" / "model.onnx", sizes=(64, 128, 10))
+    (models / "tiny_unbatched" / "model.toml").write_text("[batching]\nmax_batch_size = 0\n")
+    profile = work / "profile.toml"
+    # Requests wait for a batch, so give them a class whose queue deadline allows it.
+    profile.write_text('[server]\n[tenants.default]\nclass = "batch"\n')
+
+    best_batch, limit, sweep = in_process_best(big, sizes[0], [1, 8, 16, 32, 64], seconds / 2)
+    server = ServerProcess(models, profile, work / "server.log").start()
+    try:
+        gateway = gateway_rows_per_s(server.url, "big", sizes[0], 64, seconds)
+        tiny = gateway_rows_per_s(server.url, "tiny", 64, 64, seconds / 2)
+        tiny_unbatched = gateway_rows_per_s(server.url, "tiny_unbatched", 64, 64, seconds / 2)
+    finally:
+        server.stop()
+    report = {
+        "model": "MLP " + "->".join(map(str, sizes)),
+        "in_process_rows_per_s_by_batch": {str(k): round(v) for k, v in sweep.items()},
+        "in_process_best_batch": best_batch,
+        "in_process_best_rows_per_s": round(limit),
+        "gateway_rows_per_s_c64": round(gateway["rps"]),
+        "gateway_p50_ms": round(gateway["p50_ms"], 2),
+        "gateway_p99_ms": round(gateway["p99_ms"], 2),
+        "gateway_share_of_limit": round(gateway["rps"] / limit, 3),
+        "tiny_rps_c64_batched": round(tiny["rps"]),
+        "tiny_rps_c64_unbatched": round(tiny_unbatched["rps"]),
+    }
+    if args.json:
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+        return
+    for key, value in report.items():
+        print(f"{key:34} {value}")
+    print(
+        f"\ngateway with batching: {report['gateway_share_of_limit']:.0%} of onnxruntime "
+        "in-process at its best batch size (goal: at least 70%)"
+    )
+
+
+if __name__ == "__main__":
+    main()
