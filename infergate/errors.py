@@ -29,6 +29,30 @@ class PayloadTooLarge(BadRequest):
     status = 413
 
 
+class Unauthorized(InfergateError):
+    status = 401
+
+
+class Forbidden(InfergateError):
+    status = 403
+
+
+class RateLimited(InfergateError):
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class CircuitOpen(InfergateError):
+    status = 503
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ModelNotFound(InfergateError):
     status = 404
 

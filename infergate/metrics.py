@@ -3,7 +3,7 @@ Names are prefixed infergate_; labels stay bounded (model, version, outcome)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class Metrics:
@@ -48,6 +48,24 @@ class Metrics:
             "Time a batch took on its worker, transfer included",
             ["model"],
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30),
+            registry=self.registry,
+        )
+        self.breaker_state = Gauge(
+            "infergate_breaker_state",
+            "Circuit breaker per model version: 0 closed, 1 half-open, 2 open",
+            ["model", "version"],
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "infergate_requests",
+            "Inference requests by model, tenant and HTTP status",
+            ["model", "tenant", "status"],
+            registry=self.registry,
+        )
+        self.rate_limited = Counter(
+            "infergate_rate_limited",
+            "Requests refused by a tenant's limits (rate, concurrency, allow-list)",
+            ["tenant", "reason"],
             registry=self.registry,
         )
         self.worker_restarts = Counter(

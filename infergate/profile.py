@@ -1,20 +1,22 @@
-"""The profile (DESIGN §3): server settings, batching defaults, priority classes, and the
-default tenant's class. Breakers and the rest of the tenants' keys are accepted as tables
-for the parts that will own them. Unknown sections and keys are named, not ignored."""
+"""The profile (DESIGN §3): server settings, batching defaults, priority classes, breaker
+defaults (and per-model overrides), and tenants. Unknown sections and keys are named, not
+ignored; every error names the file, the key and what was expected."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from infergate.engine.breaker import BreakerPolicy
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
+from infergate.engine.tenants import DEFAULT_TENANT, Tenant
 from infergate.engine.tomltable import Table, load_toml
 from infergate.errors import ConfigError
 
 DEFAULT_PROFILE = Path("profiles/default.toml")
-_OWNED_ELSEWHERE = ("breaker",)
+_KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class ServerSettings:
     drain_timeout_s: float = 30.0
     require_signed_models: bool = False
     trusted_keys: tuple[Path, ...] = ()
+    admin_keys: tuple[str, ...] = ()
+    allow_anonymous: bool = True
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,14 @@ class Profile:
     server: ServerSettings = field(default_factory=ServerSettings)
     batching: QueuePolicy = field(default_factory=QueuePolicy)
     classes: tuple[PriorityClass, ...] = DEFAULT_CLASSES
-    default_class: str = "burst"
-    sections: dict[str, Any] = field(default_factory=dict)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    breaker_models: dict[str, BreakerPolicy] = field(default_factory=dict)
+    tenants: tuple[Tenant, ...] = (Tenant(DEFAULT_TENANT),)
+
+    @property
+    def default_class(self) -> str:
+        default = next((t for t in self.tenants if t.name == DEFAULT_TENANT), None)
+        return default.cls if default else self.classes[-1].name
 
 
 def _batching(table: Table) -> QueuePolicy:
@@ -54,7 +64,7 @@ def _batching(table: Table) -> QueuePolicy:
 
 
 def _classes(table: Table) -> tuple[PriorityClass, ...]:
-    names = table.keys()
+    names = table.names()
     if not names:
         return DEFAULT_CLASSES
     out = []
@@ -69,20 +79,85 @@ def _classes(table: Table) -> tuple[PriorityClass, ...]:
     return tuple(out)
 
 
-def _default_class(tenants: Table, classes: tuple[PriorityClass, ...]) -> str:
-    """The default tenant's class (the rest of [tenants] belongs to the tenants issue)."""
-    default = tenants.table("default")
-    name = default.string(
-        "class", "burst" if any(c.name == "burst" for c in classes) else classes[-1].name
+def _key_hashes(table: Table, key: str) -> tuple[str, ...]:
+    hashes = table.array(key, [])
+    for value in hashes:
+        if not isinstance(value, str) or not _KEY_HASH.match(value):
+            raise ConfigError(
+                f'{table.where(key)}: expected "sha256:<64 hex digits>" (the hash of a key, '
+                f"never the key), got {value!r}. Hint: infergate tenant add makes keys"
+            )
+    return tuple(hashes)
+
+
+def _breaker(table: Table, base: BreakerPolicy) -> BreakerPolicy:
+    policy = BreakerPolicy(
+        window_seconds=table.number("window_seconds", base.window_seconds, minimum=0.1),
+        failure_rate=table.number("failure_rate", base.failure_rate, minimum=0),
+        latency_p99_ms=table.number("latency_p99_ms", base.latency_p99_ms, minimum=0),
+        consecutive_windows=table.integer(
+            "consecutive_windows", base.consecutive_windows, minimum=1
+        ),
+        min_requests=table.integer("min_requests", base.min_requests, minimum=1),
+        backoff_initial_s=table.number("backoff_initial_s", base.backoff_initial_s, minimum=0.001),
+        backoff_max_s=table.number("backoff_max_s", base.backoff_max_s, minimum=0.001),
+        probes=table.integer("probes", base.probes, minimum=1),
     )
-    if name not in {c.name for c in classes}:
+    if policy.failure_rate > 1:
         raise ConfigError(
-            f"{default.where('class')}: {name!r} is not a class; the profile defines "
-            f"{', '.join(c.name for c in classes)}"
+            f"{table.where('failure_rate')}: expected a fraction between 0 and "
+            f"1 (0.05 is 5%), got {policy.failure_rate}"
         )
-    default.keys()  # rps, burst, max_concurrency, ...: validated where tenants are enforced
-    tenants.keys()
-    return name
+    return policy
+
+
+def breaker_section(table: Table) -> tuple[BreakerPolicy, dict[str, BreakerPolicy]]:
+    """[breaker] defaults and [breaker.models.NAME] overrides on top of them."""
+    defaults = _breaker(table, BreakerPolicy())
+    models = table.table("models")
+    overrides = {}
+    for name in models.names():
+        override = models.table(name)
+        overrides[name] = _breaker(override, defaults)
+        override.reject_unknown()
+    table.reject_unknown()
+    return defaults, overrides
+
+
+def _tenants(table: Table, classes: tuple[PriorityClass, ...]) -> tuple[Tenant, ...]:
+    names = table.names() or [DEFAULT_TENANT]
+    class_names = [c.name for c in classes]
+    out = []
+    for name in names:
+        entry = table.table(name)
+        fallback = "burst" if "burst" in class_names else class_names[-1]
+        cls = entry.string("class", fallback)
+        if cls not in class_names:
+            raise ConfigError(
+                f"{entry.where('class')}: {cls!r} is not a class; the profile "
+                f"defines {', '.join(class_names)}"
+            )
+        d = Tenant(name)
+        models = entry.array("models", list(d.models))
+        devices = entry.array("devices", list(d.devices))
+        for key, values in (("models", models), ("devices", devices)):
+            if not all(isinstance(v, str) for v in values):
+                raise ConfigError(f"{entry.where(key)}: expected a list of strings")
+        out.append(
+            Tenant(
+                name=name,
+                cls=cls,
+                rps=entry.number("rps", d.rps, minimum=0),
+                burst=entry.number("burst", d.burst, minimum=1),
+                max_concurrency=entry.integer("max_concurrency", d.max_concurrency, minimum=1),
+                models=tuple(models),
+                devices=tuple(devices),
+                memory_mb=entry.integer("memory_mb", d.memory_mb, minimum=1),
+                api_keys=_key_hashes(entry, "api_keys"),
+            )
+        )
+        entry.reject_unknown()
+    return tuple(out)
 
 
 def _key_paths(server: Table, base: Path) -> tuple[Path, ...]:
@@ -128,6 +203,8 @@ def load_profile(path: Path | None) -> Profile:
             "require_signed_models", defaults.require_signed_models
         ),
         trusted_keys=_key_paths(server, path.parent),
+        admin_keys=_key_hashes(server, "admin_keys"),
+        allow_anonymous=server.boolean("allow_anonymous", defaults.allow_anonymous),
     )
     if settings.require_signed_models and not settings.trusted_keys:
         raise ConfigError(
@@ -136,15 +213,15 @@ def load_profile(path: Path | None) -> Profile:
         )
     server.reject_unknown()
     classes = _classes(root.table("classes"))
+    breaker, breaker_models = breaker_section(root.table("breaker"))
     profile = Profile(
         source=path,
         server=settings,
         batching=_batching(root.table("batching")),
         classes=classes,
-        default_class=_default_class(root.table("tenants"), classes),
-        sections={name: data.get(name, {}) for name in _OWNED_ELSEWHERE},
+        breaker=breaker,
+        breaker_models=breaker_models,
+        tenants=_tenants(root.table("tenants"), classes),
     )
-    for name in _OWNED_ELSEWHERE:
-        root.table(name)  # checked to be a table; its keys are validated by its owner
     root.reject_unknown()
     return profile

@@ -28,6 +28,9 @@ max_batch_size = 8
 max_queue_delay_ms = 20
 [tenants.default]
 class = "realtime"
+rps = 1000000
+burst = 1000000
+max_concurrency = 1000
 """
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +11,15 @@ import typer
 
 from infergate.cli.common import EXIT_USAGE, fail
 from infergate.errors import ConfigError
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def serve(
@@ -23,7 +33,7 @@ def serve(
     access_log: Annotated[bool, typer.Option(help="Log every request")] = False,
 ) -> None:
     """Serve every model in the repository over the KServe V2 protocol."""
-    from infergate.profile import load_profile
+    from infergate.profile import DEFAULT_PROFILE, load_profile
 
     try:
         loaded = load_profile(profile)
@@ -31,9 +41,17 @@ def serve(
         fail(str(exc), EXIT_USAGE)
     settings = loaded.server
     models_dir = models or settings.models
+    bind = host or settings.host
     if not models_dir.is_dir():
         fail(
             f"models folder {models_dir} does not exist; create it or pass --models DIR", EXIT_USAGE
+        )
+    if not is_loopback(bind) and not settings.admin_keys:
+        fail(
+            f"refusing to serve on {bind}, which is not a loopback address, with no admin "
+            "keys: anyone who can reach it could load, unload and reconfigure models. Add "
+            "server.admin_keys (and tenants' api_keys) to the profile, or bind 127.0.0.1",
+            EXIT_USAGE,
         )
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -43,8 +61,9 @@ def serve(
 
     from infergate.engine.context import EngineContext
     from infergate.engine.engine import Engine, EngineSettings
-    from infergate.engine.scheduling.classes import ClassTable
+    from infergate.engine.tenants import Tenants
     from infergate.engine.verify import VerifyPolicy, load_public_key
+    from infergate.profile_store import ProfileStore
     from infergate.server.app import create_app
 
     try:
@@ -52,12 +71,12 @@ def serve(
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     context = EngineContext(
-        classes=ClassTable(loaded.classes),
-        default_class=loaded.default_class,
-        queue_policy=loaded.batching,
         verify=VerifyPolicy(settings.require_signed_models, keys),
         load_timeout_s=settings.load_timeout_s,
         drain_timeout_s=settings.drain_timeout_s,
+    )
+    context.tenants = Tenants(
+        list(loaded.tenants), settings.admin_keys, settings.allow_anonymous, context.clock
     )
     engine_settings = EngineSettings(
         models_dir=models_dir,
@@ -65,10 +84,12 @@ def serve(
         stable_s=settings.file_stable_s,
     )
     engine = Engine(engine_settings, context)
-    app = create_app(engine, int(settings.max_request_mb * 2**20))
+    engine.apply_profile(loaded)
+    store = ProfileStore(loaded.source or (profile or DEFAULT_PROFILE), loaded, engine)
+    app = create_app(engine, int(settings.max_request_mb * 2**20), store)
     config = uvicorn.Config(
         app,
-        host=host or settings.host,
+        host=bind,
         port=settings.port if port is None else port,
         log_level=log_level,
         proxy_headers=False,  # no proxy in front by default; saves work on every request

@@ -1,19 +1,27 @@
-"""What every part of the engine shares: the clock, the event stream, the metrics and
-the settings of loading. Passed down as one record instead of five arguments."""
+"""What every part of the engine shares: the clock, the event stream, the metrics, the
+tenants, and the settings a profile gives. Passed down as one record instead of many
+arguments; a live profile change replaces its settings in place (Engine.apply_profile)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from infergate.clock import Clock, MonotonicClock
+from infergate.engine.breaker import BreakerPolicy
 from infergate.engine.events import EventBus
-from infergate.engine.scheduling.classes import ClassTable, PriorityClass
+from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.scheduling.queue import QueuePolicy
+from infergate.engine.spec import ModelConfig
+from infergate.engine.tenants import Tenant, Tenants
 from infergate.engine.verify import VerifyPolicy
 from infergate.metrics import Metrics
 
 
-@dataclass(frozen=True)
+def _default_tenants() -> Tenants:
+    return Tenants([Tenant("default")], (), True, MonotonicClock())
+
+
+@dataclass
 class EngineContext:
     clock: Clock = field(default_factory=MonotonicClock)
     events: EventBus = field(default_factory=EventBus)
@@ -22,8 +30,15 @@ class EngineContext:
     load_timeout_s: float = 120.0
     drain_timeout_s: float = 30.0
     classes: ClassTable = field(default_factory=ClassTable)
-    default_class: str = "burst"  # the default tenant's class: its default and its cap
     queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    breaker_models: dict[str, BreakerPolicy] = field(default_factory=dict)
+    tenants: Tenants = field(default_factory=_default_tenants)
 
-    def tenant_class(self) -> PriorityClass:
-        return self.classes.get(self.default_class)
+    def breaker_policy(self, model: str, config: ModelConfig) -> BreakerPolicy:
+        """Profile defaults, then model.toml's [breaker], then the profile's
+        [breaker.models.NAME] (an operator's live setting wins)."""
+        if model in self.breaker_models:
+            return self.breaker_models[model]
+        overrides: dict[str, object] = dict(config.breaker)
+        return replace(self.breaker, **overrides)  # type: ignore[arg-type]  # keys checked

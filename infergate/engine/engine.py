@@ -11,10 +11,21 @@ from typing import Literal
 from infergate.engine.context import EngineContext
 from infergate.engine.inference import InferenceRequest, InferenceResult
 from infergate.engine.registry import ModelRecord, Registry
+from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.served import ServedVersion
+from infergate.engine.tenants import TenantState
 from infergate.engine.validate import check_inputs, check_outputs
 from infergate.engine.watcher import RepositoryWatcher
-from infergate.errors import ModelNotFound, ModelNotReady
+from infergate.errors import (
+    CircuitOpen,
+    DeadlineExceeded,
+    InfergateError,
+    ModelExecutionError,
+    ModelNotFound,
+    ModelNotReady,
+    WorkerFailed,
+)
+from infergate.profile import Profile
 
 ModelControl = Literal["poll", "explicit"]
 
@@ -93,6 +104,21 @@ class Engine:
                 f"model {name!r} has no version {version} being served; live versions: {live}"
             ) from None
 
+    def apply_profile(self, profile: Profile) -> None:
+        """A new profile while serving: tenants, classes and breakers change at once;
+        batching defaults apply to versions loaded from now on."""
+        context = self.context
+        context.classes = ClassTable(profile.classes)
+        context.queue_policy = profile.batching
+        context.breaker = profile.breaker
+        context.breaker_models = dict(profile.breaker_models)
+        context.tenants.configure(
+            list(profile.tenants), profile.server.admin_keys, profile.server.allow_anonymous
+        )
+        for record in self.registry.records():
+            for served in record.versions.values():
+                served.breaker.reconfigure(context.breaker_policy(served.name, served.config))
+
     async def load(self, name: str) -> ModelRecord:
         """Load (or reload) `name` from disk, as Triton's repository API does."""
         record = await self.registry.sync(name, explicit=True)
@@ -102,17 +128,51 @@ class Engine:
     async def unload(self, name: str) -> None:
         await self.registry.unload(name)
 
-    async def infer(self, request: InferenceRequest) -> InferenceResult:
+    async def infer(
+        self, request: InferenceRequest, tenant: TenantState | None = None
+    ) -> InferenceResult:
+        """Admit (tenant limits), validate, pass the breaker, schedule, and record."""
+        tenants = self.context.tenants
+        state = tenant or tenants.authenticate(None)
+        tenants.admit(state, request.model)
+        try:
+            return await self._infer(request, state)
+        finally:
+            tenants.leave(state)
+
+    async def _infer(self, request: InferenceRequest, tenant: TenantState) -> InferenceResult:
         served = self.version(request.model, request.version)
         if not served.ready:
             raise served.not_ready_error()
         check_inputs(served.name, served.inputs, request.inputs)
         outputs = check_outputs(served.name, served.outputs, request.outputs)
-        cls = self.context.classes.resolve(request.priority, cap=self.context.tenant_class())
+        cap = self.context.classes.get(tenant.tenant.cls)
+        cls = self.context.classes.resolve(request.priority, cap=cap)
         timeout = served.config.timeout_s
         queue_deadline = cls.deadline_s
         if request.timeout_s is not None:
             timeout = min(timeout, request.timeout_s)
             queue_deadline = min(queue_deadline, request.timeout_s)
-        result, timing = await served.infer(request.inputs, outputs, cls, queue_deadline, timeout)
+        admission = served.breaker.allow()
+        if admission == "refused":
+            wait = served.breaker.retry_after()
+            raise CircuitOpen(
+                f"model {served.name!r} version {served.version} is cut off by its circuit "
+                f"breaker ({served.breaker.reason}); retry in {wait:.1f} s. Hint: infergate "
+                f"breaker list shows it, infergate breaker reset {served.name} closes it",
+                wait,
+            )
+        started = self.context.clock.now()
+        try:
+            result, timing = await served.infer(
+                request.inputs, outputs, cls, queue_deadline, timeout
+            )
+        except (ModelExecutionError, WorkerFailed, DeadlineExceeded):
+            served.breaker.record(admission, False, self.context.clock.now() - started)
+            raise
+        except InfergateError:
+            if admission == "probe":  # not the model's fault: the probe says nothing bad
+                served.breaker.record(admission, True, self.context.clock.now() - started)
+            raise
+        served.breaker.record(admission, True, self.context.clock.now() - started)
         return InferenceResult(served.name, served.version, result, timing)

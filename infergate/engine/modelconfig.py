@@ -52,6 +52,32 @@ def _batching(table: Table) -> BatchingOverrides:
     return overrides
 
 
+_BREAKER_KEYS = {
+    "window_seconds": float,
+    "failure_rate": float,
+    "latency_p99_ms": float,
+    "consecutive_windows": int,
+    "min_requests": int,
+    "backoff_initial_s": float,
+    "backoff_max_s": float,
+    "probes": int,
+}
+
+
+def _breaker(table: Table) -> tuple[tuple[str, float], ...]:
+    out = []
+    for key, kind in _BREAKER_KEYS.items():
+        value = (
+            table.integer(key, None, minimum=1)
+            if kind is int
+            else table.number(key, None, minimum=0)
+        )
+        if value is not None:
+            out.append((key, value))
+    table.reject_unknown()
+    return tuple(out)
+
+
 def parse_model_config(path: Path) -> ModelConfig:
     table = Table(load_toml(path), path)
     runtime = table.string("runtime", None, choices=RUNTIMES)
@@ -65,10 +91,9 @@ def parse_model_config(path: Path) -> ModelConfig:
         outputs=tuple(_tensor(t) for t in table.tables("outputs")),
         version_policy=_version_policy(table.table("version_policy")),
         batching=_batching(table.table("batching")),
+        breaker=_breaker(table.table("breaker")),
         memory_mb=table.integer("memory_mb", None, minimum=1),
         sha256=table.string("sha256", None),
     )
-    # Owned by the breakers; accepted now so a model.toml written for them still loads.
-    table.table("breaker")
     table.reject_unknown()
     return config

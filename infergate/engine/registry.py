@@ -75,6 +75,9 @@ class Registry:
     def records(self) -> list[ModelRecord]:
         return [self._records[k] for k in sorted(self._records)]
 
+    def has(self, name: str) -> bool:
+        return name in self._records
+
     def record(self, name: str) -> ModelRecord:
         try:
             return self._records[name]

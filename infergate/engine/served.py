@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from infergate.engine.breaker import Breaker
 from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
 from infergate.engine.runtimes import unavailable_reason
@@ -38,6 +39,8 @@ def queue_policy(defaults: QueuePolicy, overrides: BatchingOverrides) -> QueuePo
     )
 
 
+BREAKER_STATES = ["closed", "half_open", "open"]  # the gauge's values: 0, 1, 2
+
 # The order a version's state is summarised in: the best instance wins.
 _STATE_RANK = ["ready", "restarting", "loading", "failed", "stopped"]
 
@@ -67,6 +70,12 @@ class ServedVersion:
             threads=entry.config.threads,
         )
         self.instances = [Instance(spec, i, context) for i in range(entry.config.instances)]
+        self.breaker = Breaker(
+            context.breaker_policy(entry.name, entry.config),
+            context.clock,
+            on_change=self._breaker_changed,
+        )
+        self._context = context
         self.scheduler = Scheduler(
             entry.name,
             file.version,
@@ -75,6 +84,12 @@ class ServedVersion:
             context.clock,
             context.metrics,
         )
+
+    def _breaker_changed(self, state: str, reason: str) -> None:
+        self._context.metrics.breaker_state.labels(self.name, str(self.version)).set(
+            BREAKER_STATES.index(state)
+        )
+        self._context.events.publish(f"breaker_{state}", self.name, reason, self.version)
 
     def same_as(self, file: ModelVersionFile, sha256: str, config: ModelConfig) -> bool:
         """Would loading `file` again give what serves now?"""

@@ -72,6 +72,7 @@ class ModelConfig:
     outputs: tuple[TensorSpec, ...] = ()
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
     batching: BatchingOverrides = field(default_factory=BatchingOverrides)
+    breaker: tuple[tuple[str, float], ...] = ()  # model.toml [breaker] keys over the profile's
     memory_mb: int | None = None
     sha256: str | None = None
 

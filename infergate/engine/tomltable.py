@@ -94,7 +94,7 @@ class Table:
             out.append(Table(item, self._source, f"{self._prefix}{key}[{i}]."))
         return out
 
-    def keys(self) -> list[str]:
+    def names(self) -> list[str]:
         self._read.update(self._data)
         return list(self._data)
 

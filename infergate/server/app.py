@@ -17,6 +17,9 @@ from starlette.types import ASGIApp
 from infergate import __version__
 from infergate.engine.engine import Engine
 from infergate.errors import BadRequest
+from infergate.profile import Profile
+from infergate.profile_store import ProfileStore
+from infergate.server.admin import admin_guard, admin_router
 from infergate.server.errors import error_response, install_error_handlers
 from infergate.server.infer_route import InferRoute, version_number
 from infergate.server.views import model_metadata, model_status, repository_index
@@ -28,19 +31,26 @@ def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-def create_app(engine: Engine, max_request_bytes: int) -> ASGIApp:
+def create_app(
+    engine: Engine, max_request_bytes: int, store: ProfileStore | None = None
+) -> ASGIApp:
+    store = store or ProfileStore(None, Profile(source=None), engine)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        store.start()
         try:
             yield
         finally:
+            await store.stop()
             await engine.stop()
 
     app = FastAPI(
         title="infergate", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
     )
     install_error_handlers(app)
+    guard = [admin_guard(engine)]
 
     @app.get("/v2/health/live")
     async def live() -> Response:
@@ -70,11 +80,11 @@ def create_app(engine: Engine, max_request_bytes: int) -> ASGIApp:
             raise served.not_ready_error()
         return _json({"name": name, "version": str(served.version), "ready": True})
 
-    @app.post("/v2/repository/index")
+    @app.post("/v2/repository/index", dependencies=guard)
     async def index() -> Response:
         return _json(repository_index(engine.models()))
 
-    @app.post("/v2/repository/models/{name}/load")
+    @app.post("/v2/repository/models/{name}/load", dependencies=guard)
     async def load(name: str) -> Response:
         record = await engine.load(name)
         if record.problem or record.failures or record.state != "ready":
@@ -87,22 +97,22 @@ def create_app(engine: Engine, max_request_bytes: int) -> ASGIApp:
             raise BadRequest(f"failed to load {name!r}: {record.reason}{keeps}")
         return _json({})
 
-    @app.post("/v2/repository/models/{name}/unload")
+    @app.post("/v2/repository/models/{name}/unload", dependencies=guard)
     async def unload(name: str) -> Response:
         await engine.unload(name)
         return _json({})
 
-    @app.get("/admin/models")
+    @app.get("/admin/models", dependencies=guard)
     async def admin_models() -> Response:
         return _json([model_status(r) for r in engine.models()])
 
-    @app.get("/admin/models/{name}")
+    @app.get("/admin/models/{name}", dependencies=guard)
     async def admin_model(name: str) -> Response:
         status = model_status(engine.model(name))
         status["events"] = [e.to_json() for e in engine.context.events.recent(name)[-10:]]
         return _json(status)
 
-    @app.get("/admin/events")
+    @app.get("/admin/events", dependencies=guard)
     async def events(replay: int = 0) -> StreamingResponse:
         """Server-sent events: reloads, failures, restarts, as they happen."""
 
@@ -125,4 +135,5 @@ def create_app(engine: Engine, max_request_bytes: int) -> ASGIApp:
             generate_latest(engine.context.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
 
+    app.include_router(admin_router(engine, store))
     return InferRoute(engine, app, max_request_bytes)

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infergate.engine.engine import Engine
 from infergate.engine.inference import InferenceRequest
+from infergate.engine.tenants import TenantState
 from infergate.errors import BadRequest, InfergateError, PayloadTooLarge
 from infergate.server.codec import decode_request, encode_response
 from infergate.server.errors import error_body, retry_after_header
@@ -52,6 +53,17 @@ def timeout_s(parameters: dict[str, Any]) -> float | None:
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     return dict(scope["headers"])
+
+
+def api_key(headers: dict[bytes, bytes]) -> str | None:
+    """The caller's key from `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
+    auth = headers.get(b"authorization")
+    if auth is not None:
+        scheme, _, token = auth.decode("latin-1").partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    key = headers.get(b"x-api-key")
+    return key.decode("latin-1").strip() if key else None
 
 
 def _too_big(limit: int) -> PayloadTooLarge:
@@ -117,26 +129,39 @@ class InferRoute:
     async def _infer(
         self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
+        tenant = "-"
         try:
-            status, headers, body = 200, *await self._answer(name, version, scope, receive)
+            headers_in = _headers(scope)
+            state = self._engine.context.tenants.authenticate(api_key(headers_in))
+            tenant = state.tenant.name
+            status, headers, body = (
+                200,
+                *await self._answer(name, version, headers_in, receive, state),
+            )
         except InfergateError as exc:
             status, headers, body = exc.status, error_headers(exc.retry_after_s), error_body(exc)
         except Exception as exc:  # a bug must not take the connection down silently
             log.exception("infer %s failed", name)
             status, headers = 500, error_headers(None)
             body = error_body(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
+        model = name if self._engine.registry.has(name) else "unknown"  # bounded labels
+        self._engine.context.metrics.requests.labels(model, tenant, str(status)).inc()
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     async def _answer(
-        self, name: str, version: str | None, scope: Scope, receive: Receive
+        self,
+        name: str,
+        version: str | None,
+        headers: dict[bytes, bytes],
+        receive: Receive,
+        tenant: TenantState,
     ) -> tuple[list[tuple[bytes, bytes]], bytes]:
         number = version_number(version)
         served = self._engine.version(name, number)  # 404 and 503 before reading the body
         if not served.ready:
             raise served.not_ready_error()
-        headers = _headers(scope)
         body = await read_body(headers, receive, self._limit)
         header_length = headers.get(b"inference-header-content-length")
         decoded = decode_request(body, header_length.decode() if header_length else None)
@@ -148,7 +173,8 @@ class InferRoute:
                 outputs=decoded.outputs,
                 timeout_s=timeout_s(decoded.parameters),
                 priority=decoded.parameters.get("priority"),
-            )
+            ),
+            tenant,
         )
         content, json_length = encode_response(
             result.model, result.version, result.outputs, decoded

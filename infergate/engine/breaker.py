@@ -1,0 +1,186 @@
+"""Circuit breakers per model version, on an injected clock.
+
+Outcomes and latencies go into a sliding window of time buckets. Every bucket's length an
+evaluation asks: over the window, is the failure rate above `failure_rate` (once there are
+`min_requests`), or the p99 above `latency_p99_ms`? `consecutive_windows` such answers in a
+row open the breaker. Open: requests are refused (503 with Retry-After) for a backoff that
+doubles on each reopening up to `backoff_max_s`. Then half-open: `probes` requests go
+through; if they all succeed the breaker closes (and the backoff resets), one failure
+reopens it.
+
+    closed --(bad for N evaluations)--> open --(backoff)--> half_open
+       ^                                  ^                     |
+       +----------(probes succeed)--------+----(a probe fails)--+
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from infergate.clock import Clock
+
+State = Literal["closed", "open", "half_open"]
+Admission = Literal["refused", "normal", "probe"]
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    window_seconds: float = 60.0
+    failure_rate: float = 0.05
+    latency_p99_ms: float = 1500.0
+    consecutive_windows: int = 3
+    min_requests: int = 20
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 30.0
+    probes: int = 3
+    buckets: int = 10
+
+
+@dataclass
+class _Bucket:
+    start: float
+    ok: int = 0
+    failed: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+
+class Breaker:
+    def __init__(
+        self,
+        policy: BreakerPolicy,
+        clock: Clock,
+        on_change: Callable[[State, str], None] | None = None,
+    ) -> None:
+        self.policy = policy
+        self._on_change = on_change
+        self._clock = clock
+        self._state: State = "closed"
+        self.reason = ""
+        self._buckets: deque[_Bucket] = deque()
+        self._bad_evaluations = 0
+        self._next_evaluation = clock.now() + self._bucket_s
+        self._open_until = 0.0
+        self._backoff = policy.backoff_initial_s
+        self._probes_left = 0
+        self._probes_ok = 0
+        self.transitions: list[tuple[float, State, str]] = []
+
+    @property
+    def state(self) -> State:
+        self._tick()
+        return self._state
+
+    @property
+    def _bucket_s(self) -> float:
+        return self.policy.window_seconds / self.policy.buckets
+
+    def reconfigure(self, policy: BreakerPolicy) -> None:
+        self.policy = policy
+        self._backoff = min(self._backoff, policy.backoff_max_s)
+
+    def _move(self, state: State, reason: str) -> None:
+        self._state, self.reason = state, reason
+        self.transitions.append((self._clock.now(), state, reason))
+        if self._on_change is not None:
+            self._on_change(state, reason)
+
+    def retry_after(self) -> float:
+        return max(0.0, self._open_until - self._clock.now())
+
+    def allow(self) -> Admission:
+        """May a request go through now? In half-open, the few let through are probes."""
+        self._tick()
+        if self._state == "closed":
+            return "normal"
+        if self._state == "half_open" and self._probes_left > 0:
+            self._probes_left -= 1
+            return "probe"
+        return "refused"
+
+    def record(self, admission: Admission, ok: bool, latency_s: float) -> None:
+        """The outcome of a request that `allow` let through as `admission`."""
+        now = self._clock.now()
+        self._tick()
+        if admission == "probe":
+            if self._state != "half_open":
+                return
+            if not ok:
+                self._open(f"a probe failed ({self.reason})")
+                return
+            self._probes_ok += 1
+            if self._probes_ok >= self.policy.probes:
+                self._close()
+            return
+        if self._state != "closed":
+            return  # a request from before the breaker opened
+        bucket = self._current(now)
+        if ok:
+            bucket.ok += 1
+        else:
+            bucket.failed += 1
+        bucket.latencies.append(latency_s)
+
+    def reset(self) -> None:
+        self._buckets.clear()
+        self._backoff = self.policy.backoff_initial_s
+        self._bad_evaluations = 0
+        self._move("closed", "reset by an operator")
+
+    def _current(self, now: float) -> _Bucket:
+        if not self._buckets or now >= self._buckets[-1].start + self._bucket_s:
+            self._buckets.append(_Bucket(now))
+        return self._buckets[-1]
+
+    def _tick(self) -> None:
+        now = self._clock.now()
+        if self._state == "open" and now >= self._open_until:
+            self._move("half_open", self.reason)
+            self._probes_left = self.policy.probes
+            self._probes_ok = 0
+        while now >= self._next_evaluation:
+            at = self._next_evaluation
+            self._next_evaluation += self._bucket_s
+            if self._state == "closed":
+                self._evaluate(at)
+
+    def window_stats(self, now: float | None = None) -> tuple[int, int, float]:
+        """Requests, failures and p99 latency (seconds) in the window ending `now`."""
+        now = self._clock.now() if now is None else now
+        while self._buckets and self._buckets[0].start <= now - self.policy.window_seconds:
+            self._buckets.popleft()
+        ok = sum(b.ok for b in self._buckets)
+        failed = sum(b.failed for b in self._buckets)
+        latencies = sorted(x for b in self._buckets for x in b.latencies)
+        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0
+        return ok + failed, failed, p99
+
+    def _evaluate(self, now: float) -> None:
+        total, failed, p99 = self.window_stats(now)
+        why = ""
+        if total >= self.policy.min_requests:
+            if failed / total > self.policy.failure_rate:
+                why = (
+                    f"failure rate {failed / total:.0%} over {total} requests "
+                    f"(limit {self.policy.failure_rate:.0%})"
+                )
+            elif p99 * 1000 > self.policy.latency_p99_ms:
+                why = f"p99 latency {p99 * 1000:.0f} ms (limit {self.policy.latency_p99_ms:.0f} ms)"
+        self._bad_evaluations = self._bad_evaluations + 1 if why else 0
+        if why and self._bad_evaluations >= self.policy.consecutive_windows:
+            self._open(why)
+
+    def _open(self, why: str) -> None:
+        if self._state == "half_open":
+            self._backoff = min(self._backoff * 2, self.policy.backoff_max_s)
+        self._open_until = self._clock.now() + self._backoff
+        self._bad_evaluations = 0
+        self._buckets.clear()
+        self._move("open", why)
+
+    def _close(self) -> None:
+        self._backoff = self.policy.backoff_initial_s
+        self._buckets.clear()
+        self._move("closed", "probes succeeded")

@@ -1,0 +1,153 @@
+"""Tenants: who is calling, what they may use, and their live admission state.
+
+API keys are stored only as SHA-256 hashes ("sha256:<hex>"); a key is shown once, when it
+is made. Keyless requests map to the `default` tenant only where the profile allows it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass, field
+
+from infergate.clock import Clock
+from infergate.engine.limits import ConcurrencyLimit, TokenBucket
+from infergate.errors import Forbidden, RateLimited, Unauthorized
+
+DEFAULT_TENANT = "default"
+
+
+def hash_key(key: str) -> str:
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return "ig_" + secrets.token_urlsafe(24)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    cls: str = "burst"  # the highest class it may ask for, and its default
+    rps: float = 200.0
+    burst: float = 400.0
+    max_concurrency: int = 64
+    models: tuple[str, ...] = ("*",)  # glob patterns of the models it may use
+    devices: tuple[str, ...] = ("auto",)
+    memory_mb: int = 4096
+    api_keys: tuple[str, ...] = ()  # "sha256:<hex>"
+
+    def may_use(self, model: str) -> bool:
+        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
+
+
+@dataclass
+class TenantState:
+    tenant: Tenant
+    bucket: TokenBucket
+    concurrency: ConcurrencyLimit
+    admitted: int = 0
+    rate_limited: int = 0
+    over_concurrency: int = 0
+    forbidden: int = 0
+    by_status: dict[int, int] = field(default_factory=dict)
+
+
+class Tenants:
+    def __init__(
+        self,
+        tenants: list[Tenant],
+        admin_keys: tuple[str, ...],
+        allow_anonymous: bool,
+        clock: Clock,
+    ) -> None:
+        self._clock = clock
+        self._states: dict[str, TenantState] = {}
+        self.admin_keys: tuple[str, ...] = ()
+        self.allow_anonymous = allow_anonymous
+        self.configure(tenants, admin_keys, allow_anonymous)
+
+    def configure(
+        self, tenants: list[Tenant], admin_keys: tuple[str, ...], allow_anonymous: bool
+    ) -> None:
+        """Apply a (new) profile: buckets of tenants that stay keep their tokens."""
+        states = {}
+        for tenant in tenants:
+            old = self._states.get(tenant.name)
+            if old is not None:
+                old.bucket.reconfigure(tenant.rps, tenant.burst)
+                old.concurrency.limit = tenant.max_concurrency
+                old.tenant = tenant
+                states[tenant.name] = old
+            else:
+                states[tenant.name] = TenantState(
+                    tenant,
+                    TokenBucket(tenant.rps, tenant.burst, self._clock),
+                    ConcurrencyLimit(tenant.max_concurrency),
+                )
+        self._states = states
+        self.admin_keys = admin_keys
+        self.allow_anonymous = allow_anonymous
+        self._by_hash = {h: name for name, st in states.items() for h in st.tenant.api_keys}
+
+    def states(self) -> list[TenantState]:
+        return [self._states[k] for k in sorted(self._states)]
+
+    def get(self, name: str) -> TenantState:
+        return self._states[name]
+
+    def authenticate(self, key: str | None) -> TenantState:
+        if key is None:
+            if self.allow_anonymous and DEFAULT_TENANT in self._states:
+                return self._states[DEFAULT_TENANT]
+            raise Unauthorized(
+                "an API key is required: send it as 'Authorization: Bearer <key>' or "
+                "'X-API-Key: <key>'. Hint: infergate tenant add NAME makes one"
+            )
+        name = self._by_hash.get(hash_key(key))
+        if name is None:
+            raise Unauthorized(
+                "unknown API key. Hint: check INFERGATE_TOKEN, or ask an "
+                "operator for a key (infergate tenant add)"
+            )
+        return self._states[name]
+
+    def is_admin(self, key: str | None) -> bool:
+        if not self.admin_keys:
+            return True  # no admin keys: the admin API is open (loopback only; see serve)
+        if key is None:
+            return False
+        digest = hash_key(key)
+        return any(hmac.compare_digest(digest, k) for k in self.admin_keys)
+
+    def admit(self, state: TenantState, model: str) -> None:
+        """Allow-list, then rate, then concurrency; on success the caller must `leave`."""
+        tenant = state.tenant
+        if not tenant.may_use(model):
+            state.forbidden += 1
+            raise Forbidden(
+                f"tenant {tenant.name!r} may not use model {model!r} (allowed: "
+                f"{', '.join(tenant.models) or 'none'})"
+            )
+        wait = state.bucket.try_take()
+        if wait > 0:
+            state.rate_limited += 1
+            raise RateLimited(
+                f"tenant {tenant.name!r} is over its rate of {tenant.rps:g} requests/s "
+                f"(burst {tenant.burst:g}); retry in {wait:.2f} s",
+                wait,
+            )
+        if not state.concurrency.try_enter():
+            state.over_concurrency += 1
+            raise RateLimited(
+                f"tenant {tenant.name!r} already has {tenant.max_concurrency} requests in "
+                "flight (max_concurrency); retry when one finishes",
+                1.0 / max(tenant.rps, 1),
+            )
+        state.admitted += 1
+
+    @staticmethod
+    def leave(state: TenantState) -> None:
+        state.concurrency.leave()

@@ -1,0 +1,149 @@
+"""The breaker and bucket state machines on an injected clock: every transition, the
+Retry-After values, backoff doubling and its cap. No sleeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from infergate.clock import FakeClock
+from infergate.engine.breaker import Breaker, BreakerPolicy
+from infergate.engine.limits import ConcurrencyLimit, TokenBucket
+
+POLICY = BreakerPolicy(
+    window_seconds=10,
+    failure_rate=0.5,
+    latency_p99_ms=100,
+    consecutive_windows=2,
+    min_requests=4,
+    backoff_initial_s=2,
+    backoff_max_s=5,
+    probes=2,
+    buckets=10,
+)
+
+
+def feed(breaker: Breaker, clock: FakeClock, ok: bool, latency: float = 0.01, n: int = 4) -> None:
+    for _ in range(n):
+        assert breaker.allow() == "normal"
+        breaker.record("normal", ok, latency)
+    clock.advance(1.0)  # one bucket; an evaluation happens at each bucket boundary
+
+
+def trip(breaker: Breaker, clock: FakeClock) -> None:
+    feed(breaker, clock, ok=False)
+    feed(breaker, clock, ok=False)
+    assert breaker.allow() == "refused"
+
+
+def test_failure_rate_opens_after_consecutive_windows() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    feed(breaker, clock, ok=False)
+    assert breaker.allow() == "normal"  # one bad evaluation is not enough
+    breaker.record("normal", False, 0.01)
+    feed(breaker, clock, ok=False)
+    assert breaker.state == "open"
+    assert "failure rate" in breaker.reason
+    assert breaker.allow() == "refused"
+    assert breaker.retry_after() == pytest.approx(2.0)
+
+
+def test_a_good_window_between_bad_ones_keeps_it_closed() -> None:
+    clock = FakeClock()
+    breaker = Breaker(
+        BreakerPolicy(
+            window_seconds=2, failure_rate=0.5, min_requests=4, consecutive_windows=2, buckets=2
+        ),
+        clock,
+    )
+    feed(breaker, clock, ok=False)
+    feed(breaker, clock, ok=True, n=12)  # the window now holds 4 failures in 16
+    feed(breaker, clock, ok=False)
+    assert breaker.state == "closed"
+
+
+def test_too_few_requests_never_open_it() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for _ in range(3):  # 3 failures in the window: under min_requests = 4
+        feed(breaker, clock, ok=False, n=1)
+    assert breaker.state == "closed"
+    clock.advance(10)  # they leave the window; a fourth alone is still too few
+    feed(breaker, clock, ok=False, n=1)
+    assert breaker.state == "closed"
+
+
+def test_p99_latency_opens_it() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    feed(breaker, clock, ok=True, latency=0.5)
+    feed(breaker, clock, ok=True, latency=0.5)
+    assert breaker.state == "open"
+    assert "p99 latency 500 ms (limit 100 ms)" in breaker.reason
+
+
+def test_half_open_probes_close_it_and_reset_the_backoff() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    trip(breaker, clock)
+    clock.advance(1.9)
+    assert breaker.allow() == "refused"
+    clock.advance(0.2)
+    assert breaker.allow() == "probe"
+    assert breaker.state == "half_open"
+    assert breaker.allow() == "probe"
+    assert breaker.allow() == "refused"  # only `probes` go through
+    breaker.record("probe", True, 0.01)
+    breaker.record("probe", True, 0.01)
+    assert breaker.state == "closed"
+    assert [t[1] for t in breaker.transitions] == ["open", "half_open", "closed"]
+    trip(breaker, clock)
+    assert breaker.retry_after() == pytest.approx(2.0)  # back to the initial backoff
+
+
+def test_a_failed_probe_reopens_with_doubled_backoff_up_to_the_cap() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    trip(breaker, clock)
+    waits = []
+    for _ in range(4):
+        waits.append(breaker.retry_after())
+        clock.advance(breaker.retry_after())
+        assert breaker.allow() == "probe"
+        breaker.record("probe", False, 0.01)
+        assert breaker.state == "open"
+    assert waits == pytest.approx([2.0, 4.0, 5.0, 5.0])
+
+
+def test_operator_reset_closes_it() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    trip(breaker, clock)
+    breaker.reset()
+    assert breaker.state == "closed"
+    assert breaker.allow() == "normal"
+
+
+def test_bucket_refills_at_its_rate_and_says_when() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(rate=2, burst=3, clock=clock)
+    assert [bucket.try_take() for _ in range(3)] == [0, 0, 0]
+    assert bucket.try_take() == pytest.approx(0.5)  # one token in half a second
+    clock.advance(0.25)
+    assert bucket.try_take() == pytest.approx(0.25)
+    clock.advance(0.25)
+    assert bucket.try_take() == 0
+    clock.advance(100)
+    assert bucket.tokens == 3  # never more than the burst
+    bucket.reconfigure(rate=1, burst=1)
+    assert bucket.try_take() == 0
+    assert bucket.try_take() == pytest.approx(1.0)
+
+
+def test_concurrency_limit() -> None:
+    limit = ConcurrencyLimit(2)
+    assert limit.try_enter()
+    assert limit.try_enter()
+    assert not limit.try_enter()
+    limit.leave()
+    assert limit.try_enter()
