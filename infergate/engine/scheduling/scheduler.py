@@ -299,7 +299,10 @@ class Scheduler:
         for job in jobs:
             if sibling_ready and not job.payload.retried:
                 job.payload.retried = True
-                again = Job(job.payload, job.cls, job.arrival, job.deadline, job.rows, job.key)
+                # It met its deadline once already: the retry gets a fresh one.
+                now = self._clock.now()
+                patience = job.deadline - job.arrival
+                again = Job(job.payload, job.cls, now, now + patience, job.rows, job.key)
                 self._queue.admit([again], force=True)
             else:
                 job.payload.ticket.fail(exc)
