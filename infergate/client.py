@@ -175,6 +175,33 @@ class Client:
     def repository_index(self) -> list[dict[str, Any]]:
         return self._json("POST", "/v2/repository/index")  # type: ignore[no-any-return]
 
+    def tenants(self) -> dict[str, Any]:
+        return self._json("GET", "/admin/tenants")  # type: ignore[no-any-return]
+
+    def add_tenant(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            "POST", "/admin/tenants", content=orjson.dumps({"name": name, **settings})
+        )
+
+    def set_tenant(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            "PATCH", f"/admin/tenants/{name}", content=orjson.dumps(settings)
+        )
+
+    def remove_tenant(self, name: str) -> None:
+        self._request("DELETE", f"/admin/tenants/{name}")
+
+    def breakers(self) -> list[dict[str, Any]]:
+        return self._json("GET", "/admin/breakers")  # type: ignore[no-any-return]
+
+    def set_breaker(self, model: str, settings: dict[str, Any]) -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            "PATCH", f"/admin/breakers/{model}", content=orjson.dumps(settings)
+        )
+
+    def reset_breaker(self, model: str) -> None:
+        self._request("POST", f"/admin/breakers/{model}/reset")
+
     def load_model(self, name: str) -> None:
         """Load or reload `name` from disk; returns once it serves (or raises why not)."""
         self._request("POST", f"/v2/repository/models/{name}/load", timeout=None)

@@ -132,3 +132,22 @@ def make_fails_on_single_rows(path: Path) -> Path:
         [numpy_helper.from_array(np.array([2, 4], dtype=np.int64), "shape")],
     )
     return _save(helper.make_model(graph, opset_imports=OPSET), path)
+
+
+def make_fails_on_demand(path: Path) -> Path:
+    """mode INT64 [1] -> y FP32 [-1]: reshapes four numbers to shape [mode + 4], so mode 0
+    works (and the warm-up's zeros pass) while any other mode fails inside onnxruntime."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["mode", "four"], ["shape"]),
+            helper.make_node("Reshape", ["data", "shape"], ["y"]),
+        ],
+        "fails_on_demand",
+        [helper.make_tensor_value_info("mode", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])],
+        [
+            numpy_helper.from_array(np.array([4], dtype=np.int64), "four"),
+            numpy_helper.from_array(np.arange(4, dtype=np.float32), "data"),
+        ],
+    )
+    return _save(helper.make_model(graph, opset_imports=OPSET), path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from infergate import __version__
-from infergate.cli import model
+from infergate.cli import breaker, model, tenant
 from infergate.cli.bench import bench
 from infergate.cli.doctor import doctor
 from infergate.cli.infer import infer
@@ -21,6 +21,8 @@ app.command()(infer)
 app.command()(doctor)
 app.command()(bench)
 app.add_typer(model.app, name="model")
+app.add_typer(tenant.app, name="tenant")
+app.add_typer(breaker.app, name="breaker")
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,315 @@
+"""Tenants and protection on a real server: keys, limits, allow-lists, breakers that trip
+on real failing and slow models and recover, a flooding tenant that cannot hurt another,
+and a profile that changes live, persists, and survives kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infergate.engine.tenants import hash_key
+from infergate.profile import load_profile
+from tests.onnx_models import make_fails_on_demand, make_loop, make_mlp
+from tests.server import ServerProcess
+from tests.test_reload import wait_until
+
+ADMIN, ALICE, BOB = "admin-key", "alice-key", "bob-key"
+
+PROFILE = f"""
+# infergate test profile
+[server]
+allow_anonymous = false
+admin_keys = ["{hash_key(ADMIN)}"]
+
+[breaker]
+window_seconds = 2
+failure_rate = 0.5
+latency_p99_ms = 150
+consecutive_windows = 2
+min_requests = 4
+backoff_initial_s = 1
+backoff_max_s = 4
+probes = 2
+
+[tenants.alice]
+class = "burst"
+rps = 5
+burst = 5
+models = ["mlp", "flaky", "slow"]
+api_keys = ["{hash_key(ALICE)}"]
+
+[tenants.bob]
+class = "burst"
+rps = 100000
+burst = 100000
+max_concurrency = 4
+api_keys = ["{hash_key(BOB)}"]
+"""
+
+
+@pytest.fixture
+def tenant_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    models = tmp_path / "models"
+    make_mlp(models / "mlp" / "1" / "model.onnx")
+    make_mlp(models / "other" / "1" / "model.onnx", seed=9)
+    make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
+    make_loop(models / "slow" / "1" / "model.onnx")
+    profile = tmp_path / "profile.toml"
+    profile.write_text(PROFILE)
+    proc = ServerProcess(models, profile, tmp_path / "server.log").start()
+    yield proc
+    proc.stop()
+
+
+def call(
+    server: ServerProcess, model: str, key: str | None, body: dict[str, Any] | None = None
+) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = body or {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]
+    }
+    return httpx.post(
+        f"{server.url}/v2/models/{model}/infer", json=body, headers=headers, timeout=30
+    )
+
+
+def flaky(mode: int) -> dict[str, Any]:
+    return {"inputs": [{"name": "mode", "datatype": "INT64", "shape": [1], "data": [mode]}]}
+
+
+def test_keys_allow_lists_and_rates(tenant_server: ServerProcess) -> None:
+    assert call(tenant_server, "mlp", None).status_code == 401
+    response = call(tenant_server, "mlp", "wrong")
+    assert response.status_code == 401
+    assert "unknown API key" in response.json()["error"]
+    x_api_key = httpx.post(
+        f"{tenant_server.url}/v2/models/mlp/infer",
+        headers={"X-API-Key": BOB},
+        json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]},
+    )
+    assert x_api_key.status_code == 200
+    forbidden = call(tenant_server, "other", ALICE)
+    assert forbidden.status_code == 403
+    assert "may not use model 'other'" in forbidden.json()["error"]
+    responses = [call(tenant_server, "mlp", ALICE) for _ in range(8)]
+    codes = [r.status_code for r in responses]
+    assert codes[:5] == [200] * 5  # the burst
+    assert 429 in codes
+    limited = next(r for r in responses if r.status_code == 429)
+    assert limited.headers["Retry-After"] == "1"  # 5/s: a token within a second
+    assert "over its rate of 5 requests/s" in limited.json()["error"]
+    assert call(tenant_server, "mlp", BOB).status_code == 200  # bob is not affected
+
+
+def test_admin_endpoints_need_the_admin_key(tenant_server: ServerProcess) -> None:
+    url = f"{tenant_server.url}/admin/models"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {BOB}"}).status_code == 403
+    assert httpx.get(url, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+    index = httpx.post(f"{tenant_server.url}/v2/repository/index")
+    assert index.status_code == 401
+    assert "error" in index.json()
+    assert httpx.get(f"{tenant_server.url}/v2/health/ready").status_code == 200  # open
+
+
+def breaker_state(server: ServerProcess, model: str) -> dict[str, Any]:
+    rows = httpx.get(
+        f"{server.url}/admin/breakers", headers={"Authorization": f"Bearer {ADMIN}"}
+    ).json()
+    return next(r for r in rows if r["model"] == model)
+
+
+def test_failures_trip_the_breaker_and_it_recovers(tenant_server: ServerProcess) -> None:
+    for _ in range(6):
+        assert call(tenant_server, "flaky", BOB, flaky(1)).status_code == 500
+    opened = wait_until(
+        lambda: (r := call(tenant_server, "flaky", BOB, flaky(1))).status_code == 503 and r,
+        what="the breaker to open",
+    )
+    assert "circuit breaker" in opened.json()["error"]
+    assert "failure rate" in opened.json()["error"]
+    assert int(opened.headers["Retry-After"]) >= 1
+    # A good request is refused too while it is open; other models serve throughout.
+    assert call(tenant_server, "flaky", BOB, flaky(0)).status_code == 503
+    assert call(tenant_server, "mlp", BOB).status_code == 200
+    assert breaker_state(tenant_server, "flaky")["state"] == "open"
+    # After the backoff, good probes close it.
+    wait_until(
+        lambda: call(tenant_server, "flaky", BOB, flaky(0)).status_code == 200,
+        timeout_s=10,
+        what="a probe to pass",
+    )
+    assert call(tenant_server, "flaky", BOB, flaky(0)).status_code == 200
+    assert breaker_state(tenant_server, "flaky")["state"] == "closed"
+    events = httpx.get(
+        f"{tenant_server.url}/admin/models/flaky", headers={"Authorization": f"Bearer {ADMIN}"}
+    ).json()["events"]
+    kinds = [e["kind"] for e in events]
+    assert (
+        kinds.index("breaker_open")
+        < kinds.index("breaker_half_open")
+        < kinds.index("breaker_closed")
+    )
+
+
+def test_slow_answers_trip_the_breaker(tenant_server: ServerProcess) -> None:
+    slow = {"inputs": [{"name": "n", "datatype": "INT64", "shape": [1], "data": [150_000]}]}
+    codes = []
+    deadline = time.monotonic() + 20
+    while 503 not in codes and time.monotonic() < deadline:
+        codes.append(call(tenant_server, "slow", BOB, slow).status_code)
+    assert codes[-1] == 503
+    assert set(codes[:-1]) == {200}  # they all succeeded, just too slowly
+    assert "p99 latency" in breaker_state(tenant_server, "slow")["reason"]
+    assert call(tenant_server, "mlp", BOB).status_code == 200
+
+
+def test_a_flooding_tenant_does_not_hurt_another(tenant_server: ServerProcess) -> None:
+    stop = threading.Event()
+    flood: list[int] = []
+
+    def flooder() -> None:
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                flood.append(
+                    http.post(
+                        f"{tenant_server.url}/v2/models/mlp/infer",
+                        headers={"Authorization": f"Bearer {ALICE}"},
+                        json={
+                            "inputs": [
+                                {
+                                    "name": "x",
+                                    "datatype": "FP32",
+                                    "shape": [1, 4],
+                                    "data": [1, 2, 3, 4],
+                                }
+                            ]
+                        },
+                    ).status_code
+                )
+
+    threads = [threading.Thread(target=flooder) for _ in range(4)]
+    for t in threads:
+        t.start()
+    latencies, codes = [], []
+    try:
+        for _ in range(60):
+            t0 = time.monotonic()
+            codes.append(call(tenant_server, "mlp", BOB).status_code)
+            latencies.append(time.monotonic() - t0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert codes == [200] * 60
+    assert sorted(latencies)[int(0.99 * len(latencies))] < 0.25
+    assert flood.count(429) > flood.count(200)  # alice was held to her 5 requests/s
+
+
+def admin(server: ServerProcess, *args: str) -> tuple[int, str]:
+    from tests.test_cli import run
+
+    return run(*args, "--url", server.url, "--token", ADMIN)
+
+
+def test_cli_tenant_changes_apply_persist_and_survive_restart(
+    tenant_server: ServerProcess,
+) -> None:
+    code, out = admin(tenant_server, "tenant", "add", "carol", "rps=50", "models=mlp")
+    assert code == 0, out
+    key = out.strip().splitlines()[-1]
+    assert key.startswith("ig_")
+    assert call(tenant_server, "mlp", key).status_code == 200
+    assert call(tenant_server, "other", key).status_code == 403
+    assert key not in tenant_server.profile.read_text()  # only its hash is stored
+    assert "# infergate test profile" in tenant_server.profile.read_text()  # comments kept
+    code, out = admin(tenant_server, "tenant", "set", "carol", "models=mlp,other")
+    assert code == 0, out
+    assert call(tenant_server, "other", key).status_code == 200
+    code, out = admin(tenant_server, "tenant", "set", "carol", "rps=-3")
+    assert code == 1
+    assert "tenants.carol.rps: expected a number >= 0" in out
+    code, out = admin(tenant_server, "tenant", "list", "--json")
+    assert {t["name"] for t in __import__("json").loads(out)["tenants"]} == {
+        "alice",
+        "bob",
+        "carol",
+    }
+    code, out = admin(tenant_server, "breaker", "set", "mlp", "failure_rate=0.2")
+    assert code == 0, out
+    tenant_server.stop()
+    tenant_server.start()
+    assert call(tenant_server, "other", key).status_code == 200
+    assert breaker_state(tenant_server, "mlp")["policy"]["failure_rate"] == 0.2
+    code, _ = admin(tenant_server, "tenant", "remove", "carol")
+    assert code == 0
+    assert call(tenant_server, "mlp", key).status_code == 401
+
+
+def test_live_profile_edit_applies_and_a_broken_one_is_rejected(
+    tenant_server: ServerProcess,
+) -> None:
+    text = tenant_server.profile.read_text()
+    tenant_server.profile.write_text(
+        text.replace('models = ["mlp", "flaky", "slow"]', 'models = ["mlp", "other"]')
+    )
+    wait_until(
+        lambda: (
+            call(tenant_server, "other", BOB).status_code == 200
+            and call(tenant_server, "other", ALICE).status_code in (200, 429)
+        ),
+        what="the edit to apply",
+    )
+    tenant_server.profile.write_text(text.replace("rps = 5", "rps = 'fast'"))
+    code, out = admin(tenant_server, "tenant", "list", "--json")
+    wait_until(
+        lambda: __import__("json").loads(admin(tenant_server, "tenant", "list", "--json")[1])[
+            "profile_error"
+        ],
+        what="the rejection",
+    )
+    doc = __import__("json").loads(admin(tenant_server, "tenant", "list", "--json")[1])
+    assert "tenants.alice.rps: expected a number" in doc["profile_error"]
+    alice = next(t for t in doc["tenants"] if t["name"] == "alice")
+    assert alice["models"] == ["mlp", "other"]  # the last good profile still serves
+    assert call(tenant_server, "mlp", BOB).status_code == 200
+
+
+def test_kill_9_during_changes_leaves_a_valid_profile(tenant_server: ServerProcess) -> None:
+    acked: list[int] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        with httpx.Client(timeout=5, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    r = http.patch(f"{tenant_server.url}/admin/tenants/bob", json={"rps": i})
+                except httpx.HTTPError:
+                    return  # the server is gone
+                if r.status_code == 200:
+                    acked.append(i)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    wait_until(lambda: len(acked) >= 5, what="some changes to land")
+    assert tenant_server.process is not None
+    os.killpg(tenant_server.process.pid, signal.SIGKILL)  # in the middle of the stream
+    tenant_server.process.wait()
+    stop.set()
+    thread.join()
+    profile = load_profile(tenant_server.profile)  # parses and validates whole
+    bob = next(t for t in profile.tenants if t.name == "bob")
+    assert bob.rps >= acked[-1]  # every acknowledged change is on disk
+    assert bob.rps <= acked[-1] + 1  # plus at most the one in flight
+    tenant_server.start()
+    assert call(tenant_server, "mlp", BOB).status_code == 200
