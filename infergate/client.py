@@ -175,6 +175,9 @@ class Client:
     def repository_index(self) -> list[dict[str, Any]]:
         return self._json("POST", "/v2/repository/index")  # type: ignore[no-any-return]
 
+    def stats(self) -> dict[str, Any]:
+        return self._json("GET", "/admin/stats")  # type: ignore[no-any-return]
+
     def tenants(self) -> dict[str, Any]:
         return self._json("GET", "/admin/tenants")  # type: ignore[no-any-return]
 

@@ -10,6 +10,7 @@ from infergate.cli.bench import bench
 from infergate.cli.doctor import doctor
 from infergate.cli.infer import infer
 from infergate.cli.serve import serve
+from infergate.cli.top import top
 
 app = typer.Typer(
     help="infergate: serve ONNX and TorchScript models over the KServe V2 protocol.",
@@ -20,6 +21,7 @@ app.command()(serve)
 app.command()(infer)
 app.command()(doctor)
 app.command()(bench)
+app.command()(top)
 app.add_typer(model.app, name="model")
 app.add_typer(tenant.app, name="tenant")
 app.add_typer(breaker.app, name="breaker")

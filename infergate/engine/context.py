@@ -8,10 +8,12 @@ from dataclasses import dataclass, field, replace
 
 from infergate.clock import Clock, MonotonicClock
 from infergate.engine.breaker import BreakerPolicy
+from infergate.engine.devices import DeviceBackend, HostBackend
 from infergate.engine.events import EventBus
 from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.spec import ModelConfig
+from infergate.engine.stats import RequestStats
 from infergate.engine.tenants import Tenant, Tenants
 from infergate.engine.verify import VerifyPolicy
 from infergate.metrics import Metrics
@@ -34,6 +36,11 @@ class EngineContext:
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     breaker_models: dict[str, BreakerPolicy] = field(default_factory=dict)
     tenants: Tenants = field(default_factory=_default_tenants)
+    devices: DeviceBackend = field(default_factory=HostBackend)
+    stats: RequestStats = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stats = RequestStats(self.clock)
 
     def breaker_policy(self, model: str, config: ModelConfig) -> BreakerPolicy:
         """Profile defaults, then model.toml's [breaker], then the profile's

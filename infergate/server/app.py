@@ -22,7 +22,12 @@ from infergate.profile_store import ProfileStore
 from infergate.server.admin import admin_guard, admin_router
 from infergate.server.errors import error_response, install_error_handlers
 from infergate.server.infer_route import InferRoute, version_number
-from infergate.server.views import model_metadata, model_status, repository_index
+from infergate.server.views import (
+    model_metadata,
+    model_status,
+    repository_index,
+    stats_snapshot,
+)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 
@@ -128,6 +133,10 @@ def create_app(
                 )
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.get("/admin/stats", dependencies=guard)
+    async def stats() -> Response:
+        return _json(stats_snapshot(engine))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -130,6 +130,7 @@ class InferRoute:
         self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
         tenant = "-"
+        started = self._engine.context.clock.now()
         try:
             headers_in = _headers(scope)
             state = self._engine.context.tenants.authenticate(api_key(headers_in))
@@ -145,7 +146,9 @@ class InferRoute:
             status, headers = 500, error_headers(None)
             body = error_body(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
         model = name if self._engine.registry.has(name) else "unknown"  # bounded labels
-        self._engine.context.metrics.requests.labels(model, tenant, str(status)).inc()
+        context = self._engine.context
+        context.metrics.requests.labels(model, tenant, str(status)).inc()
+        context.stats.record(model, status < 500, context.clock.now() - started)
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

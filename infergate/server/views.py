@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
+from infergate.engine.engine import Engine
 from infergate.engine.registry import ModelRecord
 from infergate.engine.served import ServedVersion
 
@@ -84,3 +86,63 @@ def repository_index(records: list[ModelRecord]) -> list[dict[str, Any]]:
             state = "LOADING" if record.state == "loading" else "UNAVAILABLE"
             rows.append({"name": record.name, "state": state, "reason": record.reason or ""})
     return rows
+
+
+def stats_snapshot(engine: Engine) -> dict[str, Any]:
+    """Everything the dashboard shows, in one document (GET /admin/stats)."""
+    context = engine.context
+    models, workers = [], []
+    for record in engine.models():
+        default = record.default_version()
+        instances = [i for v in record.versions.values() for i in v.instances]
+        for served in record.versions.values():
+            for i in served.instances:
+                usage = context.devices.process(i.pid) if i.pid else None
+                workers.append(
+                    {
+                        "model": served.name,
+                        "version": served.version,
+                        "instance": i.index,
+                        "pid": i.pid,
+                        "state": i.state,
+                        "restarts": i.restarts,
+                        "device": i.ready_info.device if i.ready_info else None,
+                        "memory_mb": round(usage.memory_mb, 1) if usage else None,
+                        "cpu_percent": usage.cpu_percent if usage else None,
+                    }
+                )
+        models.append(
+            {
+                "name": record.name,
+                "state": record.state,
+                "reason": record.reason,
+                "default_version": default.version if default else None,
+                "versions": sorted(record.versions),
+                "instances_ready": sum(1 for i in instances if i.ready),
+                "instances": len(instances),
+                "breaker": default.breaker.state if default else None,
+                "queue": default.depth_by_class() if default else {},
+                **context.stats.model(record.name),
+            }
+        )
+    tenants = [
+        {
+            "name": s.tenant.name,
+            "class": s.tenant.cls,
+            "rps_limit": s.tenant.rps,
+            "in_flight": s.concurrency.active,
+            "max_concurrency": s.tenant.max_concurrency,
+            "admitted": s.admitted,
+            "rejected": s.rate_limited + s.over_concurrency + s.forbidden,
+            "memory_mb": s.tenant.memory_mb,
+        }
+        for s in context.tenants.states()
+    ]
+    return {
+        "devices": [asdict(d) for d in context.devices.devices()],
+        "workers": workers,
+        "models": models,
+        "tenants": tenants,
+        "throughput": context.stats.history(120),
+        "events": [e.to_json() for e in context.events.recent()[-30:]],
+    }

@@ -1,0 +1,88 @@
+"""Live request statistics for the dashboard: per model and overall, in one-second buckets
+over the last minutes (rates, p50/p99, errors). Prometheus keeps the long history; this is
+the small rolling view `/admin/stats` serves."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from infergate.clock import Clock
+
+_MAX_SAMPLES = 512  # latencies kept per bucket; enough for a p99 of a second's traffic
+
+
+@dataclass
+class _Second:
+    at: int
+    count: int = 0
+    errors: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+
+class _Series:
+    def __init__(self, keep_s: int) -> None:
+        self.seconds: deque[_Second] = deque(maxlen=keep_s)
+
+    def add(self, at: int, ok: bool, latency_s: float) -> None:
+        if not self.seconds or self.seconds[-1].at != at:
+            self.seconds.append(_Second(at))
+        bucket = self.seconds[-1]
+        bucket.count += 1
+        bucket.errors += 0 if ok else 1
+        if len(bucket.latencies) < _MAX_SAMPLES:
+            bucket.latencies.append(latency_s)
+
+    def summary(self, now: int, span_s: int) -> dict[str, float]:
+        recent = [s for s in self.seconds if now - span_s <= s.at < now]
+        count = sum(s.count for s in recent)
+        latencies = sorted(x for s in recent for x in s.latencies)
+        return {
+            "rps": count / span_s,
+            "errors": sum(s.errors for s in recent),
+            "p50_ms": _pct(latencies, 0.5),
+            "p99_ms": _pct(latencies, 0.99),
+        }
+
+    def history(self, now: int, span_s: int) -> list[dict[str, float]]:
+        by_second = {s.at: s for s in self.seconds}
+        out = []
+        for at in range(now - span_s, now):
+            s = by_second.get(at)
+            out.append(
+                {
+                    "t": at,
+                    "rps": s.count if s else 0,
+                    "p99_ms": _pct(sorted(s.latencies), 0.99) if s else 0.0,
+                }
+            )
+        return out
+
+
+def _pct(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return 0.0
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
+
+
+class RequestStats:
+    def __init__(self, clock: Clock, keep_s: int = 300) -> None:
+        self._clock = clock
+        self._keep_s = keep_s
+        self._total = _Series(keep_s)
+        self._models: dict[str, _Series] = {}
+
+    def record(self, model: str, ok: bool, latency_s: float) -> None:
+        at = int(self._clock.now())
+        self._total.add(at, ok, latency_s)
+        self._models.setdefault(model, _Series(self._keep_s)).add(at, ok, latency_s)
+
+    def model(self, name: str, span_s: int = 10) -> dict[str, float]:
+        series = self._models.get(name)
+        now = int(self._clock.now())
+        if series is None:
+            return {"rps": 0.0, "errors": 0, "p50_ms": 0.0, "p99_ms": 0.0}
+        return series.summary(now, span_s)
+
+    def history(self, span_s: int = 120) -> list[dict[str, float]]:
+        return self._total.history(int(self._clock.now()), span_s)

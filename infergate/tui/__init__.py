@@ -1,0 +1,1 @@
+"""`infergate top`: the Textual dashboard."""

@@ -1,0 +1,310 @@
+"""The dashboard: devices, models (state, breaker, queues, rates, latencies), tenants,
+throughput and p99 over the last minutes, and the event log. Keys: q quit, r reset the
+selected model's breaker, l/u load or unload it (after a confirmation), ? help.
+
+It polls /admin/stats once a second in a worker; when the server goes away it says so,
+keeps the last picture, and reconnects by itself. Every field is read with a default, so a
+server that lacks one is shown, not crashed on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Button, DataTable, Footer, Header, Label, RichLog, Sparkline, Static
+
+from infergate.tui.source import SourceError, StatsSource
+
+STATE_STYLE = {
+    "ready": "green",
+    "loading": "yellow",
+    "restarting": "yellow",
+    "failed": "red",
+    "unavailable": "red",
+    "unloaded": "dim",
+    "stopped": "dim",
+}
+BREAKER_STYLE = {"closed": "green", "half_open": "yellow", "open": "bold red"}
+
+
+def _bar(used: float, total: float, width: int = 20) -> str:
+    share = 0.0 if total <= 0 else min(1.0, used / total)
+    filled = round(share * width)
+    return "█" * filled + "░" * (width - filled)
+
+
+def _num(value: Any, fmt: str = "{:.1f}") -> str:
+    return fmt.format(value) if isinstance(value, (int, float)) else "-"
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self._question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(self._question)
+            with Horizontal():
+                yield Button("Yes", variant="warning", id="yes")
+                yield Button("No", variant="primary", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(
+                "infergate top\n\n"
+                "  q   quit\n"
+                "  r   reset the selected model's circuit breaker\n"
+                "  l   load (or reload) the selected model\n"
+                "  u   unload the selected model\n"
+                "  ?   this help\n\n"
+                "Select a model with the arrow keys. Data refreshes every second."
+            )
+            yield Button("Close", id="close")
+
+    def on_button_pressed(self, _: Button.Pressed) -> None:
+        self.dismiss()
+
+
+class Dashboard(App[None]):
+    CSS_PATH = "dashboard.tcss"
+    TITLE = "infergate top"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("r", "reset_breaker", "Reset breaker"),
+        Binding("l", "load", "Load"),
+        Binding("u", "unload", "Unload"),
+        Binding("question_mark", "help", "Help"),
+    ]
+
+    def __init__(
+        self,
+        source: StatsSource,
+        interval_s: float = 1.0,
+        clock: Callable[[], str] = lambda: time.strftime("%H:%M:%S"),
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self._clock = clock
+        self.interval_s = interval_s
+        self.connected: bool | None = None
+        self.stats: dict[str, Any] = {}
+        self._last_event = 0
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="top"):
+            yield Static("devices: waiting for data", id="devices")
+            yield DataTable(id="tenants", cursor_type="none", zebra_stripes=True)
+        yield DataTable(id="models", cursor_type="row", zebra_stripes=True)
+        with Horizontal(id="plots"):
+            with Vertical(classes="plot"):
+                yield Label("requests/s, last 2 minutes", id="rps-label")
+                yield Sparkline([0], id="rps")
+            with Vertical(classes="plot"):
+                yield Label("p99 ms, last 2 minutes", id="p99-label")
+                yield Sparkline([0], id="p99")
+        yield RichLog(id="events", markup=False, wrap=False, max_lines=500)
+        yield Static(f"connecting to {self.source.label}", id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        models = self.query_one("#models", DataTable)
+        models.add_columns(
+            "model",
+            "version",
+            "state",
+            "instances",
+            "breaker",
+            "queue",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "reason",
+        )
+        tenants = self.query_one("#tenants", DataTable)
+        tenants.add_columns("tenant", "class", "limit/s", "in flight", "admitted", "rejected")
+        self.poll()
+        self.set_interval(self.interval_s, self.poll)
+
+    async def on_unmount(self) -> None:
+        await self.source.close()
+
+    @work(exclusive=True, group="poll")
+    async def poll(self) -> None:
+        try:
+            stats = await self.source.fetch()
+        except SourceError as exc:
+            self._disconnected(str(exc))
+            return
+        self.connected = True
+        self.stats = stats
+        status = self.query_one("#status", Static)
+        status.remove_class("down")
+        status.update(f"connected to {self.source.label} · updated {self._clock()} · ? for help")
+        self._show(stats)
+
+    def _disconnected(self, why: str) -> None:
+        self.connected = False
+        status = self.query_one("#status", Static)
+        status.add_class("down")
+        status.update(
+            f"server unreachable ({why}); showing the last data, retrying every "
+            f"{self.interval_s:g} s"
+        )
+
+    def _show(self, stats: dict[str, Any]) -> None:
+        self._show_devices(stats.get("devices") or [], stats.get("workers") or [])
+        self._show_models(stats.get("models") or [])
+        self._show_tenants(stats.get("tenants") or [])
+        history = stats.get("throughput") or []
+        self.query_one("#rps", Sparkline).data = [h.get("rps", 0) for h in history] or [0]
+        self.query_one("#p99", Sparkline).data = [h.get("p99_ms", 0) for h in history] or [0]
+        if history:
+            last = history[-1]
+            self.query_one("#rps-label", Label).update(
+                f"requests/s, last 2 minutes (now {_num(last.get('rps'), '{:.0f}')})"
+            )
+            self.query_one("#p99-label", Label).update(
+                f"p99 ms, last 2 minutes (now {_num(last.get('p99_ms'))})"
+            )
+        self._show_events(stats.get("events") or [])
+
+    def _show_devices(self, devices: list[dict[str, Any]], workers: list[dict[str, Any]]) -> None:
+        lines = []
+        for d in devices:
+            total, used = d.get("memory_total_mb", 0), d.get("memory_used_mb", 0)
+            lines.append(f"{d.get('name', '?')}  util {_num(d.get('utilization'), '{:.0f}')}%")
+            lines.append(
+                f"  mem {_bar(used, total)} {_num(used / 1024, '{:.1f}')}/"
+                f"{_num(total / 1024, '{:.1f}')} GiB"
+            )
+        for w in workers:
+            lines.append(
+                f"  {w.get('model', '?')} v{w.get('version', '?')}#"
+                f"{w.get('instance', 0)} pid {w.get('pid') or '-'} "
+                f"{_num(w.get('memory_mb'), '{:.0f}')} MiB"
+            )
+        self.query_one("#devices", Static).update("\n".join(lines) or "no devices reported")
+
+    def _show_models(self, models: list[dict[str, Any]]) -> None:
+        table = self.query_one("#models", DataTable)
+        selected = self.selected_model()
+        table.clear()
+        for m in models:
+            state = m.get("state", "?")
+            breaker = m.get("breaker") or "-"
+            queue = m.get("queue") or {}
+            queued = " ".join(f"{k[:2]}:{v}" for k, v in sorted(queue.items())) or "0"
+            versions = m.get("versions") or []
+            table.add_row(
+                m.get("name", "?"),
+                ",".join(map(str, versions)) or "-",
+                Text(state, style=STATE_STYLE.get(state, "")),
+                f"{m.get('instances_ready', 0)}/{m.get('instances', 0)}",
+                Text(breaker, style=BREAKER_STYLE.get(breaker, "")),
+                queued,
+                _num(m.get("rps")),
+                _num(m.get("p50_ms"), "{:.2f}"),
+                _num(m.get("p99_ms"), "{:.2f}"),
+                str(m.get("errors", 0)),
+                (m.get("reason") or "")[:60],
+                key=m.get("name"),
+            )
+        if selected is not None and selected in {m.get("name") for m in models}:
+            table.move_cursor(row=table.get_row_index(selected))
+
+    def _show_tenants(self, tenants: list[dict[str, Any]]) -> None:
+        table = self.query_one("#tenants", DataTable)
+        table.clear()
+        for t in tenants:
+            table.add_row(
+                t.get("name", "?"),
+                t.get("class", "-"),
+                _num(t.get("rps_limit"), "{:g}"),
+                f"{t.get('in_flight', 0)}/{t.get('max_concurrency', '-')}",
+                str(t.get("admitted", 0)),
+                str(t.get("rejected", 0)),
+            )
+
+    def _show_events(self, events: list[dict[str, Any]]) -> None:
+        log = self.query_one("#events", RichLog)
+        for e in events:
+            if e.get("id", 0) <= self._last_event:
+                continue
+            self._last_event = e.get("id", 0)
+            stamp = time.strftime("%H:%M:%S", time.localtime(e.get("time", 0)))
+            version = f" v{e['version']}" if e.get("version") else ""
+            kind = e.get("kind", "?")
+            style = "red" if ("fail" in kind or "open" in kind or "reject" in kind) else ""
+            log.write(
+                Text(
+                    f"{stamp} {kind} {e.get('model', '')}{version}: {e.get('message', '')}",
+                    style=style,
+                )
+            )
+
+    def selected_model(self) -> str | None:
+        table = self.query_one("#models", DataTable)
+        if table.row_count == 0:
+            return None
+        try:
+            row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        except Exception:  # an empty or changing table has no valid cursor
+            return None
+        return str(row_key.value) if row_key.value is not None else None
+
+    async def _act(self, what: str, model: str) -> None:
+        try:
+            if what == "reset":
+                await self.source.reset_breaker(model)
+            elif what == "load":
+                await self.source.load(model)
+            else:
+                await self.source.unload(model)
+        except SourceError as exc:
+            self.notify(f"{what} {model} failed: {exc}", severity="error")
+            return
+        self.notify(f"{what} {model}: done")
+        self.poll()
+
+    @work(group="actions")
+    async def action_reset_breaker(self) -> None:
+        model = self.selected_model()
+        if model:
+            await self._act("reset", model)
+
+    async def _confirm(self, question: str) -> bool:
+        screen: Screen[Any] = ConfirmScreen(question)
+        return bool(await self.push_screen_wait(screen))
+
+    @work(group="actions")
+    async def action_load(self) -> None:
+        model = self.selected_model()
+        if model and await self._confirm(f"Load (or reload) {model}?"):
+            await self._act("load", model)
+
+    @work(group="actions")
+    async def action_unload(self) -> None:
+        model = self.selected_model()
+        if model and await self._confirm(f"Unload {model}? Its workers stop; requests get 503."):
+            await self._act("unload", model)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
