@@ -68,6 +68,30 @@ class Metrics:
             ["tenant", "reason"],
             registry=self.registry,
         )
+        self.queue_depth = Gauge(
+            "infergate_queue_depth",
+            "Requests waiting per model and priority class (at scrape time)",
+            ["model", "class"],
+            registry=self.registry,
+        )
+        self.device_utilization = Gauge(
+            "infergate_device_utilization_percent",
+            "Device utilisation (at scrape time)",
+            ["device"],
+            registry=self.registry,
+        )
+        self.device_memory = Gauge(
+            "infergate_device_memory_used_bytes",
+            "Device memory in use (at scrape time)",
+            ["device"],
+            registry=self.registry,
+        )
+        self.worker_memory = Gauge(
+            "infergate_worker_memory_bytes",
+            "Memory of each worker process (at scrape time)",
+            ["model", "version", "instance"],
+            registry=self.registry,
+        )
         self.worker_restarts = Counter(
             "infergate_worker_restarts",
             "Worker processes restarted after dying, hanging or being killed",

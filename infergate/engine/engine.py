@@ -19,10 +19,12 @@ from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
     CircuitOpen,
     DeadlineExceeded,
+    Forbidden,
     InfergateError,
     ModelExecutionError,
     ModelNotFound,
     ModelNotReady,
+    RateLimited,
     WorkerFailed,
 )
 from infergate.profile import Profile
@@ -134,7 +136,16 @@ class Engine:
         """Admit (tenant limits), validate, pass the breaker, schedule, and record."""
         tenants = self.context.tenants
         state = tenant or tenants.authenticate(None)
-        tenants.admit(state, request.model)
+        try:
+            tenants.admit(state, request.model)
+        except (RateLimited, Forbidden) as exc:
+            reason = (
+                "forbidden"
+                if isinstance(exc, Forbidden)
+                else ("rate" if "rate" in str(exc) else "concurrency")
+            )
+            self.context.metrics.rate_limited.labels(state.tenant.name, reason).inc()
+            raise
         try:
             return await self._infer(request, state)
         finally:

@@ -25,6 +25,7 @@ from infergate.server.infer_route import InferRoute, version_number
 from infergate.server.views import (
     model_metadata,
     model_status,
+    refresh_gauges,
     repository_index,
     stats_snapshot,
 )
@@ -140,6 +141,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        refresh_gauges(engine)
         return Response(
             generate_latest(engine.context.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )

@@ -146,3 +146,24 @@ def stats_snapshot(engine: Engine) -> dict[str, Any]:
         "throughput": context.stats.history(120),
         "events": [e.to_json() for e in context.events.recent()[-30:]],
     }
+
+
+def refresh_gauges(engine: Engine) -> None:
+    """Point-in-time gauges, set just before a scrape: queues, devices, workers."""
+    context = engine.context
+    metrics = context.metrics
+    metrics.queue_depth.clear()
+    metrics.worker_memory.clear()
+    for record in engine.models():
+        for served in record.versions.values():
+            for cls, depth in served.depth_by_class().items():
+                metrics.queue_depth.labels(served.name, cls).set(depth)
+            for i in served.instances:
+                usage = context.devices.process(i.pid) if i.pid else None
+                if usage is not None:
+                    metrics.worker_memory.labels(
+                        served.name, str(served.version), str(i.index)
+                    ).set(usage.memory_mb * 2**20)
+    for device in context.devices.devices():
+        metrics.device_utilization.labels(device.name).set(device.utilization)
+        metrics.device_memory.labels(device.name).set(device.memory_used_mb * 2**20)

@@ -1,0 +1,116 @@
+"""Prometheus metrics after real traffic, and the event stream as things happen."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import write_profile
+from tests.onnx_models import make_fails_on_demand, make_mlp
+from tests.server import ServerProcess
+from tests.test_reload import place, wait_until
+from tests.test_scheduler import metric
+
+PROFILE = """
+[server]
+file_stable_s = 0.2
+[breaker]
+window_seconds = 2
+failure_rate = 0.5
+min_requests = 4
+consecutive_windows = 2
+backoff_initial_s = 30
+"""
+
+
+@pytest.fixture
+def obs_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    models = tmp_path / "models"
+    make_mlp(models / "mlp" / "1" / "model.onnx")
+    make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
+    proc = ServerProcess(models, write_profile(tmp_path, PROFILE), tmp_path / "server.log")
+    yield proc.start()
+    proc.stop()
+
+
+class EventReader:
+    """Reads /admin/events (server-sent events) in a thread."""
+
+    def __init__(self, url: str) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.connected = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(url,), daemon=True)
+        self._thread.start()
+
+    def _read(self, url: str) -> None:
+        try:
+            with httpx.Client(timeout=None) as http, http.stream("GET", url) as response:
+                self._response = response
+                for line in response.iter_lines():
+                    self.connected.set()
+                    if line.startswith("data: "):
+                        self.events.append(orjson.loads(line[6:]))
+        except (httpx.HTTPError, RuntimeError):
+            return  # closed by the test, or the server stopped
+
+    def close(self) -> None:
+        self._response.close()
+        self._thread.join(5)
+
+    def kinds(self, model: str) -> list[str]:
+        return [e["kind"] for e in self.events if e["model"] == model]
+
+
+def fails_fast(server: ServerProcess, body: dict[str, Any]) -> bool:
+    """One request to flaky; True once its breaker answers 503."""
+    return httpx.post(f"{server.url}/v2/models/flaky/infer", json=body).status_code == 503
+
+
+def test_events_stream_a_reload_and_a_breaker_trip(obs_server: ServerProcess) -> None:
+    reader = EventReader(f"{obs_server.url}/admin/events")
+    assert reader.connected.wait(10)
+    place(obs_server.models / "mlp" / "1" / "model.onnx", lambda p: make_mlp(p, offset=1.0))
+    wait_until(lambda: "model_ready" in reader.kinds("mlp"), what="the reload event")
+    assert reader.kinds("mlp")[:2] == ["model_loading", "model_ready"]
+    bad = {"inputs": [{"name": "mode", "datatype": "INT64", "shape": [1], "data": [1]}]}
+    wait_until(lambda: fails_fast(obs_server, bad), what="the breaker to open")
+    wait_until(lambda: "breaker_open" in reader.kinds("flaky"), what="the breaker event")
+    opened = next(e for e in reader.events if e["kind"] == "breaker_open")
+    assert "failure rate" in opened["message"]
+    reader.close()
+
+
+def test_a_scrape_after_traffic(obs_server: ServerProcess) -> None:
+    ok = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    for _ in range(20):
+        assert httpx.post(f"{obs_server.url}/v2/models/mlp/infer", json=ok).status_code == 200
+    bad = {"inputs": [{"name": "mode", "datatype": "INT64", "shape": [1], "data": [1]}]}
+    wait_until(lambda: fails_fast(obs_server, bad), what="the breaker to open")
+    pid = obs_server.worker_pids("mlp")[0]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: obs_server.worker_pids("mlp") not in ([], [pid]), what="the restart")
+    m = obs_server
+    assert metric(m, "infergate_requests_total", model="mlp", tenant="default", status="200") == 20
+    assert metric(m, "infergate_requests_total", model="flaky", status="500") >= 4
+    assert metric(m, "infergate_requests_total", model="flaky", status="503") >= 1
+    assert metric(m, "infergate_queue_seconds_count", model="mlp") == 20
+    assert 0 < metric(m, "infergate_compute_seconds_sum", model="mlp") < 20
+    assert metric(m, "infergate_batch_size_count", model="mlp") >= 1
+    assert metric(m, "infergate_breaker_state", model="flaky", version="1") == 2
+    assert metric(m, "infergate_breaker_state", model="mlp") == 0
+    assert metric(m, "infergate_model_reloads_total", model="mlp", outcome="ready") == 1
+    assert metric(m, "infergate_worker_restarts_total", model="mlp") == 1
+    assert 0 <= metric(m, "infergate_device_utilization_percent") <= 100
+    assert metric(m, "infergate_device_memory_used_bytes") > 100 * 2**20
+    wait_until(
+        lambda: metric(m, "infergate_worker_memory_bytes", model="mlp") > 10 * 2**20,
+        what="the new worker's memory",
+    )
