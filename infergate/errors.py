@@ -67,6 +67,10 @@ class WorkerFailed(InfergateError):
     retry_after_s = 1.0
 
 
+class WorkerOverMemory(WorkerFailed):
+    """The worker was killed for using more than its memory limit (never retried)."""
+
+
 class Overloaded(InfergateError):
     status = 503
     retry_after_s = 1.0

@@ -94,6 +94,7 @@ def parse_model_config(path: Path) -> ModelConfig:
         breaker=_breaker(table.table("breaker")),
         memory_mb=table.integer("memory_mb", None, minimum=1),
         sha256=table.string("sha256", None),
+        tenant=table.string("tenant", "default"),
     )
     table.reject_unknown()
     return config

@@ -73,7 +73,8 @@ class ModelConfig:
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
     batching: BatchingOverrides = field(default_factory=BatchingOverrides)
     breaker: tuple[tuple[str, float], ...] = ()  # model.toml [breaker] keys over the profile's
-    memory_mb: int | None = None
+    memory_mb: int | None = None  # per instance; the worker is killed past it
+    tenant: str = "default"  # whose devices and memory quota the instances use
     sha256: str | None = None
 
 

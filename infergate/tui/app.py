@@ -18,6 +18,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Header, Label, RichLog, Sparkline, Static
 
@@ -153,6 +154,12 @@ class Dashboard(App[None]):
         except SourceError as exc:
             self._disconnected(str(exc))
             return
+        try:
+            self._connected(stats)
+        except NoMatches:
+            return  # the app is closing: nothing left to draw on
+
+    def _connected(self, stats: dict[str, Any]) -> None:
         self.connected = True
         self.stats = stats
         status = self.query_one("#status", Static)
@@ -162,7 +169,10 @@ class Dashboard(App[None]):
 
     def _disconnected(self, why: str) -> None:
         self.connected = False
-        status = self.query_one("#status", Static)
+        try:
+            status = self.query_one("#status", Static)
+        except NoMatches:
+            return  # the app is closing
         status.add_class("down")
         status.update(
             f"server unreachable ({why}); showing the last data, retrying every "

@@ -36,6 +36,7 @@ def open_runtime(
     inputs: tuple[TensorSpec, ...] = (),
     outputs: tuple[TensorSpec, ...] = (),
     threads: int | None = None,
+    memory_mb: int | None = None,
 ) -> Runtime:
     reason = unavailable_reason(runtime)
     if reason:
@@ -43,7 +44,7 @@ def open_runtime(
     if runtime == "onnx":
         from infergate.engine.runtimes.onnx import OnnxRuntime
 
-        return OnnxRuntime(path, device, threads)
+        return OnnxRuntime(path, device, threads, memory_mb)
     from infergate.engine.runtimes.torchscript import TorchScriptRuntime
 
-    return TorchScriptRuntime(path, device, inputs, outputs, threads)
+    return TorchScriptRuntime(path, device, inputs, outputs, threads, memory_mb)

@@ -36,12 +36,14 @@ def _spec(arg: Any) -> TensorSpec:
     return TensorSpec(name=arg.name, datatype=datatype, shape=shape)
 
 
-def choose_providers(device: str) -> tuple[list[Any], str]:
+def choose_providers(device: str, memory_mb: int | None = None) -> tuple[list[Any], str]:
     """Providers for `device` ("auto", "cpu", "cuda", "cuda:N") and the device actually used."""
     available = ort.get_available_providers()
     if device != "cpu" and "CUDAExecutionProvider" in available:
         index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
-        options = {"device_id": index}
+        options: dict[str, Any] = {"device_id": index}
+        if memory_mb:
+            options["gpu_mem_limit"] = memory_mb * 2**20  # the CUDA arena stops here
         providers: list[Any] = []
         if "TensorrtExecutionProvider" in available and device != "cuda-no-trt":
             providers.append(("TensorrtExecutionProvider", options))
@@ -57,7 +59,9 @@ def choose_providers(device: str) -> tuple[list[Any], str]:
 
 
 class OnnxRuntime:
-    def __init__(self, path: Path, device: str, threads: int | None = None) -> None:
+    def __init__(
+        self, path: Path, device: str, threads: int | None = None, memory_mb: int | None = None
+    ) -> None:
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
@@ -66,7 +70,7 @@ class OnnxRuntime:
         # waiting for work steal the CPU the gateway needs to feed them (about 10% of
         # throughput on two cores).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        providers, self._device = choose_providers(device)
+        providers, self._device = choose_providers(device, memory_mb)
         self._session = ort.InferenceSession(str(path), options, providers=providers)
         self._inputs = tuple(_spec(a) for a in self._session.get_inputs())
         self._outputs = tuple(_spec(a) for a in self._session.get_outputs())

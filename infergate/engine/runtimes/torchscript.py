@@ -20,6 +20,7 @@ class TorchScriptRuntime:
         inputs: tuple[TensorSpec, ...],
         outputs: tuple[TensorSpec, ...],
         threads: int | None = None,
+        memory_mb: int | None = None,
     ) -> None:
         if not inputs or not outputs:
             raise ValueError(
@@ -33,6 +34,10 @@ class TorchScriptRuntime:
         elif device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"device {device} asked for, but torch sees no CUDA device")
         self._device = device
+        if device.startswith("cuda") and memory_mb:
+            index = torch.device(device).index or 0
+            total = torch.cuda.get_device_properties(index).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, memory_mb * 2**20 / total), index)
         with warnings.catch_warnings():
             # torch 2.13 deprecates TorchScript for torch.export; TorchScript is what we serve.
             warnings.simplefilter("ignore", DeprecationWarning)

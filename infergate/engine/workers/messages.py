@@ -23,6 +23,8 @@ class WorkerSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     threads: int | None = None
+    memory_mb: int | None = None  # a cap for the runtime's allocator, where it has one
+    env: tuple[tuple[str, str], ...] = ()  # set before the runtime loads (CUDA_VISIBLE_DEVICES)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Ready:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     load_s: float
+    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES as the worker saw it
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,13 @@ def _check_declared(
 
 def _load(spec: WorkerSpec) -> Runtime:
     runtime = open_runtime(
-        spec.runtime, spec.path, spec.device, spec.inputs, spec.outputs, spec.threads
+        spec.runtime,
+        spec.path,
+        spec.device,
+        spec.inputs,
+        spec.outputs,
+        spec.threads,
+        spec.memory_mb,
     )
     _check_declared("inputs", spec.inputs, runtime.inputs)
     _check_declared("outputs", spec.outputs, runtime.outputs)
@@ -91,6 +97,7 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     # Ctrl-C in the terminal reaches the whole process group; the gateway decides when
     # workers stop, so they ignore SIGINT and drain in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(dict(spec.env))  # before any runtime initialises CUDA
     started = time.monotonic()
     try:
         runtime = _load(spec)
@@ -106,6 +113,7 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
                 runtime.inputs,
                 runtime.outputs,
                 time.monotonic() - started,
+                os.environ.get("CUDA_VISIBLE_DEVICES"),
             )
         )
     )

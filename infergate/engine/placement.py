@@ -1,0 +1,106 @@
+"""Placement: which device each worker goes on, within its tenant's devices and memory.
+
+Each instance reserves its `memory_mb` on one device and against its tenant's quota. A
+worker goes on a device its model's tenant may use, the one with the most memory left
+that fits. GPU workers see only their GPU (CUDA_VISIBLE_DEVICES); CPU workers see none.
+A load that does not fit is refused with a message naming the tenant, the need and what
+is left; nothing crashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infergate.engine.devices import DeviceBackend, DeviceUsage
+from infergate.engine.tenants import Tenant
+from infergate.errors import InfergateError
+
+
+class PlacementRefused(InfergateError):
+    status = 507
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: str  # where it is placed: "cpu", "cuda:1", "sim:0"
+    runtime_device: str  # what the worker's runtime is asked for: "cpu" or "cuda:0"
+    env: tuple[tuple[str, str], ...]
+    memory_mb: int | None
+
+
+@dataclass(frozen=True)
+class _Reservation:
+    device: str
+    tenant: str
+    memory_mb: float
+
+
+class Placer:
+    def __init__(self, backend: DeviceBackend) -> None:
+        self.backend = backend
+        self._reserved: dict[str, _Reservation] = {}
+
+    def reserved(self, tenant: str | None = None, device: str | None = None) -> float:
+        return sum(
+            r.memory_mb
+            for r in self._reserved.values()
+            if (tenant is None or r.tenant == tenant) and (device is None or r.device == device)
+        )
+
+    def release(self, key: str) -> None:
+        self._reserved.pop(key, None)
+
+    def _candidates(self, want: str, tenant: Tenant) -> list[DeviceUsage]:
+        devices = self.backend.devices()
+        allowed = [
+            d
+            for d in devices
+            if "auto" in tenant.devices
+            or d.name in tenant.devices
+            or (d.kind == "cpu" and "cpu" in tenant.devices)
+        ]
+        if want == "cpu":
+            return [d for d in allowed if d.kind == "cpu"]
+        if want != "auto":
+            return [d for d in allowed if d.name == want]
+        gpus = [d for d in allowed if d.kind == "gpu"]
+        return gpus or [d for d in allowed if d.kind == "cpu"]
+
+    def place(
+        self, key: str, model: str, tenant: Tenant, want: str, memory_mb: int | None
+    ) -> Placement:
+        if key in self._reserved:
+            self.release(key)
+        need = float(memory_mb or 0)
+        used = self.reserved(tenant=tenant.name)
+        if need and used + need > tenant.memory_mb:
+            raise PlacementRefused(
+                f"tenant {tenant.name!r} has {tenant.memory_mb - used:.0f} MB of its "
+                f"{tenant.memory_mb} MB memory quota left, and model {model!r} needs "
+                f"{need:.0f} MB per instance. Hint: raise the tenant's memory_mb, lower the "
+                "model's memory_mb, or unload another of its models"
+            )
+        candidates = self._candidates(want, tenant)
+        if not candidates:
+            raise PlacementRefused(
+                f"model {model!r} asks for device {want!r}, which tenant {tenant.name!r} may "
+                f"not use or this machine lacks (the tenant may use "
+                f"{', '.join(tenant.devices)}; {self.backend.name} backend)"
+            )
+        free = {d.name: d.memory_total_mb - self.reserved(device=d.name) for d in candidates}
+        fitting = [d for d in candidates if free[d.name] >= need]
+        if not fitting:
+            left = ", ".join(f"{name} {mb:.0f} MB" for name, mb in free.items())
+            raise PlacementRefused(
+                f"no device tenant {tenant.name!r} may use has {need:.0f} MB free for model "
+                f"{model!r} (free: {left})"
+            )
+        device = max(fitting, key=lambda d: free[d.name])
+        self._reserved[key] = _Reservation(device.name, tenant.name, need)
+        if device.kind == "gpu":
+            env = (("CUDA_VISIBLE_DEVICES", str(device.index)),)
+            runtime = "cpu" if self.backend.name == "simulated" else "cuda:0"
+        else:
+            env = (("CUDA_VISIBLE_DEVICES", ""),)
+            runtime = "cpu"
+        return Placement(device.name, runtime, env, memory_mb)
