@@ -92,6 +92,12 @@ class Metrics:
             ["model", "version", "instance"],
             registry=self.registry,
         )
+        self.worker_kills = Counter(
+            "infergate_worker_kills",
+            "Workers killed by the gateway, by reason (memory)",
+            ["model", "reason"],
+            registry=self.registry,
+        )
         self.worker_restarts = Counter(
             "infergate_worker_restarts",
             "Worker processes restarted after dying, hanging or being killed",

@@ -36,6 +36,34 @@ class ServerSettings:
 
 
 @dataclass(frozen=True)
+class DeviceSettings:
+    backend: str = "auto"  # auto (NVML when a GPU answers, else host), host, nvml, simulated
+    simulated_mb: tuple[float, ...] = (16384.0, 16384.0)  # the simulated GPUs' sizes
+    monitor_interval_s: float = 0.5
+    max_kills: int = 3
+    kill_window_s: float = 60.0
+
+
+def _devices(table: Table) -> DeviceSettings:
+    d = DeviceSettings()
+    sizes = table.array("simulated_mb", list(d.simulated_mb))
+    if not sizes or not all(isinstance(x, (int, float)) and x > 0 for x in sizes):
+        raise ConfigError(
+            f"{table.where('simulated_mb')}: expected a list of positive sizes "
+            "in MB, one per simulated GPU"
+        )
+    settings = DeviceSettings(
+        backend=table.string("backend", d.backend, choices=("auto", "host", "nvml", "simulated")),
+        simulated_mb=tuple(float(x) for x in sizes),
+        monitor_interval_s=table.number("monitor_interval_s", d.monitor_interval_s, minimum=0.01),
+        max_kills=table.integer("max_kills", d.max_kills, minimum=1),
+        kill_window_s=table.number("kill_window_s", d.kill_window_s, minimum=0.1),
+    )
+    table.reject_unknown()
+    return settings
+
+
+@dataclass(frozen=True)
 class Profile:
     source: Path | None
     server: ServerSettings = field(default_factory=ServerSettings)
@@ -44,6 +72,7 @@ class Profile:
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     breaker_models: dict[str, BreakerPolicy] = field(default_factory=dict)
     tenants: tuple[Tenant, ...] = (Tenant(DEFAULT_TENANT),)
+    devices: DeviceSettings = field(default_factory=DeviceSettings)
 
     @property
     def default_class(self) -> str:
@@ -222,6 +251,7 @@ def load_profile(path: Path | None) -> Profile:
         breaker=breaker,
         breaker_models=breaker_models,
         tenants=_tenants(root.table("tenants"), classes),
+        devices=_devices(root.table("devices")),
     )
     root.reject_unknown()
     return profile

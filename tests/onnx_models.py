@@ -151,3 +151,46 @@ def make_fails_on_demand(path: Path) -> Path:
         ],
     )
     return _save(helper.make_model(graph, opset_imports=OPSET), path)
+
+
+def make_memory_hog(path: Path) -> Path:
+    """n INT64 [1], m INT64 [1] -> y FP32 [1]: holds n floats (4n bytes) while an ONNX Loop
+    runs m times, so n sets the memory and m how long it is held."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Add", ["acc_in", "one"], ["acc_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("iter", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1]),
+        ],
+        [numpy_helper.from_array(np.array([1.0], dtype=np.float32), "one")],
+    )
+    ones = helper.make_tensor("value", TensorProto.FLOAT, [1], [1.0])
+    graph = helper.make_graph(
+        [
+            helper.make_node("ConstantOfShape", ["n"], ["big"], value=ones),
+            helper.make_node("Squeeze", ["m"], ["trip"]),
+            helper.make_node("Loop", ["trip", "cond", "zero"], ["acc"], body=body),
+            helper.make_node("ReduceSum", ["big"], ["total"], keepdims=1),
+            helper.make_node("Add", ["total", "acc"], ["y"]),
+        ],
+        "memory_hog",
+        [
+            helper.make_tensor_value_info("n", TensorProto.INT64, [1]),
+            helper.make_tensor_value_info("m", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [
+            numpy_helper.from_array(np.array(True), "cond"),
+            numpy_helper.from_array(np.array([0.0], dtype=np.float32), "zero"),
+        ],
+    )
+    return _save(helper.make_model(graph, opset_imports=OPSET), path)

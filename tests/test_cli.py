@@ -116,6 +116,8 @@ def test_doctor(tmp_path: Path) -> None:
     assert "CPUExecutionProvider" in checks["onnxruntime"]["detail"]
     assert checks["model digits"]["status"] == "ok"
     assert checks["model encoder"]["status"] == "ok"
+    assert checks["device backend"]["detail"].startswith("host")
+    assert "GiB used" in checks["device cpu"]["detail"]
     code, out = run("doctor", "--models", str(tmp_path / "missing"), "--json")
     assert code == 1
     assert "does not exist" in {c["name"]: c for c in json.loads(out)}["models"]["detail"]

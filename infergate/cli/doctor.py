@@ -87,6 +87,31 @@ def _nvml() -> Check:
     return Check("nvml", "ok", f"{count} GPU(s): {', '.join(map(str, names))}")
 
 
+def _devices() -> list[Check]:
+    from infergate.engine.devices import choose_backend
+
+    backend = choose_backend("auto", [])
+    checks = [
+        Check(
+            "device backend",
+            "ok",
+            f"{backend.name} (chosen automatically: NVML when a GPU answers, else the host)",
+        )
+    ]
+    for d in backend.devices():
+        extra = f", {d.temperature_c:.0f} C" if d.temperature_c is not None else ""
+        checks.append(
+            Check(
+                f"device {d.name}",
+                "ok",
+                f"{d.kind}, {d.memory_used_mb / 1024:.1f} of "
+                f"{d.memory_total_mb / 1024:.1f} GiB used, {d.utilization:.0f}% "
+                f"busy{extra}",
+            )
+        )
+    return checks
+
+
 def _models(models: Path) -> list[Check]:
     from infergate.engine.repository import scan_repository
     from infergate.engine.runtimes import unavailable_reason
@@ -123,7 +148,7 @@ def doctor(
     json: JsonOption = False,
 ) -> None:
     """Check Python, runtimes, GPUs and the models folder; exit 1 if something fails."""
-    checks = [_python(), _onnxruntime(), _torch(), _nvml(), *_models(models)]
+    checks = [_python(), _onnxruntime(), _torch(), _nvml(), *_devices(), *_models(models)]
     if json:
         print_json([asdict(c) for c in checks])
     else:

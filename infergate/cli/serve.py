@@ -60,6 +60,7 @@ def serve(
     import uvicorn
 
     from infergate.engine.context import EngineContext
+    from infergate.engine.devices import choose_backend
     from infergate.engine.engine import Engine, EngineSettings
     from infergate.engine.tenants import Tenants
     from infergate.engine.verify import VerifyPolicy, load_public_key
@@ -70,10 +71,23 @@ def serve(
         keys = tuple(load_public_key(k) for k in settings.trusted_keys)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
+    devices = loaded.devices
+    try:
+        backend = choose_backend(devices.backend, list(devices.simulated_mb))
+    except Exception as exc:  # the profile asked for NVML and it is not there
+        fail(
+            f'devices.backend = "nvml" but NVML does not answer: {exc}. Hint: install the '
+            'gpu extra (./install.sh on a machine where nvidia-smi works) or use "auto"',
+            EXIT_USAGE,
+        )
     context = EngineContext(
         verify=VerifyPolicy(settings.require_signed_models, keys),
         load_timeout_s=settings.load_timeout_s,
         drain_timeout_s=settings.drain_timeout_s,
+        devices=backend,
+        monitor_interval_s=devices.monitor_interval_s,
+        max_kills=devices.max_kills,
+        kill_window_s=devices.kill_window_s,
     )
     context.tenants = Tenants(
         list(loaded.tenants), settings.admin_keys, settings.allow_anonymous, context.clock

@@ -10,6 +10,7 @@ from infergate.clock import Clock, MonotonicClock
 from infergate.engine.breaker import BreakerPolicy
 from infergate.engine.devices import DeviceBackend, HostBackend
 from infergate.engine.events import EventBus
+from infergate.engine.placement import Placer
 from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.spec import ModelConfig
@@ -37,10 +38,15 @@ class EngineContext:
     breaker_models: dict[str, BreakerPolicy] = field(default_factory=dict)
     tenants: Tenants = field(default_factory=_default_tenants)
     devices: DeviceBackend = field(default_factory=HostBackend)
+    monitor_interval_s: float = 0.5
+    max_kills: int = 3  # memory kills within kill_window_s before an instance is failed
+    kill_window_s: float = 60.0
     stats: RequestStats = field(init=False)
+    placer: Placer = field(init=False)
 
     def __post_init__(self) -> None:
         self.stats = RequestStats(self.clock)
+        self.placer = Placer(self.devices)
 
     def breaker_policy(self, model: str, config: ModelConfig) -> BreakerPolicy:
         """Profile defaults, then model.toml's [breaker], then the profile's

@@ -41,6 +41,10 @@ class DeviceBackend(Protocol):
 
     def process(self, pid: int) -> ProcessUsage | None: ...
 
+    def assign(self, pid: int, device: str) -> None:
+        """A worker now runs on `device` (only the simulated backend needs telling)."""
+        ...
+
 
 class _Processes:
     """psutil handles kept per pid, so cpu_percent measures between two calls."""
@@ -85,6 +89,9 @@ class HostBackend:
         rss = self._procs.rss(pid)
         return ProcessUsage(pid, rss[0], rss[1]) if rss else None
 
+    def assign(self, pid: int, device: str) -> None:
+        pass
+
 
 class SimulatedGpuBackend:
     name = "simulated"
@@ -111,6 +118,10 @@ class SimulatedGpuBackend:
     def process(self, pid: int) -> ProcessUsage | None:
         rss = self._procs.rss(pid)
         return ProcessUsage(pid, rss[0], rss[1]) if rss else None
+
+    def assign(self, pid: int, device: str) -> None:
+        if device.startswith("sim:"):
+            self.placed[pid] = int(device.split(":")[1])
 
 
 class NvmlBackend:
@@ -165,6 +176,9 @@ class NvmlBackend:
         if rss is None:
             return None
         return ProcessUsage(pid, used if used else rss[0], rss[1])
+
+    def assign(self, pid: int, device: str) -> None:
+        pass
 
 
 def choose_backend(setting: str, simulated_mb: list[float]) -> DeviceBackend:

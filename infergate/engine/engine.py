@@ -10,6 +10,7 @@ from typing import Literal
 
 from infergate.engine.context import EngineContext
 from infergate.engine.inference import InferenceRequest, InferenceResult
+from infergate.engine.monitor import MemoryMonitor
 from infergate.engine.registry import ModelRecord, Registry
 from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.served import ServedVersion
@@ -46,11 +47,13 @@ class Engine:
         self.registry = Registry(settings.models_dir, self.context)
         self._loaded = asyncio.Event()
         self._watcher: RepositoryWatcher | None = None
+        self._monitor = MemoryMonitor(self.registry, self.context)
         self._startup: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Start loading every model and, in poll mode, watching; returns at once."""
         self._startup = asyncio.create_task(self._load_all(), name="engine:initial-load")
+        self._monitor.start()
 
     async def _load_all(self) -> None:
         if self.settings.model_control == "poll":
@@ -71,6 +74,7 @@ class Engine:
         return self._loaded.is_set()
 
     async def stop(self) -> None:
+        await self._monitor.stop()
         if self._watcher is not None:
             await self._watcher.stop()
         if self._startup is not None and not self._startup.done():

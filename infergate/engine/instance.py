@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import Literal
 
 from infergate.engine.context import EngineContext
+from infergate.engine.placement import Placement
 from infergate.engine.workers.handle import WorkerHandle, WorkerLoadError
 from infergate.engine.workers.messages import Ready, WorkerSpec
 
@@ -42,6 +44,8 @@ class Instance:
         self._backoff_max_s = backoff_max_s
         self._stable_after_s = stable_after_s
         self._stopping = False
+        self._kills: list[float] = []
+        self.placement: Placement | None = None
         self._settled = asyncio.Event()  # set once the first load ended, either way
         self._task: asyncio.Task[None] | None = None
 
@@ -52,6 +56,16 @@ class Instance:
     @property
     def pid(self) -> int | None:
         return self.handle.pid if self.handle is not None and self.handle.alive else None
+
+    def place(self, placement: Placement) -> None:
+        """Where the worker goes: its runtime device, environment and memory cap."""
+        self.placement = placement
+        self.spec = replace(
+            self.spec,
+            device=placement.runtime_device,
+            env=placement.env,
+            memory_mb=placement.memory_mb,
+        )
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._supervise(), name=f"instance:{self.spec.model}")
@@ -73,9 +87,13 @@ class Instance:
                     self._fail(f"load failed: {exc}")
                     return
                 self.reason = f"reload after a crash failed: {exc}"
+                if handle.over_memory and self._too_many_kills():
+                    return
             else:
                 ever_ready = True
                 self.state, self.reason = "ready", None
+                if self.placement is not None:
+                    self._context.devices.assign(self.ready_info.pid, self.placement.device)
                 self._settled.set()
                 up_since = self._clock.now()
                 await handle.exited
@@ -84,6 +102,8 @@ class Instance:
                 if self._clock.now() - up_since >= self._stable_after_s:
                     backoff = self._backoff_initial_s
                 self.reason = handle.death_reason
+                if handle.over_memory and self._too_many_kills():
+                    return
                 self._context.metrics.worker_restarts.labels(self.spec.model).inc()
                 self._context.events.publish(
                     "worker_restarting",
@@ -97,6 +117,41 @@ class Instance:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self._backoff_max_s)
         self.state = "stopped"
+
+    def kill_over_memory(self, used_mb: float, limit_mb: int) -> None:
+        """The monitor saw this worker past its limit: kill it (its requests get 503)."""
+        if self.handle is None or not self.handle.alive:
+            return
+        self.handle.kill_over_memory(
+            f"it used {used_mb:.0f} MB, over its memory limit of {limit_mb} MB "
+            "(memory_mb in model.toml)"
+        )
+        self._context.metrics.worker_kills.labels(self.spec.model, "memory").inc()
+        self._context.events.publish(
+            "worker_killed",
+            self.spec.model,
+            f"instance {self.index} used {used_mb:.0f} MB, over its limit of {limit_mb} MB",
+            self.spec.version,
+            instance=self.index,
+        )
+
+    def _too_many_kills(self) -> bool:
+        """After repeated memory kills in a window, stop restarting and say why."""
+        now = self._clock.now()
+        self._kills = [t for t in self._kills if now - t < self._context.kill_window_s]
+        self._kills.append(now)
+        if len(self._kills) < self._context.max_kills:
+            return False
+        self._fail(
+            f"killed {len(self._kills)} times within {self._context.kill_window_s:.0f} s for "
+            f"using more than its memory limit ({self.reason}); not restarted. Hint: raise "
+            f"memory_mb in model.toml or fix the model, then infergate model load "
+            f"{self.spec.model}"
+        )
+        self._context.events.publish(
+            "model_load_failed", self.spec.model, self.reason or "", self.spec.version
+        )
+        return True
 
     def _fail(self, reason: str) -> None:
         self.state, self.reason = "failed", reason

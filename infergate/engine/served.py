@@ -7,6 +7,7 @@ import asyncio
 from infergate.engine.breaker import Breaker
 from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
+from infergate.engine.placement import PlacementRefused
 from infergate.engine.runtimes import unavailable_reason
 from infergate.engine.scheduling.batching import has_batch_dimension
 from infergate.engine.scheduling.classes import PriorityClass
@@ -20,6 +21,7 @@ from infergate.engine.spec import (
     ModelVersionFile,
     TensorSpec,
 )
+from infergate.engine.tenants import DEFAULT_TENANT, Tenant
 from infergate.engine.workers.messages import WorkerSpec
 from infergate.errors import ModelNotReady
 from infergate.tensors import Array
@@ -56,6 +58,7 @@ class ServedVersion:
         self.config: ModelConfig = entry.config
         self.platform = PLATFORMS[file.runtime]
         self.unavailable = unavailable_reason(file.runtime)
+        self.refused: str | None = None  # placement said no: the reason
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -96,17 +99,58 @@ class ServedVersion:
         return self.file == file and self.sha256 == sha256 and self.config == config
 
     def start(self) -> None:
-        if self.unavailable is None:
+        if self.unavailable is not None:
+            return
+        try:
+            self._place()
+        except PlacementRefused as exc:
+            self.refused = str(exc)
+            return
+        for instance in self.instances:
+            instance.start()
+
+    def _key(self, instance: Instance) -> str:
+        return f"{self.name}:{self.version}:{self.sha256[:12]}:{instance.index}"
+
+    def _place(self) -> None:
+        """Reserve a device for every instance, or none of them."""
+        context = self._context
+        try:
+            tenant = context.tenants.get(self.config.tenant).tenant
+        except KeyError:
+            if self.config.tenant == DEFAULT_TENANT:  # a profile with named tenants only
+                tenant = Tenant(DEFAULT_TENANT)
+            else:
+                raise PlacementRefused(
+                    f"model.toml names tenant {self.config.tenant!r}, which the profile "
+                    "does not define"
+                ) from None
+        placed = []
+        try:
             for instance in self.instances:
-                instance.start()
+                placement = context.placer.place(
+                    self._key(instance),
+                    self.name,
+                    tenant,
+                    self.config.device,
+                    self.config.memory_mb,
+                )
+                placed.append(instance)
+                instance.place(placement)
+        except PlacementRefused:
+            for instance in placed:
+                context.placer.release(self._key(instance))
+            raise
 
     async def wait_settled(self) -> None:
-        if self.unavailable is None:
+        if self.unavailable is None and self.refused is None:
             await asyncio.gather(*(i.wait_settled() for i in self.instances))
 
     async def stop(self) -> None:
         await self.scheduler.stop()
         await asyncio.gather(*(i.stop() for i in self.instances))
+        for instance in self.instances:
+            self._context.placer.release(self._key(instance))
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait for in-flight requests to finish (True), or the timeout (False)."""
@@ -120,6 +164,8 @@ class ServedVersion:
     def state(self) -> str:
         if self.unavailable is not None:
             return "unavailable"
+        if self.refused is not None:
+            return "failed"
         states = {
             i.state if i.state != "ready" or i.ready else "restarting" for i in self.instances
         }
@@ -133,6 +179,8 @@ class ServedVersion:
     def reason(self) -> str | None:
         if self.unavailable is not None:
             return self.unavailable
+        if self.refused is not None:
+            return self.refused
         reasons = [i.reason for i in self.instances if i.reason]
         return reasons[0] if reasons else None
 

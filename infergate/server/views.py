@@ -37,6 +37,9 @@ def version_status(served: ServedVersion) -> dict[str, Any]:
                 "pid": i.pid,
                 "restarts": i.restarts,
                 "device": i.ready_info.device if i.ready_info else None,
+                "placed_on": i.placement.device if i.placement else None,
+                "memory_limit_mb": i.placement.memory_mb if i.placement else None,
+                "visible_devices": i.ready_info.visible_devices if i.ready_info else None,
                 "reason": i.reason,
             }
             for i in served.instances
@@ -106,8 +109,9 @@ def stats_snapshot(engine: Engine) -> dict[str, Any]:
                         "pid": i.pid,
                         "state": i.state,
                         "restarts": i.restarts,
-                        "device": i.ready_info.device if i.ready_info else None,
+                        "device": i.placement.device if i.placement else None,
                         "memory_mb": round(usage.memory_mb, 1) if usage else None,
+                        "memory_limit_mb": i.placement.memory_mb if i.placement else None,
                         "cpu_percent": usage.cpu_percent if usage else None,
                     }
                 )
@@ -139,6 +143,7 @@ def stats_snapshot(engine: Engine) -> dict[str, Any]:
         for s in context.tenants.states()
     ]
     return {
+        "backend": context.devices.name,
         "devices": [asdict(d) for d in context.devices.devices()],
         "workers": workers,
         "models": models,

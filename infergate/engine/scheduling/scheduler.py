@@ -30,6 +30,7 @@ from infergate.errors import (
     ModelExecutionError,
     Overloaded,
     WorkerFailed,
+    WorkerOverMemory,
 )
 from infergate.metrics import Metrics
 from infergate.tensors import Array
@@ -295,7 +296,10 @@ class Scheduler:
     def _retry_or_fail(self, jobs: list[Job[_Work]], failed: Instance, exc: WorkerFailed) -> None:
         """Inference is idempotent: work on a worker that died gets one more try, on a
         sibling, when one is ready."""
-        sibling_ready = any(i.ready for i in self._instances if i is not failed)
+        # A worker killed for its memory would take the sibling down the same way.
+        sibling_ready = not isinstance(exc, WorkerOverMemory) and any(
+            i.ready for i in self._instances if i is not failed
+        )
         for job in jobs:
             if sibling_ready and not job.payload.retried:
                 job.payload.retried = True

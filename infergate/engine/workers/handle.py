@@ -26,7 +26,12 @@ from infergate.engine.workers.messages import (
 )
 from infergate.engine.workers.shm import OwnedArena, layout_size, read_tensor, write_tensors
 from infergate.engine.workers.worker import worker_main
-from infergate.errors import DeadlineExceeded, ModelExecutionError, WorkerFailed
+from infergate.errors import (
+    DeadlineExceeded,
+    ModelExecutionError,
+    WorkerFailed,
+    WorkerOverMemory,
+)
 from infergate.tensors import Array, from_wire
 
 _SPAWN = multiprocessing.get_context("spawn")
@@ -52,6 +57,7 @@ class WorkerHandle:
         self._conn: Connection
         self._process: BaseProcess
         self.death_reason = "the worker exited"
+        self.over_memory = False
 
     @property
     def pid(self) -> int | None:
@@ -114,7 +120,8 @@ class WorkerHandle:
             self.death_reason = f"worker pid {self.pid} {how}"
         if not self._ready.done():
             self._ready.set_exception(WorkerLoadError(self.death_reason))
-        error = WorkerFailed(
+        failure = WorkerOverMemory if self.over_memory else WorkerFailed
+        error = failure(
             f"model {self.spec.model!r} version {self.spec.version}: {self.death_reason} "
             "while running this request; it is being restarted. Hint: retry shortly"
         )
@@ -125,6 +132,10 @@ class WorkerHandle:
         self._in.close()
         self._out.close()
         self.exited.set_result(None)
+
+    def kill_over_memory(self, why: str) -> None:
+        self.over_memory = True
+        self.kill(why)
 
     def kill(self, why: str) -> None:
         """SIGKILL the worker; its futures fail when the pipe reports EOF."""

@@ -1,0 +1,194 @@
+"""Device isolation: placement within tenants' devices and quotas (pure, on the simulated
+backend), and on real processes: a worker that outgrows its memory is killed and restarted
+while everything else serves, repeated kills fail the model, a full quota refuses a load,
+and simulated GPUs get workers placed with the right environment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infergate.engine.devices import SimulatedGpuBackend
+from infergate.engine.placement import PlacementRefused, Placer
+from infergate.engine.tenants import Tenant
+from tests.conftest import write_profile
+from tests.onnx_models import make_memory_hog, make_mlp
+from tests.server import ServerProcess
+from tests.test_reload import wait_until
+
+
+def test_placement_picks_the_most_free_device_the_tenant_may_use() -> None:
+    placer = Placer(SimulatedGpuBackend([2000, 1000]))
+    anyone = Tenant("a", memory_mb=10_000)
+    first = placer.place("m:1:0", "m", anyone, "auto", 600)
+    assert first.device == "sim:0"
+    assert dict(first.env) == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert first.runtime_device == "cpu"  # simulated: the worker really runs on the CPU
+    assert placer.place("m:1:1", "m", anyone, "auto", 600).device == "sim:0"  # 1400 > 1000
+    assert placer.place("m:1:2", "m", anyone, "auto", 600).device == "sim:1"  # 800 < 1000
+    only_one = Tenant("b", devices=("sim:1",), memory_mb=10_000)
+    assert placer.place("n:1:0", "n", only_one, "auto", 300).device == "sim:1"
+    with pytest.raises(PlacementRefused, match=r"no device tenant 'b' may use has 500 MB free"):
+        placer.place("n:1:1", "n", only_one, "auto", 500)
+    cpu = placer.place("c:1:0", "c", anyone, "cpu", None)
+    assert cpu.device == "cpu"
+    assert dict(cpu.env) == {"CUDA_VISIBLE_DEVICES": ""}
+    placer.release("m:1:0")
+    assert placer.reserved(device="sim:0") == 600
+
+
+def test_a_full_tenant_quota_refuses_with_the_numbers() -> None:
+    placer = Placer(SimulatedGpuBackend([8000]))
+    team = Tenant("team", memory_mb=1000)
+    placer.place("a:1:0", "a", team, "auto", 700)
+    with pytest.raises(PlacementRefused) as refused:
+        placer.place("b:1:0", "b", team, "auto", 500)
+    message = str(refused.value)
+    assert "tenant 'team' has 300 MB of its 1000 MB memory quota left" in message
+    assert "model 'b' needs 500 MB" in message
+
+
+HOG_PROFILE = """
+[devices]
+monitor_interval_s = 0.1
+max_kills = 2
+kill_window_s = 60
+"""
+
+
+@pytest.fixture
+def hog_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    models = tmp_path / "models"
+    make_memory_hog(models / "hog" / "1" / "model.onnx")
+    (models / "hog" / "model.toml").write_text("memory_mb = 300\n")
+    make_mlp(models / "mlp" / "1" / "model.onnx")
+    proc = ServerProcess(models, write_profile(tmp_path, HOG_PROFILE), tmp_path / "server.log")
+    yield proc.start()
+    proc.stop()
+
+
+def hog(n: int, m: int) -> dict[str, Any]:
+    return {
+        "inputs": [
+            {"name": "n", "datatype": "INT64", "shape": [1], "data": [n]},
+            {"name": "m", "datatype": "INT64", "shape": [1], "data": [m]},
+        ]
+    }
+
+
+def mlp_ok(server: ServerProcess) -> bool:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    return httpx.post(f"{server.url}/v2/models/mlp/infer", json=body).status_code == 200
+
+
+def test_a_worker_over_its_memory_is_killed_and_restarted(hog_server: ServerProcess) -> None:
+    url = f"{hog_server.url}/v2/models/hog/infer"
+    assert httpx.post(url, json=hog(1000, 10)).status_code == 200  # small: fine
+    old = hog_server.worker_pids("hog")
+    response = httpx.post(url, json=hog(100_000_000, 2_000_000), timeout=60)  # 400 MB
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert "over its memory limit of 300 MB" in error
+    assert "it used" in error
+    assert mlp_ok(hog_server)  # the gateway and the other model kept serving
+    model = hog_server.wait_model_state("hog", "ready")
+    instance = model["versions"][0]["instances"][0]
+    assert instance["restarts"] == 1
+    assert instance["memory_limit_mb"] == 300
+    assert [instance["pid"]] != old
+    assert httpx.post(url, json=hog(1000, 10)).status_code == 200
+    # A second kill within the window: the model is failed, with the reason, not looped.
+    assert httpx.post(url, json=hog(100_000_000, 2_000_000), timeout=60).status_code == 503
+    failed = hog_server.wait_model_state("hog", "failed")
+    assert "killed 2 times within 60 s" in failed["reason"]
+    assert mlp_ok(hog_server)
+
+
+QUOTA_PROFILE = """
+[tenants.default]
+memory_mb = 1000
+rps = 100000
+burst = 100000
+"""
+
+
+def test_a_load_past_the_tenant_quota_is_refused(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    for name in ("a", "b"):
+        make_mlp(models / name / "1" / "model.onnx")
+        (models / name / "model.toml").write_text("memory_mb = 600\n")
+    server = ServerProcess(
+        models, write_profile(tmp_path, QUOTA_PROFILE), tmp_path / "server.log"
+    ).start()
+    try:
+        states = {m: server.model(m) for m in ("a", "b")}
+        assert sorted(s["state"] for s in states.values()) == ["failed", "ready"]
+        refused = next(s for s in states.values() if s["state"] == "failed")
+        assert "tenant 'default' has 400 MB of its 1000 MB memory quota left" in refused["reason"]
+        load = httpx.post(f"{server.url}/v2/repository/models/{refused['name']}/load")
+        assert load.status_code == 400
+        assert "memory quota" in load.json()["error"]
+        ready = next(s for s in states.values() if s["state"] == "ready")
+        assert (
+            httpx.post(f"{server.url}/v2/repository/models/{ready['name']}/unload").status_code
+            == 200
+        )
+        assert (
+            httpx.post(f"{server.url}/v2/repository/models/{refused['name']}/load").status_code
+            == 200
+        )  # the quota freed up
+    finally:
+        server.stop()
+
+
+SIM_PROFILE = """
+[devices]
+backend = "simulated"
+simulated_mb = [2000, 1000]
+monitor_interval_s = 0.1
+max_kills = 2
+[tenants.default]
+rps = 100000
+burst = 100000
+[tenants.teamb]
+devices = ["sim:1"]
+"""
+
+
+def test_simulated_gpus_placement_environment_and_kills(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    for name, toml in (
+        ("big", "memory_mb = 900\ninstances = 2\n"),
+        ("small", 'memory_mb = 400\ntenant = "teamb"\n'),
+        ("tight", "memory_mb = 20\n"),
+    ):  # less than any worker's RSS
+        make_mlp(models / name / "1" / "model.onnx")
+        (models / name / "model.toml").write_text(toml)
+    server = ServerProcess(
+        models, write_profile(tmp_path, SIM_PROFILE), tmp_path / "server.log"
+    ).start()
+    try:
+        big = server.model("big")["versions"][0]["instances"]
+        assert [i["placed_on"] for i in big] == ["sim:0", "sim:0"]
+        assert [i["visible_devices"] for i in big] == ["0", "0"]
+        small = server.model("small")["versions"][0]["instances"][0]
+        assert small["placed_on"] == "sim:1"
+        assert small["visible_devices"] == "1"
+        failed = server.wait_model_state("tight", "failed", timeout_s=60)
+        assert "over its memory limit of 20 MB" in failed["reason"]
+        stats = httpx.get(f"{server.url}/admin/stats").json()
+        assert stats["backend"] == "simulated"
+        devices = {d["name"]: d for d in stats["devices"]}
+        wait_until(
+            lambda: (
+                httpx.get(f"{server.url}/admin/stats").json()["devices"][0]["memory_used_mb"] > 50
+            ),
+            what="sim:0 to show its workers' memory",
+        )
+        assert devices["sim:1"]["memory_total_mb"] == 1000
+    finally:
+        server.stop()
