@@ -76,7 +76,10 @@ def main() -> None:
     (models / "tiny_unbatched" / "model.toml").write_text("[batching]\nmax_batch_size = 0\n")
     profile = work / "profile.toml"
     # Requests wait for a batch, so give them a class whose queue deadline allows it.
-    profile.write_text('[server]\n[tenants.default]\nclass = "batch"\n')
+    profile.write_text(
+        '[tenants.default]\nclass = "batch"\nrps = 1000000\nburst = 1000000\n'
+        "max_concurrency = 10000\n"
+    )
 
     best_batch, limit, sweep = in_process_best(big, sizes[0], [1, 8, 16, 32, 64], seconds / 2)
     server = ServerProcess(models, profile, work / "server.log").start()

@@ -130,7 +130,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="infergate-bench-"))
     model = make_mlp(work / "models" / "mlp" / "1" / "model.onnx", sizes=(64, 128, 10))
     profile = work / "profile.toml"
-    profile.write_text("[server]\n")
+    # The benchmark measures serving, not the default tenant's rate limit.
+    profile.write_text(
+        "[tenants.default]\nrps = 1000000\nburst = 1000000\nmax_concurrency = 10000\n"
+    )
     x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
 
     options = ort.SessionOptions()

@@ -86,9 +86,9 @@ def make_echo(path: Path) -> Path:
     return _save(helper.make_model(graph, opset_imports=OPSET), path)
 
 
-def make_loop(path: Path) -> Path:
-    """n INT64 [1] -> y FP32 [1]: adds 1.0 n times in an ONNX Loop, so n sets the latency."""
-    body = helper.make_graph(
+def _counting_body() -> onnx.GraphProto:
+    """A Loop body that adds 1.0 to its carried value each iteration."""
+    return helper.make_graph(
         [
             helper.make_node("Identity", ["cond_in"], ["cond_out"]),
             helper.make_node("Add", ["acc_in", "one"], ["acc_out"]),
@@ -105,6 +105,11 @@ def make_loop(path: Path) -> Path:
         ],
         [numpy_helper.from_array(np.array([1.0], dtype=np.float32), "one")],
     )
+
+
+def make_loop(path: Path) -> Path:
+    """n INT64 [1] -> y FP32 [1]: adds 1.0 n times in an ONNX Loop, so n sets the latency."""
+    body = _counting_body()
     graph = helper.make_graph(
         [
             helper.make_node("Squeeze", ["n"], ["trip"]),
@@ -156,23 +161,7 @@ def make_fails_on_demand(path: Path) -> Path:
 def make_memory_hog(path: Path) -> Path:
     """n INT64 [1], m INT64 [1] -> y FP32 [1]: holds n floats (4n bytes) while an ONNX Loop
     runs m times, so n sets the memory and m how long it is held."""
-    body = helper.make_graph(
-        [
-            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-            helper.make_node("Add", ["acc_in", "one"], ["acc_out"]),
-        ],
-        "body",
-        [
-            helper.make_tensor_value_info("iter", TensorProto.INT64, []),
-            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1]),
-        ],
-        [
-            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1]),
-        ],
-        [numpy_helper.from_array(np.array([1.0], dtype=np.float32), "one")],
-    )
+    body = _counting_body()
     ones = helper.make_tensor("value", TensorProto.FLOAT, [1], [1.0])
     graph = helper.make_graph(
         [

@@ -22,6 +22,7 @@ class Request:
     rows: int
     key: int
     patience: float
+    pin: int | None
 
 
 requests = st.lists(
@@ -33,6 +34,7 @@ requests = st.lists(
         rows=st.integers(1, 6),
         key=st.integers(0, 1),
         patience=st.floats(0.0, 0.05),
+        pin=st.sampled_from([None, None, 0, 1]),
     ),
     max_size=60,
 )
@@ -81,7 +83,8 @@ def test_queue_promises(
             record(job, "expired")
         while arrivals and arrivals[0].at <= now:
             r = arrivals.pop(0)
-            job = Job(r.id, r.cls, now, now + r.patience, r.rows, r.key)  # arrives now
+            pin = None if r.pin is None else r.pin % instances
+            job = Job(r.id, r.cls, now, now + r.patience, r.rows, r.key, pin)  # arrives now
             jobs[r.id] = job
             try:
                 for victim in queue.admit([job]):
@@ -93,21 +96,22 @@ def test_queue_promises(
         for i in range(instances):
             if busy_until[i] > now:
                 continue
-            before = queue.waiting()
-            taken = queue.take(now, may_wait=patient)
+            before = [j for j in queue.waiting() if j.pin in (None, i)]
+            taken = queue.take(now, may_wait=patient, instance=i)
             if taken is None:
-                break
+                continue
             if isinstance(taken, float):
                 assert patient
                 assert now < taken <= before[0].arrival + delay + 1e-12
-                wake = taken
-                break
+                wake = taken if wake is None else min(wake, taken)
+                continue
             head = taken[0]
             assert head is before[0]  # the most urgent waiting job goes first
             assert all(j.order() >= head.order() for j in before)
             assert sum(j.rows for j in taken) <= max(max_batch, head.rows)
             assert len({j.key for j in taken}) == 1
             for job in taken:
+                assert job.pin in (None, i), "ran on an instance it was not pinned to"
                 assert job.deadline >= now, "started after its deadline"
                 started[job.payload] = now
                 record(job, "ran")

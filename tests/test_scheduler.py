@@ -40,6 +40,8 @@ def sched_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     models = root / "models"
     make_mlp(models / "mlp" / "1" / "model.onnx")
     make_loop(models / "loop" / "1" / "model.onnx")
+    make_mlp(models / "multi" / "1" / "model.onnx")
+    (models / "multi" / "model.toml").write_text("instances = 3\n")
     (models / "loop" / "model.toml").write_text(
         "timeout_ms = 20000\n[batching]\nmax_queue_size = 2\n"
     )
@@ -219,3 +221,23 @@ def test_realtime_meets_its_deadline_under_a_batch_flood(sched_server: ServerPro
     assert len(flood_codes) > 10
     assert flood_codes.count(200) > 10
     assert sorted(latencies)[int(0.99 * len(latencies))] < 0.5
+
+
+def test_a_session_sticks_to_one_instance(sched_server: ServerProcess) -> None:
+    def batches() -> list[int]:
+        model = sched_server.model("multi")
+        return [i["batches"] for i in model["versions"][0]["instances"]]
+
+    x = np.ones((1, 4), np.float32)
+    used = set()
+    for session in ("alice", "bob", "carol", "dave", "erin"):
+        before = batches()
+        body = mlp_body(x)
+        body["parameters"] = {"session": session}
+        for _ in range(6):
+            response = httpx.post(f"{sched_server.url}/v2/models/multi/infer", json=body)
+            assert response.status_code == 200
+        grew = [b - a for a, b in zip(before, batches(), strict=True)]
+        assert sorted(grew) == [0, 0, 6], (session, grew)  # all six on one instance
+        used.add(grew.index(6))
+    assert len(used) > 1  # and the sessions spread over the instances

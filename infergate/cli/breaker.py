@@ -11,25 +11,15 @@ from infergate.cli.common import (
     JsonOption,
     TokenOption,
     UrlOption,
-    client,
     console,
-    fail_client,
     print_json,
+    request,
 )
 from infergate.cli.settings import parse_settings
-from infergate.client import ClientError
+from infergate.engine.breaker import TUNABLE
 
 app = typer.Typer(help="List, tune and reset circuit breakers.", no_args_is_help=True)
-FIELDS = {
-    "window_seconds",
-    "failure_rate",
-    "latency_p99_ms",
-    "consecutive_windows",
-    "min_requests",
-    "backoff_initial_s",
-    "backoff_max_s",
-    "probes",
-}
+FIELDS = set(TUNABLE)
 STYLE = {"closed": "green", "half_open": "yellow", "open": "red"}
 
 
@@ -38,11 +28,7 @@ def list_breakers(
     url: UrlOption = None, token: TokenOption = None, json: JsonOption = False
 ) -> None:
     """Each model version's breaker: state, why, and what its window holds."""
-    try:
-        with client(url, token) as c:
-            rows = c.breakers()
-    except ClientError as exc:
-        fail_client(exc, json)
+    rows = request(url, token, json, lambda c: c.breakers())
     if json:
         print_json(rows)
         return
@@ -81,11 +67,7 @@ def set_(
 ) -> None:
     """Tune a model's breaker; applies at once and persists in the profile."""
     values = parse_settings(settings, FIELDS)
-    try:
-        with client(url, token) as c:
-            doc = c.set_breaker(model, values)
-    except ClientError as exc:
-        fail_client(exc, json)
+    doc = request(url, token, json, lambda c: c.set_breaker(model, values))
     if json:
         print_json(doc)
     else:
@@ -100,11 +82,7 @@ def reset(
     json: JsonOption = False,
 ) -> None:
     """Close a model's breakers now."""
-    try:
-        with client(url, token) as c:
-            c.reset_breaker(model)
-    except ClientError as exc:
-        fail_client(exc, json)
+    request(url, token, json, lambda c: c.reset_breaker(model))
     if json:
         print_json({"reset": model})
     else:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, NoReturn
+from collections.abc import Callable
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import orjson
 import typer
@@ -27,6 +28,7 @@ TokenOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts")]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+T = TypeVar("T")
 
 
 def client(url: str | None, token: str | None) -> Client:
@@ -64,3 +66,12 @@ STATE_STYLES = {
 
 def styled_state(state: str) -> str:
     return f"[{STATE_STYLES.get(state, 'white')}]{state}[/]"
+
+
+def request(url: str | None, token: str | None, as_json: bool, call: Callable[[Client], T]) -> T:
+    """Run `call` on a client; a server's error becomes one clear line and exit 1."""
+    try:
+        with client(url, token) as c:
+            return call(c)
+    except ClientError as exc:
+        fail_client(exc, as_json)

@@ -14,14 +14,13 @@ from infergate.cli.common import (
     JsonOption,
     TokenOption,
     UrlOption,
-    client,
     console,
     fail,
-    fail_client,
     print_json,
+    request,
     styled_state,
 )
-from infergate.client import ClientError
+from infergate.client import Client
 
 app = typer.Typer(help="List, inspect, load, unload and sign models.", no_args_is_help=True)
 
@@ -34,11 +33,7 @@ def _instances(version: dict[str, Any]) -> str:
 @app.command("list")
 def list_models(url: UrlOption = None, token: TokenOption = None, json: JsonOption = False) -> None:
     """List every model in the repository with its versions and state."""
-    try:
-        with client(url, token) as c:
-            models = c.models()
-    except ClientError as exc:
-        fail_client(exc, json)
+    models = request(url, token, json, lambda c: c.models())
     if json:
         print_json(models)
         return
@@ -69,11 +64,7 @@ def status(
     json: JsonOption = False,
 ) -> None:
     """One model in detail: versions, instances with their PIDs and devices, tensors."""
-    try:
-        with client(url, token) as c:
-            model = c.model(name)
-    except ClientError as exc:
-        fail_client(exc, json)
+    model = request(url, token, json, lambda c: c.model(name))
     if json:
         print_json(model)
         return
@@ -120,15 +111,14 @@ def status(
 def _repository_call(
     action: str, name: str, url: str | None, token: str | None, json: bool
 ) -> None:
-    try:
-        with client(url, token) as c:
-            if action == "unload":
-                c.unload_model(name)
-            else:
-                c.load_model(name)
-            model = c.model(name)
-    except ClientError as exc:
-        fail_client(exc, json)
+    def call(c: Client) -> dict[str, Any]:
+        if action == "unload":
+            c.unload_model(name)
+        else:
+            c.load_model(name)
+        return c.model(name)
+
+    model = request(url, token, json, call)
     if json:
         print_json(model)
         return

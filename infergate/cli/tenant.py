@@ -11,19 +11,18 @@ from infergate.cli.common import (
     JsonOption,
     TokenOption,
     UrlOption,
-    client,
     console,
     err_console,
-    fail_client,
     print_json,
+    request,
 )
 from infergate.cli.settings import parse_settings
-from infergate.client import ClientError
+from infergate.engine.tenants import SETTABLE
 
 app = typer.Typer(
     help="List, add, change and remove tenants (persisted in the profile).", no_args_is_help=True
 )
-FIELDS = {"class", "rps", "burst", "max_concurrency", "models", "devices", "memory_mb"}
+FIELDS = set(SETTABLE)
 SettingsArgument = Annotated[
     list[str] | None,
     typer.Argument(
@@ -38,11 +37,7 @@ def list_tenants(
     url: UrlOption = None, token: TokenOption = None, json: JsonOption = False
 ) -> None:
     """Tenants with their limits and what they are using now."""
-    try:
-        with client(url, token) as c:
-            doc = c.tenants()
-    except ClientError as exc:
-        fail_client(exc, json)
+    doc = request(url, token, json, lambda c: c.tenants())
     if json:
         print_json(doc)
         return
@@ -90,11 +85,7 @@ def add(
 ) -> None:
     """Add a tenant and print its API key (shown this once; only its hash is stored)."""
     values = parse_settings(settings or [], FIELDS)
-    try:
-        with client(url, token) as c:
-            doc = c.add_tenant(name, values)
-    except ClientError as exc:
-        fail_client(exc, json)
+    doc = request(url, token, json, lambda c: c.add_tenant(name, values))
     if json:
         print_json(doc)
         return
@@ -114,11 +105,7 @@ def set_(
     values = parse_settings(settings or [], FIELDS)
     if not values:
         raise typer.BadParameter("give at least one KEY=VALUE")
-    try:
-        with client(url, token) as c:
-            doc = c.set_tenant(name, values)
-    except ClientError as exc:
-        fail_client(exc, json)
+    doc = request(url, token, json, lambda c: c.set_tenant(name, values))
     if json:
         print_json(doc)
         return
@@ -133,11 +120,7 @@ def remove(
     json: JsonOption = False,
 ) -> None:
     """Remove a tenant; its keys stop working at once."""
-    try:
-        with client(url, token) as c:
-            c.remove_tenant(name)
-    except ClientError as exc:
-        fail_client(exc, json)
+    request(url, token, json, lambda c: c.remove_tenant(name))
     if json:
         print_json({"removed": name})
     else:

@@ -39,6 +39,20 @@ class BreakerPolicy:
     buckets: int = 10
 
 
+# The settings an operator may tune (model.toml [breaker], the profile, the admin API),
+# with their types; `buckets` is an implementation detail and stays out.
+TUNABLE: dict[str, type] = {
+    "window_seconds": float,
+    "failure_rate": float,
+    "latency_p99_ms": float,
+    "consecutive_windows": int,
+    "min_requests": int,
+    "backoff_initial_s": float,
+    "backoff_max_s": float,
+    "probes": int,
+}
+
+
 @dataclass
 class _Bucket:
     start: float

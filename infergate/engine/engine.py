@@ -180,7 +180,7 @@ class Engine:
         started = self.context.clock.now()
         try:
             result, timing = await served.infer(
-                request.inputs, outputs, cls, queue_deadline, timeout
+                request.inputs, outputs, cls, queue_deadline, timeout, request.session
             )
         except (ModelExecutionError, WorkerFailed, DeadlineExceeded):
             served.breaker.record(admission, False, self.context.clock.now() - started)

@@ -17,6 +17,7 @@ class InferenceRequest:
     outputs: tuple[str, ...] | None = None  # None: every output
     timeout_s: float | None = None  # the client's own deadline, if it gave one
     priority: Any = None  # V2 parameters.priority: a class name, or tritonclient's integer
+    session: str | None = None  # V2 parameters.session: keep these on one instance
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class Instance:
         self.state: InstanceState = "loading"
         self.reason: str | None = None
         self.restarts = 0
+        self.batches = 0  # batches run, for the dashboard and for affinity checks
         self.handle: WorkerHandle | None = None
         self.ready_info: Ready | None = None
         self._context = context

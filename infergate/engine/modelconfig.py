@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infergate.engine.breaker import TUNABLE
 from infergate.engine.spec import (
     BatchingOverrides,
     ModelConfig,
@@ -52,21 +53,9 @@ def _batching(table: Table) -> BatchingOverrides:
     return overrides
 
 
-_BREAKER_KEYS = {
-    "window_seconds": float,
-    "failure_rate": float,
-    "latency_p99_ms": float,
-    "consecutive_windows": int,
-    "min_requests": int,
-    "backoff_initial_s": float,
-    "backoff_max_s": float,
-    "probes": int,
-}
-
-
 def _breaker(table: Table) -> tuple[tuple[str, float], ...]:
     out = []
-    for key, kind in _BREAKER_KEYS.items():
+    for key, kind in TUNABLE.items():
         value = (
             table.integer(key, None, minimum=1)
             if kind is int

@@ -220,6 +220,7 @@ class ServedVersion:
         cls: PriorityClass,
         queue_deadline_s: float,
         timeout_s: float,
+        session: str | None = None,
     ) -> tuple[dict[str, Array], Timing]:
         # Counted from the same loop step that chose this version, so a drain never
         # misses a request that is about to start.
@@ -227,7 +228,7 @@ class ServedVersion:
         self._idle.clear()
         try:
             return await self.scheduler.submit(
-                inputs, outputs, cls, queue_deadline_s, timeout_s, self.batchable
+                inputs, outputs, cls, queue_deadline_s, timeout_s, self.batchable, session
             )
         finally:
             self.in_flight -= 1

@@ -71,11 +71,18 @@ class RequestStats:
         self._keep_s = keep_s
         self._total = _Series(keep_s)
         self._models: dict[str, _Series] = {}
+        self._tenants: dict[str, _Series] = {}
 
-    def record(self, model: str, ok: bool, latency_s: float) -> None:
+    def record(self, model: str, ok: bool, latency_s: float, tenant: str | None = None) -> None:
         at = int(self._clock.now())
         self._total.add(at, ok, latency_s)
         self._models.setdefault(model, _Series(self._keep_s)).add(at, ok, latency_s)
+        if tenant is not None:
+            self._tenants.setdefault(tenant, _Series(self._keep_s)).add(at, ok, latency_s)
+
+    def tenant_rps(self, name: str, span_s: int = 10) -> float:
+        series = self._tenants.get(name)
+        return series.summary(int(self._clock.now()), span_s)["rps"] if series else 0.0
 
     def model(self, name: str, span_s: int = 10) -> dict[str, float]:
         series = self._models.get(name)

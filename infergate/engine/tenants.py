@@ -17,6 +17,8 @@ from infergate.engine.limits import ConcurrencyLimit, TokenBucket
 from infergate.errors import Forbidden, RateLimited, Unauthorized
 
 DEFAULT_TENANT = "default"
+# What an operator may set on a tenant through the admin API and CLI (keys stay separate).
+SETTABLE = ("class", "rps", "burst", "max_concurrency", "models", "devices", "memory_mb")
 
 
 def hash_key(key: str) -> str:

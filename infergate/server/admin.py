@@ -10,23 +10,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from tomlkit import TOMLDocument, table
 
+from infergate.engine.breaker import TUNABLE
 from infergate.engine.engine import Engine
-from infergate.engine.tenants import TenantState, hash_key, new_key
+from infergate.engine.tenants import SETTABLE, TenantState, hash_key, new_key
 from infergate.errors import BadRequest, Forbidden, ModelNotFound, Unauthorized
 from infergate.profile_store import ProfileStore
 from infergate.server.infer_route import api_key
 
-TENANT_FIELDS = {"class", "rps", "burst", "max_concurrency", "models", "devices", "memory_mb"}
-BREAKER_FIELDS = {
-    "window_seconds",
-    "failure_rate",
-    "latency_p99_ms",
-    "consecutive_windows",
-    "min_requests",
-    "backoff_initial_s",
-    "backoff_max_s",
-    "probes",
-}
+TENANT_FIELDS = set(SETTABLE)
+BREAKER_FIELDS = set(TUNABLE)
 
 
 def _json(doc: Any, status: int = 200) -> Response:

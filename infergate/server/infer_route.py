@@ -51,6 +51,15 @@ def timeout_s(parameters: dict[str, Any]) -> float | None:
     return float(timeout) / 1e6
 
 
+def session_of(parameters: dict[str, Any]) -> str | None:
+    session = parameters.get("session")
+    if session is None:
+        return None
+    if not isinstance(session, (str, int)) or isinstance(session, bool):
+        raise BadRequest(f"parameters.session must be a string, got {session!r}")
+    return str(session)
+
+
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     return dict(scope["headers"])
 
@@ -148,7 +157,9 @@ class InferRoute:
         model = name if self._engine.registry.has(name) else "unknown"  # bounded labels
         context = self._engine.context
         context.metrics.requests.labels(model, tenant, str(status)).inc()
-        context.stats.record(model, status < 500, context.clock.now() - started)
+        context.stats.record(
+            model, status < 500, context.clock.now() - started, None if tenant == "-" else tenant
+        )
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -176,6 +187,7 @@ class InferRoute:
                 outputs=decoded.outputs,
                 timeout_s=timeout_s(decoded.parameters),
                 priority=decoded.parameters.get("priority"),
+                session=session_of(decoded.parameters),
             ),
             tenant,
         )

@@ -140,7 +140,9 @@ class Dashboard(App[None]):
             "reason",
         )
         tenants = self.query_one("#tenants", DataTable)
-        tenants.add_columns("tenant", "class", "limit/s", "in flight", "admitted", "rejected")
+        tenants.add_columns(
+            "tenant", "class", "req/s of limit", "in flight", "memory MB", "admitted", "rejected"
+        )
         self.poll()
         self.set_interval(self.interval_s, self.poll)
 
@@ -247,8 +249,9 @@ class Dashboard(App[None]):
             table.add_row(
                 t.get("name", "?"),
                 t.get("class", "-"),
-                _num(t.get("rps_limit"), "{:g}"),
+                f"{_num(t.get('rps'))} / {_num(t.get('rps_limit'), '{:g}')}",
                 f"{t.get('in_flight', 0)}/{t.get('max_concurrency', '-')}",
+                f"{_num(t.get('reserved_mb'), '{:.0f}')} / {_num(t.get('memory_mb'), '{:.0f}')}",
                 str(t.get("admitted", 0)),
                 str(t.get("rejected", 0)),
             )

@@ -28,6 +28,7 @@ class Job(Generic[T]):
     deadline: float  # the latest time it may start; past it, it expires unrun
     rows: int = 1  # rows along the batch dimension
     key: Hashable = None  # jobs batch together only with an equal key
+    pin: int | None = None  # the only instance that may run it (session affinity)
     seq: int = field(default=0)
     removed: bool = field(default=False)
 
@@ -124,7 +125,9 @@ class JobQueue(Generic[T]):
         tops = [heap[0][0] for heap in self._heaps.values() if heap]
         return min(tops) if tops else None
 
-    def take(self, now: float, may_wait: bool = True) -> list[Job[T]] | float | None:
+    def take(
+        self, now: float, may_wait: bool = True, instance: int | None = None
+    ) -> list[Job[T]] | float | None:
         """The next batch to run, or the time to look again (a batch is filling), or None.
 
         `may_wait` allows holding a part-full batch back for up to max_delay_s; the caller
@@ -132,7 +135,7 @@ class JobQueue(Generic[T]):
         building up behind it). Call expire(now) first: take never returns a job past its
         deadline.
         """
-        live = self._live()
+        live = (j for j in self._live() if j.pin is None or j.pin == instance)
         head = next(live, None)
         if head is None:
             return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from dataclasses import dataclass, field
 
 from infergate.clock import Clock
@@ -131,6 +132,19 @@ class Scheduler:
         for job in self._queue.expire(float("inf")):
             job.payload.ticket.fail(error)
 
+    def _pin(self, session: str | None) -> int | None:
+        """Session affinity by rendezvous hashing: a session keeps its instance while that
+        instance is ready, and moves to the next in its own order when it is not."""
+        if session is None or len(self._instances) < 2:
+            return None
+
+        def weight(instance: Instance) -> bytes:
+            return hashlib.blake2b(f"{session}/{instance.index}".encode(), digest_size=8).digest()
+
+        ranked = sorted(self._instances, key=weight, reverse=True)
+        ready = [i for i in ranked if i.ready]
+        return (ready or ranked)[0].index
+
     async def submit(
         self,
         inputs: dict[str, Array],
@@ -139,6 +153,7 @@ class Scheduler:
         queue_deadline_s: float,
         timeout_s: float,
         batchable: bool,
+        session: str | None = None,
     ) -> tuple[dict[str, Array], Timing]:
         now = self._clock.now()
         batching = batchable and self._queue.batching
@@ -151,6 +166,7 @@ class Scheduler:
         )
         ticket = _Ticket(tuple(outputs), timeout_s, cls, len(chunks), future)
         key = batch_key(inputs) if batching else None
+        pin = self._pin(session)
         jobs = [
             Job(
                 _Work(ticket, i, chunk),
@@ -159,6 +175,7 @@ class Scheduler:
                 now + queue_deadline_s,
                 rows_of(chunk) if batching else 1,
                 key,
+                pin,
             )
             for i, chunk in enumerate(chunks)
         ]
@@ -200,17 +217,16 @@ class Scheduler:
         self._fill_by = None
         inline = None
         free = self._free()
-        while free:
+        for instance in free:
             # Holding a part-full batch back pays only under load: when another batch is
             # running, or recent batches held several rows. Alone, a request goes at once.
             loaded = bool(self._running) or self._recent_rows > 1.5
-            taken = self._queue.take(now, may_wait=loaded)
+            taken = self._queue.take(now, may_wait=loaded, instance=instance.index)
             if taken is None:
-                break
+                continue  # nothing this instance may run (the rest is pinned elsewhere)
             if isinstance(taken, float):
-                self._fill_by = taken
-                break
-            instance = free.pop(0)
+                self._fill_by = min(taken, self._fill_by or taken)
+                continue
             self._running.add(instance)
             if inline is None and own is not None and all(j.payload.ticket is own for j in taken):
                 inline = (instance, taken, now)
@@ -283,6 +299,7 @@ class Scheduler:
                 w.ticket.fail(exc)
             return
         compute_s = self._clock.now() - t0
+        instance.batches += 1
         size = sum(rows)
         self._recent_rows = 0.8 * self._recent_rows + 0.2 * size
         self._metrics.batch_size.labels(self.name).observe(size)
@@ -306,7 +323,7 @@ class Scheduler:
                 # It met its deadline once already: the retry gets a fresh one.
                 now = self._clock.now()
                 patience = job.deadline - job.arrival
-                again = Job(job.payload, job.cls, now, now + patience, job.rows, job.key)
+                again = Job(job.payload, job.cls, now, now + patience, job.rows, job.key, None)
                 self._queue.admit([again], force=True)
             else:
                 job.payload.ticket.fail(exc)
