@@ -70,7 +70,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="infergate-batching-"))
     models = work / "models"
     big = make_mlp(models / "big" / "1" / "model.onnx", sizes=sizes)
-    (models / "big" / "model.toml").write_text("[batching]\nmax_batch_size = 64\n")
+    # Both cores for the big model, as onnxruntime in-process gets them.
+    (models / "big" / "model.toml").write_text("threads = 2\n[batching]\nmax_batch_size = 64\n")
     make_mlp(models / "tiny" / "1" / "model.onnx", sizes=(64, 128, 10))
     make_mlp(models / "tiny_unbatched" / "1" / "model.onnx", sizes=(64, 128, 10))
     (models / "tiny_unbatched" / "model.toml").write_text("[batching]\nmax_batch_size = 0\n")

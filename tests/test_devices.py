@@ -41,6 +41,21 @@ def test_placement_picks_the_most_free_device_the_tenant_may_use() -> None:
     assert placer.reserved(device="sim:0") == 600
 
 
+def test_cpu_workers_get_their_share_of_the_cores() -> None:
+    placer = Placer(SimulatedGpuBackend([1000]), cores=4)
+    anyone = Tenant("a")
+    first = placer.place("a:1:0", "a", anyone, "cpu", None)
+    assert (first.threads, first.cpus) == (4, (0, 1, 2, 3))  # alone: all of them
+    second = placer.place("b:1:0", "b", anyone, "cpu", None)
+    assert (second.threads, second.cpus) == (2, (0, 1))  # two workers: half each
+    third = placer.place("c:1:0", "c", anyone, "cpu", None)
+    assert (third.threads, third.cpus) == (1, (2,))  # round-robin over the cores
+    pinned = placer.place("d:1:0", "d", anyone, "cpu", None, threads=3)
+    assert (pinned.threads, pinned.cpus) == (3, (0, 1, 3))  # model.toml's threads win
+    gpu = placer.place("e:1:0", "e", anyone, "auto", None)
+    assert (gpu.threads, gpu.cpus) == (None, None)  # GPU workers: the runtime's choice
+
+
 def test_a_full_tenant_quota_refuses_with_the_numbers() -> None:
     placer = Placer(SimulatedGpuBackend([8000]))
     team = Tenant("team", memory_mb=1000)

@@ -60,6 +60,11 @@ def test_workers_are_separate_processes_and_gateway_imports_no_runtime(
     pids = [p for m in ("loop", "solo", "mlp") for p in slow_server.worker_pids(m)]
     assert len(set(pids)) == 4
     assert set(pids) <= children
+    # Each CPU worker runs on its share of the cores, with as many threads.
+    for name in ("loop", "solo", "mlp"):
+        for instance in slow_server.model(name)["versions"][0]["instances"]:
+            assert psutil.Process(instance["pid"]).cpu_affinity() == instance["cpus"]
+            assert len(instance["cpus"]) == instance["threads"]
     # The gateway process has not loaded onnxruntime: no model code runs in it.
     assert not any("onnxruntime" in m.path for m in gateway.memory_maps())
 

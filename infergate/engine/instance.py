@@ -66,6 +66,8 @@ class Instance:
             device=placement.runtime_device,
             env=placement.env,
             memory_mb=placement.memory_mb,
+            threads=placement.threads,
+            cpus=placement.cpus,
         )
 
     def start(self) -> None:

@@ -9,11 +9,18 @@ is left; nothing crashes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from infergate.engine.devices import DeviceBackend, DeviceUsage
 from infergate.engine.tenants import Tenant
 from infergate.errors import InfergateError
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 class PlacementRefused(InfergateError):
@@ -26,6 +33,8 @@ class Placement:
     runtime_device: str  # what the worker's runtime is asked for: "cpu" or "cuda:0"
     env: tuple[tuple[str, str], ...]
     memory_mb: int | None
+    threads: int | None = None  # intra-op threads; None: the runtime's default
+    cpus: tuple[int, ...] | None = None  # CPU affinity of a CPU worker
 
 
 @dataclass(frozen=True)
@@ -36,9 +45,11 @@ class _Reservation:
 
 
 class Placer:
-    def __init__(self, backend: DeviceBackend) -> None:
+    def __init__(self, backend: DeviceBackend, cores: int | None = None) -> None:
         self.backend = backend
         self._reserved: dict[str, _Reservation] = {}
+        self._cores = cores or _usable_cores()
+        self._next_core = 0
 
     def reserved(self, tenant: str | None = None, device: str | None = None) -> float:
         return sum(
@@ -66,8 +77,23 @@ class Placer:
         gpus = [d for d in allowed if d.kind == "gpu"]
         return gpus or [d for d in allowed if d.kind == "cpu"]
 
+    def _cpu_share(self, threads: int | None) -> tuple[int, tuple[int, ...]]:
+        """Threads for a new CPU worker (its share of the cores, unless model.toml sets
+        them) and the cores it runs on, handed out round-robin so workers spread."""
+        workers = sum(1 for r in self._reserved.values() if r.device == "cpu")
+        count = min(threads or max(1, self._cores // max(workers, 1)), self._cores)
+        first = self._next_core
+        self._next_core = (first + count) % self._cores
+        return count, tuple(sorted((first + k) % self._cores for k in range(count)))
+
     def place(
-        self, key: str, model: str, tenant: Tenant, want: str, memory_mb: int | None
+        self,
+        key: str,
+        model: str,
+        tenant: Tenant,
+        want: str,
+        memory_mb: int | None,
+        threads: int | None = None,
     ) -> Placement:
         if key in self._reserved:
             self.release(key)
@@ -100,7 +126,8 @@ class Placer:
         if device.kind == "gpu":
             env = (("CUDA_VISIBLE_DEVICES", str(device.index)),)
             runtime = "cpu" if self.backend.name == "simulated" else "cuda:0"
-        else:
-            env = (("CUDA_VISIBLE_DEVICES", ""),)
-            runtime = "cpu"
-        return Placement(device.name, runtime, env, memory_mb)
+            return Placement(device.name, runtime, env, memory_mb, threads)
+        count, cpus = self._cpu_share(threads)
+        return Placement(
+            device.name, "cpu", (("CUDA_VISIBLE_DEVICES", ""),), memory_mb, count, cpus
+        )

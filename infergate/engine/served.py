@@ -134,6 +134,7 @@ class ServedVersion:
                     tenant,
                     self.config.device,
                     self.config.memory_mb,
+                    self.config.threads,
                 )
                 placed.append(instance)
                 instance.place(placement)

@@ -40,6 +40,8 @@ def version_status(served: ServedVersion) -> dict[str, Any]:
                 "device": i.ready_info.device if i.ready_info else None,
                 "placed_on": i.placement.device if i.placement else None,
                 "memory_limit_mb": i.placement.memory_mb if i.placement else None,
+                "threads": i.placement.threads if i.placement else None,
+                "cpus": list(i.placement.cpus) if i.placement and i.placement.cpus else None,
                 "visible_devices": i.ready_info.visible_devices if i.ready_info else None,
                 "reason": i.reason,
             }

@@ -25,6 +25,7 @@ class WorkerSpec:
     threads: int | None = None
     memory_mb: int | None = None  # a cap for the runtime's allocator, where it has one
     env: tuple[tuple[str, str], ...] = ()  # set before the runtime loads (CUDA_VISIBLE_DEVICES)
+    cpus: tuple[int, ...] | None = None  # CPU affinity, for CPU workers
 
 
 @dataclass(frozen=True)

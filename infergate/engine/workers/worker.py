@@ -98,6 +98,8 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     # workers stop, so they ignore SIGINT and drain in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(dict(spec.env))  # before any runtime initialises CUDA
+    if spec.cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, spec.cpus)
     started = time.monotonic()
     try:
         runtime = _load(spec)
