@@ -57,11 +57,6 @@ def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
         raise ValueError(f"unknown datatype {datatype!r}; expected one of {known}") from None
 
 
-def element_size(datatype: str) -> int:
-    """Bytes per element, or 0 for BYTES (variable length)."""
-    return 0 if datatype == "BYTES" else numpy_dtype(datatype).itemsize
-
-
 def _as_bytes(item: object) -> bytes:
     if isinstance(item, bytes):
         return item

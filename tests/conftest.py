@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.onnx_models import make_echo, make_loop, make_mlp
+from tests.onnx_models import make_echo, make_fails_on_demand, make_loop, make_mlp
 from tests.server import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,4 +64,28 @@ def slow_server(tmp_path: Path) -> Iterator[ServerProcess]:
     make_mlp(models / "mlp" / "1" / "model.onnx")
     proc = ServerProcess(models, write_profile(tmp_path), tmp_path / "server.log").start()
     yield proc
+    proc.stop()
+
+
+BREAKER_PROFILE = """
+[server]
+file_stable_s = 0.2
+[breaker]
+window_seconds = 2
+failure_rate = 0.5
+min_requests = 4
+consecutive_windows = 2
+backoff_initial_s = 30
+"""
+
+
+@pytest.fixture
+def breaker_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """An MLP and a model that fails on demand, behind a breaker that opens within a
+    second of failures and stays open for 30 s."""
+    models = tmp_path / "models"
+    make_mlp(models / "mlp" / "1" / "model.onnx")
+    make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
+    proc = ServerProcess(models, write_profile(tmp_path, BREAKER_PROFILE), tmp_path / "server.log")
+    yield proc.start()
     proc.stop()

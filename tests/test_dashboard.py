@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +15,7 @@ from textual.widgets import DataTable, Static
 
 from infergate.tui.app import ConfirmScreen, Dashboard
 from infergate.tui.source import FixedSource, HttpSource
-from tests.conftest import write_profile
-from tests.onnx_models import make_fails_on_demand, make_mlp
 from tests.server import ServerProcess
-
-BREAKER = """
-[breaker]
-window_seconds = 2
-failure_rate = 0.5
-min_requests = 4
-consecutive_windows = 2
-backoff_initial_s = 30
-"""
-
-
-@pytest.fixture
-def live(tmp_path: Path) -> Iterator[ServerProcess]:
-    models = tmp_path / "models"
-    make_mlp(models / "mlp" / "1" / "model.onnx")
-    make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
-    proc = ServerProcess(models, write_profile(tmp_path, BREAKER), tmp_path / "server.log")
-    yield proc.start()
-    proc.stop()
 
 
 def cell(app: Dashboard, model: str, column: int) -> str:
@@ -53,8 +31,8 @@ async def until(pilot: Any, check: Any, timeout_s: float = 20.0) -> None:
         await pilot.pause(0.1)
 
 
-async def test_lists_models_and_shows_a_breaker_opening(live: ServerProcess) -> None:
-    app = Dashboard(HttpSource(live.url, None), interval_s=0.2)
+async def test_lists_models_and_shows_a_breaker_opening(breaker_server: ServerProcess) -> None:
+    app = Dashboard(HttpSource(breaker_server.url, None), interval_s=0.2)
     async with app.run_test(size=(150, 45)) as pilot:
         table = app.query_one("#models", DataTable)
         await until(pilot, lambda: table.row_count == 2)
@@ -64,7 +42,7 @@ async def test_lists_models_and_shows_a_breaker_opening(live: ServerProcess) -> 
             bad = {"inputs": [{"name": "mode", "datatype": "INT64", "shape": [1], "data": [1]}]}
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                r = await http.post(f"{live.url}/v2/models/flaky/infer", json=bad)
+                r = await http.post(f"{breaker_server.url}/v2/models/flaky/infer", json=bad)
                 if r.status_code == 503:
                     break
                 await pilot.pause(0.05)
@@ -76,16 +54,18 @@ async def test_lists_models_and_shows_a_breaker_opening(live: ServerProcess) -> 
         await until(pilot, lambda: cell(app, "flaky", 4) == "closed")
 
 
-async def test_survives_the_server_going_away_and_coming_back(live: ServerProcess) -> None:
-    app = Dashboard(HttpSource(live.url, None), interval_s=0.2)
+async def test_survives_the_server_going_away_and_coming_back(
+    breaker_server: ServerProcess,
+) -> None:
+    app = Dashboard(HttpSource(breaker_server.url, None), interval_s=0.2)
     async with app.run_test(size=(150, 45)) as pilot:
         await until(pilot, lambda: app.connected is True)
-        live.stop()
+        breaker_server.stop()
         await until(pilot, lambda: app.connected is False)
         status = str(app.query_one("#status", Static).render())
         assert "server unreachable" in status
         assert app.query_one("#models", DataTable).row_count == 2  # the last data stays
-        live.start()
+        breaker_server.start()
         await until(pilot, lambda: app.connected is True, timeout_s=60)
         assert "connected to" in str(app.query_one("#status", Static).render())
 
@@ -191,11 +171,13 @@ async def test_unload_asks_first_and_help_opens() -> None:
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_top_in_a_real_terminal_shows_models_quickly(live: ServerProcess, tmp_path: Path) -> None:
+def test_top_in_a_real_terminal_shows_models_quickly(
+    breaker_server: ServerProcess, tmp_path: Path
+) -> None:
     import sys
 
     infergate = Path(sys.executable).parent / "infergate"
-    session = f"top{live.port}"
+    session = f"top{breaker_server.port}"
     started = time.monotonic()
     subprocess.run(
         [
@@ -208,7 +190,7 @@ def test_top_in_a_real_terminal_shows_models_quickly(live: ServerProcess, tmp_pa
             "150",
             "-y",
             "45",
-            f"{infergate} top --url {live.url}",
+            f"{infergate} top --url {breaker_server.url}",
         ],
         check=True,
     )

@@ -5,40 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
-import pytest
 
-from tests.conftest import write_profile
-from tests.onnx_models import make_fails_on_demand, make_mlp
+from tests.onnx_models import make_mlp
 from tests.server import ServerProcess
 from tests.test_reload import place, wait_until
 from tests.test_scheduler import metric
-
-PROFILE = """
-[server]
-file_stable_s = 0.2
-[breaker]
-window_seconds = 2
-failure_rate = 0.5
-min_requests = 4
-consecutive_windows = 2
-backoff_initial_s = 30
-"""
-
-
-@pytest.fixture
-def obs_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    models = tmp_path / "models"
-    make_mlp(models / "mlp" / "1" / "model.onnx")
-    make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
-    proc = ServerProcess(models, write_profile(tmp_path, PROFILE), tmp_path / "server.log")
-    yield proc.start()
-    proc.stop()
 
 
 class EventReader:
@@ -74,30 +49,30 @@ def fails_fast(server: ServerProcess, body: dict[str, Any]) -> bool:
     return httpx.post(f"{server.url}/v2/models/flaky/infer", json=body).status_code == 503
 
 
-def test_events_stream_a_reload_and_a_breaker_trip(obs_server: ServerProcess) -> None:
-    reader = EventReader(f"{obs_server.url}/admin/events")
+def test_events_stream_a_reload_and_a_breaker_trip(breaker_server: ServerProcess) -> None:
+    reader = EventReader(f"{breaker_server.url}/admin/events")
     assert reader.connected.wait(10)
-    place(obs_server.models / "mlp" / "1" / "model.onnx", lambda p: make_mlp(p, offset=1.0))
+    place(breaker_server.models / "mlp" / "1" / "model.onnx", lambda p: make_mlp(p, offset=1.0))
     wait_until(lambda: "model_ready" in reader.kinds("mlp"), what="the reload event")
     assert reader.kinds("mlp")[:2] == ["model_loading", "model_ready"]
     bad = {"inputs": [{"name": "mode", "datatype": "INT64", "shape": [1], "data": [1]}]}
-    wait_until(lambda: fails_fast(obs_server, bad), what="the breaker to open")
+    wait_until(lambda: fails_fast(breaker_server, bad), what="the breaker to open")
     wait_until(lambda: "breaker_open" in reader.kinds("flaky"), what="the breaker event")
     opened = next(e for e in reader.events if e["kind"] == "breaker_open")
     assert "failure rate" in opened["message"]
     reader.close()
 
 
-def test_a_scrape_after_traffic(obs_server: ServerProcess) -> None:
+def test_a_scrape_after_traffic(breaker_server: ServerProcess) -> None:
     ok = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
     for _ in range(20):
-        assert httpx.post(f"{obs_server.url}/v2/models/mlp/infer", json=ok).status_code == 200
+        assert httpx.post(f"{breaker_server.url}/v2/models/mlp/infer", json=ok).status_code == 200
     bad = {"inputs": [{"name": "mode", "datatype": "INT64", "shape": [1], "data": [1]}]}
-    wait_until(lambda: fails_fast(obs_server, bad), what="the breaker to open")
-    pid = obs_server.worker_pids("mlp")[0]
+    wait_until(lambda: fails_fast(breaker_server, bad), what="the breaker to open")
+    pid = breaker_server.worker_pids("mlp")[0]
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: obs_server.worker_pids("mlp") not in ([], [pid]), what="the restart")
-    m = obs_server
+    wait_until(lambda: breaker_server.worker_pids("mlp") not in ([], [pid]), what="the restart")
+    m = breaker_server
     assert metric(m, "infergate_requests_total", model="mlp", tenant="default", status="200") == 20
     assert metric(m, "infergate_requests_total", model="flaky", status="500") >= 4
     assert metric(m, "infergate_requests_total", model="flaky", status="503") >= 1

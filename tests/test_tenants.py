@@ -270,7 +270,6 @@ def test_live_profile_edit_applies_and_a_broken_one_is_rejected(
         what="the edit to apply",
     )
     tenant_server.profile.write_text(text.replace("rps = 5", "rps = 'fast'"))
-    code, out = admin(tenant_server, "tenant", "list", "--json")
     wait_until(
         lambda: __import__("json").loads(admin(tenant_server, "tenant", "list", "--json")[1])[
             "profile_error"

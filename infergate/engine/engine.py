@@ -65,10 +65,6 @@ class Engine:
         await self.registry.sync_all()
         self._loaded.set()
 
-    async def wait_loaded(self) -> None:
-        """Until every model's first load has ended, in success or failure."""
-        await self._loaded.wait()
-
     @property
     def ready(self) -> bool:
         return self._loaded.is_set()

@@ -15,6 +15,7 @@ from infergate.engine.engine import Engine
 from infergate.engine.tenants import SETTABLE, TenantState, hash_key, new_key
 from infergate.errors import BadRequest, Forbidden, ModelNotFound, Unauthorized
 from infergate.profile_store import ProfileStore
+from infergate.server.codec import json_object
 from infergate.server.infer_route import api_key
 
 TENANT_FIELDS = set(SETTABLE)
@@ -67,15 +68,7 @@ def tenant_view(state: TenantState) -> dict[str, Any]:
 
 async def _body(request: Request) -> dict[str, Any]:
     raw = await request.body()
-    if not raw:
-        return {}
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("request body must be a JSON object")
-    return doc
+    return json_object(raw) if raw else {}
 
 
 def _check_fields(doc: dict[str, Any], allowed: set[str], what: str) -> None:

@@ -24,14 +24,19 @@ class DecodedRequest:
     parameters: dict[str, Any]
 
 
-def _loads(raw: bytes | memoryview) -> dict[str, Any]:
+def json_object(raw: bytes | memoryview, expected: str = "a JSON object") -> dict[str, Any]:
+    """A request body that must be a JSON object; 400 naming what was expected."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise BadRequest("request body must be a JSON object with an 'inputs' array")
+        raise BadRequest(f"request body must be {expected}")
     return doc
+
+
+def _loads(raw: bytes | memoryview) -> dict[str, Any]:
+    return json_object(raw, "a JSON object with an 'inputs' array")
 
 
 def _shape(name: str, value: Any) -> tuple[int, ...]:

@@ -53,7 +53,3 @@ def unmerge(outputs: dict[str, Array], rows: list[int]) -> list[dict[str, Array]
     bounds = np.cumsum(rows)[:-1]
     pieces = {name: np.split(array, bounds) for name, array in outputs.items()}
     return [{name: pieces[name][i] for name in outputs} for i in range(len(rows))]
-
-
-def concat_chunks(chunks: list[dict[str, Array]]) -> dict[str, Array]:
-    return merge(chunks)

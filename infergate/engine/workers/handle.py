@@ -45,7 +45,6 @@ class WorkerLoadError(Exception):
 class WorkerHandle:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        self.busy = 0  # calls queued or running here; the dispatcher picks the least busy
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
         self._pending: dict[int, asyncio.Future[InferDone | InferFailed]] = {}
@@ -158,12 +157,8 @@ class WorkerHandle:
     async def infer(
         self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
     ) -> dict[str, Array]:
-        self.busy += 1
-        try:
-            async with self._lock:
-                return await self._call(inputs, outputs, timeout_s)
-        finally:
-            self.busy -= 1
+        async with self._lock:  # one call at a time: the worker has one pair of arenas
+            return await self._call(inputs, outputs, timeout_s)
 
     async def _call(
         self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
