@@ -3,6 +3,8 @@ Names are prefixed infergate_; labels stay bounded (model, version, outcome)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -104,3 +106,13 @@ class Metrics:
             ["model"],
             registry=self.registry,
         )
+        self._request_counters: dict[tuple[str, str, int], Any] = {}
+
+    def request_done(self, model: str, tenant: str, status: int) -> None:
+        """Count one inference request. labels() validates and locks on every call, so the
+        children the infer path uses are kept (their label values are bounded)."""
+        key = (model, tenant, status)
+        counter = self._request_counters.get(key)
+        if counter is None:
+            counter = self._request_counters[key] = self.requests.labels(model, tenant, str(status))
+        counter.inc()

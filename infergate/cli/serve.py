@@ -66,6 +66,7 @@ def serve(
     from infergate.engine.verify import VerifyPolicy, load_public_key
     from infergate.profile_store import ProfileStore
     from infergate.server.app import create_app
+    from infergate.server.http_protocol import OneWriteHttpToolsProtocol
 
     try:
         keys = tuple(load_public_key(k) for k in settings.trusted_keys)
@@ -106,6 +107,7 @@ def serve(
         host=bind,
         port=settings.port if port is None else port,
         log_level=log_level,
+        http=OneWriteHttpToolsProtocol,
         proxy_headers=False,  # no proxy in front by default; saves work on every request
         access_log=access_log,
         timeout_graceful_shutdown=10,

@@ -35,10 +35,11 @@ class ModelRecord:
 
     def default_version(self) -> ServedVersion | None:
         """The highest served version that is ready, else the highest at all."""
-        ordered = sorted(self.versions.values(), key=lambda v: v.version)
-        ready = [v for v in ordered if v.ready]
-        candidates = ready or ordered
-        return candidates[-1] if candidates else None
+        if len(self.versions) == 1:  # the usual case, asked on every request
+            return next(iter(self.versions.values()))
+        served = list(self.versions.values())
+        candidates = [v for v in served if v.ready] or served
+        return max(candidates, key=lambda v: v.version) if candidates else None
 
     @property
     def state(self) -> str:

@@ -156,7 +156,7 @@ class InferRoute:
             body = error_body(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
         model = name if self._engine.registry.has(name) else "unknown"  # bounded labels
         context = self._engine.context
-        context.metrics.requests.labels(model, tenant, str(status)).inc()
+        context.metrics.request_done(model, tenant, status)
         context.stats.record(
             model, status < 500, context.clock.now() - started, None if tenant == "-" else tenant
         )

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from infergate.clock import Clock
 from infergate.engine.instance import Instance
@@ -115,6 +117,12 @@ class Scheduler:
         self._fill_by: float | None = None  # when a filling batch must go
         self._sleep_until: float | None = None  # when the loop looks again by itself
         self._recent_rows = 1.0  # moving average of batch sizes: a sign of load
+        # Metric children, kept: labels() costs microseconds on every call.
+        self._batch_sizes = metrics.batch_size.labels(name)
+        self._compute_seconds = metrics.compute_seconds.labels(name)
+        self._queue_seconds = {
+            cls: metrics.queue_seconds.labels(name, cls) for cls in ("realtime", "burst", "batch")
+        }
 
     def depth_by_class(self) -> dict[str, int]:
         return self._queue.depth_by_class()
@@ -265,15 +273,33 @@ class Scheduler:
         )
 
     async def _execute(self, instance: Instance, jobs: list[Job[_Work]], started: float) -> None:
+        released = False
+
+        def release() -> None:
+            # The instance takes its next batch before this one's callers are answered:
+            # answering a large batch takes the event loop a while, and the worker would
+            # sit idle meanwhile.
+            nonlocal released
+            if not released:
+                released = True
+                self._running.discard(instance)
+                self._pump()
+                self._wake.set()
+
         try:
             works = [j for j in jobs if not j.payload.ticket.future.done()]
             if works:
-                await self._run_batch(instance, works, started)
+                await self._run_batch(instance, works, started, release)
         finally:
-            self._running.discard(instance)
-            self._wake.set()
+            release()
 
-    async def _run_batch(self, instance: Instance, jobs: list[Job[_Work]], started: float) -> None:
+    async def _run_batch(
+        self,
+        instance: Instance,
+        jobs: list[Job[_Work]],
+        started: float,
+        release: Callable[[], None],
+    ) -> None:
         works = [j.payload for j in jobs]
         names = list(dict.fromkeys(n for w in works for n in w.ticket.outputs))
         rows = [
@@ -286,29 +312,39 @@ class Scheduler:
         t0 = self._clock.now()
         try:
             outputs = await handle.infer(merge([w.inputs for w in works]), names, timeout)
-            pieces = unmerge(outputs, rows) if len(works) > 1 else [outputs]
         except WorkerFailed as exc:
-            self._retry_or_fail(jobs, instance, exc)
-            return
-        except ValueError as exc:
-            for w in works:
-                w.ticket.fail(ModelExecutionError(str(exc)))
+            self._retry_or_fail(jobs, instance, exc)  # queued again before the pump looks
             return
         except InfergateError as exc:
             for w in works:
                 w.ticket.fail(exc)
             return
         compute_s = self._clock.now() - t0
+        release()
+        try:
+            pieces = unmerge(outputs, rows) if len(works) > 1 else [outputs]
+        except ValueError as exc:
+            for w in works:
+                w.ticket.fail(ModelExecutionError(str(exc)))
+            return
         instance.batches += 1
         size = sum(rows)
         self._recent_rows = 0.8 * self._recent_rows + 0.2 * size
-        self._metrics.batch_size.labels(self.name).observe(size)
+        self._batch_sizes.observe(size)
+        self._compute_seconds.observe(compute_s)
         for job, work, piece in zip(jobs, works, pieces, strict=True):
             queue_s = started - job.arrival
-            self._metrics.queue_seconds.labels(self.name, job.cls.name).observe(queue_s)
-            self._metrics.compute_seconds.labels(self.name).observe(compute_s)
+            self._queue_histogram(job.cls.name).observe(queue_s)
             wanted = {n: piece[n] for n in work.ticket.outputs}
             work.ticket.part_done(work.index, wanted, queue_s, compute_s, size)
+
+    def _queue_histogram(self, cls: str) -> Any:
+        histogram = self._queue_seconds.get(cls)
+        if histogram is None:  # a class the profile added
+            histogram = self._queue_seconds[cls] = self._metrics.queue_seconds.labels(
+                self.name, cls
+            )
+        return histogram
 
     def _retry_or_fail(self, jobs: list[Job[_Work]], failed: Instance, exc: WorkerFailed) -> None:
         """Inference is idempotent: work on a worker that died gets one more try, on a

@@ -1,0 +1,113 @@
+"""Responses leave the gateway in one write: head and body together, nothing lost on close."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import numpy as np
+
+from infergate.loadgen import prepare
+from infergate.server.http_protocol import _OneWritePerStep
+from tests.server import ServerProcess
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "written after close"
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> str:
+        return f"info:{name}"
+
+
+def test_writes_in_one_step_are_sent_once_and_close_flushes_first() -> None:
+    async def scenario() -> tuple[list[bytes], list[bytes], bool, str]:
+        transport = _Transport()
+        wrapped = _OneWritePerStep(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+        wrapped.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        wrapped.write(b"body")
+        assert transport.writes == []  # nothing goes out until the step ends
+        await asyncio.sleep(0)
+        first = list(transport.writes)
+        wrapped.write(b"last words")
+        wrapped.close()
+        await asyncio.sleep(0)  # the scheduled flush finds nothing left to send
+        return first, transport.writes, transport.closed, wrapped.get_extra_info("peername")
+
+    first, writes, closed, info = asyncio.run(scenario())
+    assert first == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+    assert writes == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"last words"]
+    assert closed
+    assert info == "info:peername"  # everything else is the transport's own
+
+
+def _request(server: ServerProcess, close: bool, value: float = 1.0) -> bytes:
+    x = np.full((1, 4), value, dtype=np.float32)
+    body, headers = prepare({"x": x}, binary=True)
+    lines = [
+        "POST /v2/models/mlp/versions/1/infer HTTP/1.1",
+        f"Host: 127.0.0.1:{server.port}",
+        f"Content-Length: {len(body)}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def _responses(data: bytes) -> list[tuple[bytes, bytes]]:
+    """Split a byte stream of Content-Length responses into (head, body) pairs."""
+    out = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+        out.append((head, rest[:length]))
+        data = rest[length:]
+    return out
+
+
+def _exchange(server: ServerProcess, payload: bytes) -> list[tuple[bytes, bytes]]:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(payload)
+        chunks = []
+        while chunk := sock.recv(1 << 20):  # until the server closes the connection
+            chunks.append(chunk)
+    return _responses(b"".join(chunks))
+
+
+def test_pipelined_requests_get_whole_responses_in_order(server: ServerProcess) -> None:
+    values = [0.0, 1.0, 2.0, 3.0, 4.0]
+    one_by_one = [_exchange(server, _request(server, close=True, value=v))[0] for v in values]
+    requests = [_request(server, close=v == values[-1], value=v) for v in values]
+    pipelined = _exchange(server, b"".join(requests))  # all at once: HTTP/1.1 pipelining
+    assert [head.split(b"\r\n")[0] for head, _ in pipelined] == [b"HTTP/1.1 200 OK"] * 5
+    assert [body for _, body in pipelined] == [body for _, body in one_by_one]
+    assert len({body for _, body in pipelined}) == 5  # five inputs, five different answers
+
+
+def test_connection_close_still_delivers_the_whole_response(server: ServerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(_request(server, close=True))
+        chunks = []
+        while chunk := sock.recv(1 << 20):  # until the server closes
+            chunks.append(chunk)
+    data = b"".join(chunks)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"connection: close" in head.lower()
+    assert b'"model_name":"mlp"' in body
