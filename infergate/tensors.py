@@ -49,6 +49,12 @@ def v2_datatype(dtype: np.dtype[np.generic]) -> str:
         raise ValueError(f"numpy dtype {dtype} has no KServe V2 datatype") from None
 
 
+# The little-endian dtype each fixed-size datatype travels as on the wire.
+_WIRE_DTYPES: Final[dict[str, np.dtype[np.generic]]] = {
+    name: dt.newbyteorder("<") for name, dt in V2_TO_NUMPY.items() if name != "BYTES"
+}
+
+
 def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
     try:
         return V2_TO_NUMPY[datatype]
@@ -116,7 +122,7 @@ def from_wire(buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...])
                 f"holds {flat.size} BYTES elements but shape {list(shape)} needs {count}"
             )
         return flat.reshape(shape)
-    dtype = numpy_dtype(datatype).newbyteorder("<")
+    dtype = _WIRE_DTYPES.get(datatype) or numpy_dtype(datatype).newbyteorder("<")
     expected = count * dtype.itemsize
     if len(buffer) != expected:
         raise ValueError(

@@ -9,7 +9,7 @@ from infergate.engine.scheduling.scheduler import Timing
 from infergate.tensors import Array
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InferenceRequest:
     model: str
     inputs: dict[str, Array]
@@ -20,7 +20,7 @@ class InferenceRequest:
     session: str | None = None  # V2 parameters.session: keep these on one instance
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InferenceResult:
     model: str
     version: int

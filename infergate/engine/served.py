@@ -22,7 +22,7 @@ from infergate.engine.spec import (
     TensorSpec,
 )
 from infergate.engine.tenants import DEFAULT_TENANT, Tenant
-from infergate.engine.workers.messages import WorkerSpec
+from infergate.engine.workers.messages import Ready, WorkerSpec
 from infergate.errors import ModelNotReady
 from infergate.tensors import Array
 
@@ -79,6 +79,8 @@ class ServedVersion:
             on_change=self._breaker_changed,
         )
         self._context = context
+        self._known: Ready | None = None
+        self._batchable: bool | None = None
         self.scheduler = Scheduler(
             entry.name,
             file.version,
@@ -185,14 +187,21 @@ class ServedVersion:
         reasons = [i.reason for i in self.instances if i.reason]
         return reasons[0] if reasons else None
 
+    def _ready_info(self) -> Ready | None:
+        # The tensors a version's file declares never change, so the first worker to load
+        # answers for all of them, and for good (this is read on every request).
+        if self._known is None:
+            self._known = next((i.ready_info for i in self.instances if i.ready_info), None)
+        return self._known
+
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
-        info = next((i.ready_info for i in self.instances if i.ready_info), None)
+        info = self._ready_info()
         return info.inputs if info else self.config.inputs
 
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
-        info = next((i.ready_info for i in self.instances if i.ready_info), None)
+        info = self._ready_info()
         return info.outputs if info else self.config.outputs
 
     def not_ready_error(self) -> ModelNotReady:
@@ -210,9 +219,14 @@ class ServedVersion:
 
     @property
     def batchable(self) -> bool:
-        return self.scheduler.policy.max_batch_size > 1 and has_batch_dimension(
-            self.inputs, self.outputs
-        )
+        if self._batchable is None:
+            batchable = self.scheduler.policy.max_batch_size > 1 and has_batch_dimension(
+                self.inputs, self.outputs
+            )
+            if self._ready_info() is None:
+                return batchable  # from model.toml alone: not final until a worker loads
+            self._batchable = batchable
+        return self._batchable
 
     async def infer(
         self,

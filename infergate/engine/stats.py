@@ -76,9 +76,15 @@ class RequestStats:
     def record(self, model: str, ok: bool, latency_s: float, tenant: str | None = None) -> None:
         at = int(self._clock.now())
         self._total.add(at, ok, latency_s)
-        self._models.setdefault(model, _Series(self._keep_s)).add(at, ok, latency_s)
+        self._series(self._models, model).add(at, ok, latency_s)
         if tenant is not None:
-            self._tenants.setdefault(tenant, _Series(self._keep_s)).add(at, ok, latency_s)
+            self._series(self._tenants, tenant).add(at, ok, latency_s)
+
+    def _series(self, by_name: dict[str, _Series], name: str) -> _Series:
+        series = by_name.get(name)
+        if series is None:  # not setdefault: that would build a new series on every call
+            series = by_name[name] = _Series(self._keep_s)
+        return series
 
     def tenant_rps(self, name: str, span_s: int = 10) -> float:
         series = self._tenants.get(name)

@@ -14,7 +14,7 @@ from infergate.errors import BadRequest
 from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wire, v2_datatype
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DecodedRequest:
     id: str | None
     inputs: dict[str, Array]

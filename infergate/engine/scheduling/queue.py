@@ -18,7 +18,7 @@ from infergate.engine.scheduling.classes import PriorityClass
 T = TypeVar("T")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job(Generic[T]):
     """A unit the queue schedules: a whole request, or one chunk of a large one."""
 

@@ -42,7 +42,7 @@ from infergate.tensors import Array
 _IDLE_POLL_S = 0.05
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Timing:
     """What a request went through, for metrics and the dashboard."""
 
@@ -52,7 +52,7 @@ class Timing:
     cls: str
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Ticket:
     outputs: tuple[str, ...]
     timeout_s: float
@@ -81,12 +81,14 @@ class _Ticket:
         self.compute_s += compute_s
         self.batch_size = max(self.batch_size, batch_size)
         if len(self.results) == self.parts and not self.future.done():
-            merged = merge([self.results[i] for i in range(self.parts)])
+            merged = (
+                outputs if self.parts == 1 else merge([self.results[i] for i in range(self.parts)])
+            )
             timing = Timing(self.queue_s, self.compute_s, self.batch_size, self.cls.name)
             self.future.set_result((merged, timing))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Work:
     ticket: _Ticket
     index: int
