@@ -119,7 +119,7 @@ class _Sender:
         t0 = time.perf_counter()
         try:
             response = await conn.send(prepared)
-        except (OSError, asyncio.IncompleteReadError):
+        except OSError:
             self.latencies.append(time.perf_counter() - t0)
             self.errors[0] += 1
             return False

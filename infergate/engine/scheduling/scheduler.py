@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from infergate.engine.scheduling.batching import (
 )
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Job, JobQueue, QueueFull, QueuePolicy
+from infergate.engine.workers.handle import WorkerHandle
 from infergate.errors import (
     DeadlineExceeded,
     InfergateError,
@@ -37,6 +38,8 @@ from infergate.errors import (
 )
 from infergate.metrics import Metrics
 from infergate.tensors import Array
+
+log = logging.getLogger("infergate.scheduler")
 
 # While work waits and no instance is free (one may be restarting), look again this often.
 _IDLE_POLL_S = 0.05
@@ -94,6 +97,20 @@ class _Work:
     index: int
     inputs: dict[str, Array]
     retried: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class _Batch:
+    """One batch on an instance, from leaving the queue to its callers' answers."""
+
+    instance: Instance
+    handle: WorkerHandle
+    jobs: list[Job[_Work]]
+    rows: list[int]
+    started: float  # when it left the queue
+    future: asyncio.Future[dict[str, Array]] | None = None
+    replied: float | None = None  # when the worker's reply was read
+    released: bool = False
 
 
 class Scheduler:
@@ -209,8 +226,8 @@ class Scheduler:
         self._ensure_running()
         inline = self._pump(own=ticket)
         if inline is not None:
-            # The request's own batch runs in its own coroutine: no task hop on the way.
-            await self._execute(*inline)
+            # The request's own batch is awaited in its own coroutine: no task hop.
+            await self._finish(inline)
         elif self._sleep_until is None or jobs[0].deadline < self._sleep_until:
             self._wake.set()  # the loop must look again sooner than it planned
         return await future
@@ -218,9 +235,9 @@ class Scheduler:
     def _free(self) -> list[Instance]:
         return [i for i in self._instances if i.ready and i not in self._running]
 
-    def _pump(self, own: _Ticket | None = None) -> tuple[Instance, list[Job[_Work]], float] | None:
+    def _pump(self, own: _Ticket | None = None) -> _Batch | None:
         """Expire what is late, then start every batch that can start now. A batch made
-        only of `own`'s work is handed back for the caller to run instead of a new task."""
+        only of `own`'s work is handed back for the caller to await instead of a new task."""
         now = self._clock.now()
         for job in self._queue.expire(now):
             self._expired(job, now)
@@ -238,10 +255,13 @@ class Scheduler:
                 self._fill_by = min(taken, self._fill_by or taken)
                 continue
             self._running.add(instance)
+            batch = self._launch(instance, taken, now)
+            if batch is None:
+                continue
             if inline is None and own is not None and all(j.payload.ticket is own for j in taken):
-                inline = (instance, taken, now)
+                inline = batch
             else:
-                asyncio.create_task(self._execute(instance, taken, now))
+                asyncio.create_task(self._finish(batch))
         return inline
 
     async def _run(self) -> None:
@@ -274,68 +294,82 @@ class Scheduler:
             )
         )
 
-    async def _execute(self, instance: Instance, jobs: list[Job[_Work]], started: float) -> None:
-        released = False
-
-        def release() -> None:
-            # The instance takes its next batch before this one's callers are answered:
-            # answering a large batch takes the event loop a while, and the worker would
-            # sit idle meanwhile.
-            nonlocal released
-            if not released:
-                released = True
-                self._running.discard(instance)
-                self._pump()
-                self._wake.set()
-
-        try:
-            works = [j for j in jobs if not j.payload.ticket.future.done()]
-            if works:
-                await self._run_batch(instance, works, started, release)
-        finally:
-            release()
-
-    async def _run_batch(
-        self,
-        instance: Instance,
-        jobs: list[Job[_Work]],
-        started: float,
-        release: Callable[[], None],
-    ) -> None:
-        works = [j.payload for j in jobs]
-        names = list(dict.fromkeys(n for w in works for n in w.ticket.outputs))
-        rows = [
-            rows_of(w.inputs) if self._queue.batching and j.key is not None else 1
-            for w, j in zip(works, jobs, strict=True)
-        ]
-        timeout = max(w.ticket.timeout_s for w in works)
+    def _launch(self, instance: Instance, jobs: list[Job[_Work]], started: float) -> _Batch | None:
+        """Send a batch to its instance now; None when nothing went (every caller gave up,
+        or the worker is gone and the work was queued again or failed)."""
+        jobs = [j for j in jobs if not j.payload.ticket.future.done()]
         handle = instance.handle
         assert handle is not None
-        t0 = self._clock.now()
+        batching = self._queue.batching
+        rows = [rows_of(j.payload.inputs) if batching and j.key is not None else 1 for j in jobs]
+        batch = _Batch(instance, handle, jobs, rows, started)
+        if not jobs:
+            self._release(batch, pump=False)
+            return None
+        works = [j.payload for j in jobs]
+        names = list(dict.fromkeys(n for w in works for n in w.ticket.outputs))
         try:
-            outputs = await handle.infer(merge([w.inputs for w in works]), names, timeout)
+            batch.future = handle.begin(
+                merge([w.inputs for w in works]), names, lambda: self._replied(batch)
+            )
         except WorkerFailed as exc:
-            self._retry_or_fail(jobs, instance, exc)  # queued again before the pump looks
+            self._retry_or_fail(jobs, instance, exc)
+            self._release(batch, pump=False)  # the loop looks again; we may be inside a pump
+            return None
+        except Exception as exc:  # tensors the arena cannot take: a bug, but answer anyway
+            log.exception("model %s: sending a batch failed", self.name)
+            for w in works:
+                w.ticket.fail(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
+            self._release(batch, pump=False)
+            return None
+        return batch
+
+    def _replied(self, batch: _Batch) -> None:
+        """Runs in the pipe reader as soon as the reply is read: the instance takes its next
+        batch before this one's callers are answered (answering a large batch keeps the
+        event loop busy a while, and the worker would sit idle meanwhile)."""
+        batch.replied = self._clock.now()
+        self._release(batch)
+
+    def _release(self, batch: _Batch, pump: bool = True) -> None:
+        if batch.released:
+            return
+        batch.released = True
+        self._running.discard(batch.instance)
+        if pump:
+            self._pump()
+        self._wake.set()
+
+    async def _finish(self, batch: _Batch) -> None:
+        """Await a launched batch and answer its callers."""
+        assert batch.future is not None
+        jobs, works = batch.jobs, [j.payload for j in batch.jobs]
+        timeout = max(w.ticket.timeout_s for w in works)
+        try:
+            outputs = await batch.handle.wait(batch.future, timeout)
+        except WorkerFailed as exc:
+            self._retry_or_fail(jobs, batch.instance, exc)  # queued again before the pump
             return
         except InfergateError as exc:
             for w in works:
                 w.ticket.fail(exc)
             return
-        compute_s = self._clock.now() - t0
-        release()
+        finally:
+            self._release(batch)  # on success the reply has released it already
+        compute_s = (batch.replied or self._clock.now()) - batch.started
         try:
-            pieces = unmerge(outputs, rows) if len(works) > 1 else [outputs]
+            pieces = unmerge(outputs, batch.rows) if len(works) > 1 else [outputs]
         except ValueError as exc:
             for w in works:
                 w.ticket.fail(ModelExecutionError(str(exc)))
             return
-        instance.batches += 1
-        size = sum(rows)
+        batch.instance.batches += 1
+        size = sum(batch.rows)
         self._recent_rows = 0.8 * self._recent_rows + 0.2 * size
         self._batch_sizes.observe(size)
         self._compute_seconds.observe(compute_s)
         for job, work, piece in zip(jobs, works, pieces, strict=True):
-            queue_s = started - job.arrival
+            queue_s = batch.started - job.arrival
             self._queue_histogram(job.cls.name).observe(queue_s)
             wanted = {n: piece[n] for n in work.ticket.outputs}
             work.ticket.part_done(work.index, wanted, queue_s, compute_s, size)

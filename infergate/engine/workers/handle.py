@@ -2,6 +2,11 @@
 
 Replies are futures keyed by call id, read off the pipe by a loop reader (no threads);
 when the pipe hits EOF the worker is gone and every future it held fails at once.
+
+A call is sent synchronously (`begin`) and awaited separately (`wait`), and whoever sends
+it may pass `on_reply`, which runs inside the pipe reader the moment the reply is read,
+before any task wakes: the scheduler hands the worker its next batch from there, so the
+worker does not sit idle while the event loop works through other callbacks.
 """
 
 from __future__ import annotations
@@ -9,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import multiprocessing
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
@@ -34,6 +41,7 @@ from infergate.errors import (
 )
 from infergate.tensors import Array, from_wire
 
+log = logging.getLogger("infergate.workers")
 _SPAWN = multiprocessing.get_context("spawn")
 INITIAL_ARENA = 1 << 20
 
@@ -47,7 +55,7 @@ class WorkerHandle:
         self.spec = spec
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
-        self._pending: dict[int, asyncio.Future[InferDone | InferFailed]] = {}
+        self._pending: dict[int, _Call] = {}
         self._loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Ready] = self._loop.create_future()
         self.exited: asyncio.Future[None] = self._loop.create_future()
@@ -99,9 +107,33 @@ class WorkerHandle:
             if not self._ready.done():
                 self._ready.set_exception(WorkerLoadError(message.reason))
         elif isinstance(message, (InferDone, InferFailed)):
-            future = self._pending.pop(message.id, None)
-            if future is not None and not future.done():
-                future.set_result(message)
+            call = self._pending.pop(message.id, None)
+            if call is None:
+                return  # it timed out; the worker is being killed
+            if not call.future.done():
+                try:
+                    call.future.set_result(self._outputs(message))
+                except ModelExecutionError as exc:
+                    call.future.set_exception(exc)
+            if call.on_reply is not None:
+                try:
+                    call.on_reply()
+                except Exception:  # a bug there must not stop this pipe being read
+                    log.exception("worker pid %s: reply hook failed", self.pid)
+
+    def _outputs(self, reply: InferDone | InferFailed) -> dict[str, Array]:
+        """The reply's tensors, copied out of the arena before the next call can reuse it."""
+        if isinstance(reply, InferFailed):
+            raise ModelExecutionError(
+                f"model {self.spec.model!r} version {self.spec.version} failed: {reply.reason}"
+            )
+        if reply.inline is not None:
+            self._out.close()
+            self._out = OwnedArena(reply.needed * 2)
+            return {
+                r.name: from_wire(reply.inline[r.name], r.datatype, r.shape) for r in reply.outputs
+            }
+        return {r.name: read_tensor(self._out.buf, r, copy=True) for r in reply.outputs}
 
     def _on_exit(self) -> None:
         if self.exited.done():
@@ -124,9 +156,9 @@ class WorkerHandle:
             f"model {self.spec.model!r} version {self.spec.version}: {self.death_reason} "
             "while running this request; it is being restarted. Hint: retry shortly"
         )
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
+        for call in self._pending.values():
+            if not call.future.done():
+                call.future.set_exception(error)
         self._pending.clear()
         self._in.close()
         self._out.close()
@@ -158,11 +190,16 @@ class WorkerHandle:
         self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
     ) -> dict[str, Array]:
         async with self._lock:  # one call at a time: the worker has one pair of arenas
-            return await self._call(inputs, outputs, timeout_s)
+            return await self.wait(self.begin(inputs, outputs), timeout_s)
 
-    async def _call(
-        self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
-    ) -> dict[str, Array]:
+    def begin(
+        self,
+        inputs: dict[str, Array],
+        outputs: list[str],
+        on_reply: Callable[[], None] | None = None,
+    ) -> asyncio.Future[dict[str, Array]]:
+        """Send one call now. The caller makes sure no other call is in flight (the worker
+        has one pair of arenas); `on_reply` runs as soon as the reply is read."""
         if not self.alive:
             raise WorkerFailed(f"{self.death_reason}; it is being restarted. Hint: retry shortly")
         needed = layout_size(inputs)
@@ -173,27 +210,31 @@ class WorkerHandle:
         call = InferCall(
             next(self._ids), self._in.name, self._out.name, self._out.size, refs, tuple(outputs)
         )
-        future: asyncio.Future[InferDone | InferFailed] = self._loop.create_future()
-        self._pending[call.id] = future
+        future: asyncio.Future[dict[str, Array]] = self._loop.create_future()
+        self._pending[call.id] = _Call(future, on_reply)
         self._conn.send_bytes(encode(call))
+        return future
+
+    async def wait(
+        self, future: asyncio.Future[dict[str, Array]], timeout_s: float
+    ) -> dict[str, Array]:
+        """The outputs of a call `begin` sent; a call past `timeout_s` kills the worker."""
         try:
-            reply = await asyncio.wait_for(future, timeout_s)
+            return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
-            self._pending.pop(call.id, None)
             self.kill(f"a request ran past the execution timeout of {timeout_s * 1000:.0f} ms")
             raise DeadlineExceeded(
                 f"model {self.spec.model!r} version {self.spec.version} did not answer within "
                 f"{timeout_s * 1000:.0f} ms; its worker was killed and is being restarted. "
                 "Hint: raise timeout_ms in model.toml if the model is legitimately slow"
             ) from None
-        if isinstance(reply, InferFailed):
-            raise ModelExecutionError(
-                f"model {self.spec.model!r} version {self.spec.version} failed: {reply.reason}"
-            )
-        if reply.inline is not None:
-            self._out.close()
-            self._out = OwnedArena(reply.needed * 2)
-            return {
-                r.name: from_wire(reply.inline[r.name], r.datatype, r.shape) for r in reply.outputs
-            }
-        return {r.name: read_tensor(self._out.buf, r, copy=True) for r in reply.outputs}
+
+
+class _Call:
+    __slots__ = ("future", "on_reply")
+
+    def __init__(
+        self, future: asyncio.Future[dict[str, Array]], on_reply: Callable[[], None] | None
+    ) -> None:
+        self.future = future
+        self.on_reply = on_reply
