@@ -8,7 +8,7 @@ import socket
 import numpy as np
 
 from infergate.loadgen import prepare
-from infergate.server.http_protocol import _OneWritePerStep
+from infergate.server.http_protocol import _HeadWithBody
 from tests.server import ServerProcess
 
 
@@ -31,25 +31,38 @@ class _Transport:
         return f"info:{name}"
 
 
-def test_writes_in_one_step_are_sent_once_and_close_flushes_first() -> None:
-    async def scenario() -> tuple[list[bytes], list[bytes], bool, str]:
+def test_a_head_goes_out_with_its_body_and_close_flushes_first() -> None:
+    async def scenario() -> list[list[bytes]]:
         transport = _Transport()
-        wrapped = _OneWritePerStep(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
-        wrapped.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        wrapped = _HeadWithBody(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+        seen = []
+        wrapped.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
+        seen.append(list(transport.writes))  # the head waits for its body
         wrapped.write(b"body")
-        assert transport.writes == []  # nothing goes out until the step ends
+        seen.append(list(transport.writes))  # and goes with it at once
+        wrapped.write(b"more body")  # not a head: straight through
+        seen.append(list(transport.writes))
+        wrapped.write(b"HTTP/1.1 204 No Content\r\n\r\n")  # a head alone...
         await asyncio.sleep(0)
-        first = list(transport.writes)
-        wrapped.write(b"last words")
-        wrapped.close()
-        await asyncio.sleep(0)  # the scheduled flush finds nothing left to send
-        return first, transport.writes, transport.closed, wrapped.get_extra_info("peername")
+        seen.append(list(transport.writes))  # ...goes at the end of the step
+        wrapped.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n")
+        wrapped.close()  # close sends what is held first
+        await asyncio.sleep(0)  # the scheduled flush finds nothing left
+        seen.append(list(transport.writes))
+        assert transport.closed
+        assert wrapped.get_extra_info("peername") == "info:peername"  # the rest is passed on
+        return seen
 
-    first, writes, closed, info = asyncio.run(scenario())
-    assert first == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
-    assert writes == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"last words"]
-    assert closed
-    assert info == "info:peername"  # everything else is the transport's own
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n"
+    no_content = b"HTTP/1.1 204 No Content\r\n\r\n"
+    closing = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n"
+    assert asyncio.run(scenario()) == [
+        [],
+        [head + b"body"],
+        [head + b"body", b"more body"],
+        [head + b"body", b"more body", no_content],
+        [head + b"body", b"more body", no_content, closing],
+    ]
 
 
 def _request(server: ServerProcess, close: bool, value: float = 1.0) -> bytes:

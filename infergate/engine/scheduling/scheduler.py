@@ -338,7 +338,7 @@ class Scheduler:
         self._running.discard(batch.instance)
         if pump:
             self._pump()
-        self._wake.set()
+        self._wake.set()  # the loop plans its next look again
 
     async def _finish(self, batch: _Batch) -> None:
         """Await a launched batch and answer its callers."""
