@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import logging
 from pathlib import Path
@@ -113,6 +114,18 @@ def serve(
         timeout_graceful_shutdown=10,
     )
     server = uvicorn.Server(config)
+    _tune_gc()
     server.run()
     if not server.started:
         raise typer.Exit(1)
+
+
+def _tune_gc() -> None:
+    """Every request allocates a few hundred objects, so with Python's default thresholds
+    the cyclic collector runs every few requests and now and then walks every object the
+    gateway has: about 8% of its CPU at a few thousand requests/s. Freezing what startup
+    built takes those objects out of every walk, and a larger first threshold makes the
+    young collections rare; cycles (error paths, tracebacks) are still collected, a little
+    later (the oldest generation about every ten million allocations)."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 10)
