@@ -124,6 +124,7 @@ def main() -> None:
     print(
         f"\ngateway with batching: {report['gateway_share_of_limit']:.0%} of onnxruntime "
         "in-process at its best batch size (goal: at least 70%)"
+        + (" -- a --quick smoke run on a small model, not the measurement" if args.quick else "")
     )
 
 
