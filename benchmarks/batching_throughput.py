@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import orjson
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,17 +47,31 @@ def in_process(model: Path, width: int, batches: list[int], seconds: float) -> d
     return rows_per_s
 
 
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def gateway_rows_per_s(
-    url: str, model: str, width: int, concurrency: int, seconds: float
+    url: str, model: str, width: int, concurrency: int, seconds: float, gateway_pid: int
 ) -> dict[str, Any]:
     x = np.random.default_rng(1).standard_normal((1, width)).astype(np.float32)
     body, headers = prepare({"x": x}, binary=True)
     path = f"/v2/models/{model}/infer"
     run_load(run_concurrency(url, path, body, headers, concurrency, min(1.0, seconds)))
+    gateway, client = psutil.Process(gateway_pid), psutil.Process()
+    gateway_cpu, client_cpu = _cpu_s(gateway), _cpu_s(client)
     result = run_load(run_concurrency(url, path, body, headers, concurrency, seconds))
     if result.errors:
         raise RuntimeError(f"{model}: errors {result.errors}")
-    return {"rps": result.rps, "p50_ms": result.p50_ms, "p99_ms": result.p99_ms}
+    return {
+        "rps": result.rps,
+        "p50_ms": result.p50_ms,
+        "p99_ms": result.p99_ms,
+        # CPU the gateway process (not its workers) and the load generator spent per request
+        "gateway_cpu_ms": (_cpu_s(gateway) - gateway_cpu) / result.requests * 1000,
+        "client_cpu_ms": (_cpu_s(client) - client_cpu) / result.requests * 1000,
+    }
 
 
 def main() -> None:
@@ -92,13 +107,15 @@ def main() -> None:
     best_batch = max(sweep, key=lambda b: sweep[b])
     server = ServerProcess(models, profile, work / "server.log").start()
     try:
-        gateway = gateway_rows_per_s(server.url, "big", sizes[0], 64, seconds)
+        assert server.process is not None
+        pid = server.process.pid
+        gateway = gateway_rows_per_s(server.url, "big", sizes[0], 64, seconds, pid)
         # This machine's speed drifts over a run (shared hosts): the limit is measured
         # again right after the gateway ran, and the two measurements are averaged.
         again = in_process(big, sizes[0], [best_batch], seconds / 2)[best_batch]
         limit = (sweep[best_batch] + again) / 2
-        tiny = gateway_rows_per_s(server.url, "tiny", 64, 64, seconds / 2)
-        tiny_unbatched = gateway_rows_per_s(server.url, "tiny_unbatched", 64, 64, seconds / 2)
+        tiny = gateway_rows_per_s(server.url, "tiny", 64, 64, seconds / 2, pid)
+        tiny_unbatched = gateway_rows_per_s(server.url, "tiny_unbatched", 64, 64, seconds / 2, pid)
     finally:
         server.stop()
     report = {
@@ -115,6 +132,9 @@ def main() -> None:
         "gateway_share_of_limit": round(gateway["rps"] / limit, 3),
         "tiny_rps_c64_batched": round(tiny["rps"]),
         "tiny_rps_c64_unbatched": round(tiny_unbatched["rps"]),
+        "gateway_cpu_ms_per_request_big": round(gateway["gateway_cpu_ms"], 3),
+        "gateway_cpu_ms_per_request_tiny": round(tiny["gateway_cpu_ms"], 3),
+        "client_cpu_ms_per_request_tiny": round(tiny["client_cpu_ms"], 3),
     }
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
