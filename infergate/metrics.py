@@ -106,13 +106,17 @@ class Metrics:
             ["model"],
             registry=self.registry,
         )
-        self._request_counters: dict[tuple[str, str, int], Any] = {}
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        """`metric.labels(*labels)`, kept: labels() validates and locks on every call, and
+        the request path asks for the same few children over and over (their label values
+        are bounded)."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def request_done(self, model: str, tenant: str, status: int) -> None:
-        """Count one inference request. labels() validates and locks on every call, so the
-        children the infer path uses are kept (their label values are bounded)."""
-        key = (model, tenant, status)
-        counter = self._request_counters.get(key)
-        if counter is None:
-            counter = self._request_counters[key] = self.requests.labels(model, tenant, str(status))
-        counter.inc()
+        self.child(self.requests, model, tenant, str(status)).inc()

@@ -20,13 +20,6 @@ class RawResponse:
     head: bytes  # the status line and headers, as sent
     body: bytes
 
-    def header(self, name: str) -> str | None:
-        wanted = name.lower().encode("latin-1") + b":"
-        for line in self.head.split(b"\r\n")[1:]:
-            if line.lower().startswith(wanted):
-                return line[len(wanted) :].strip().decode("latin-1")
-        return None
-
 
 class _Responses(asyncio.Protocol):
     """Collects bytes until the awaited response (head + Content-Length body) is whole."""

@@ -35,8 +35,8 @@ class ModelRecord:
 
     def default_version(self) -> ServedVersion | None:
         """The highest served version that is ready, else the highest at all."""
-        if len(self.versions) == 1:  # the usual case, asked on every request
-            return next(iter(self.versions.values()))
+        if len(self.versions) <= 1:  # nothing to choose between (asked on every request)
+            return next(iter(self.versions.values()), None)
         served = list(self.versions.values())
         candidates = [v for v in served if v.ready] or served
         return max(candidates, key=lambda v: v.version) if candidates else None

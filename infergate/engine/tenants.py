@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass, field
 
@@ -41,10 +42,15 @@ class Tenant:
     memory_mb: int = 4096
     api_keys: tuple[str, ...] = ()  # "sha256:<hex>"
 
+    # The allow-list as one compiled pattern: may_use is asked on every request.
+    _allowed: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        either = "|".join(f"(?:{fnmatch.translate(p)})" for p in self.models) or "(?!)"
+        object.__setattr__(self, "_allowed", re.compile(either))
+
     def may_use(self, model: str) -> bool:
-        if self.models == ("*",):  # the usual case, asked on every request
-            return True
-        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
+        return self._allowed.match(model) is not None
 
 
 @dataclass

@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from infergate.clock import Clock
 from infergate.engine.instance import Instance
@@ -136,12 +135,6 @@ class Scheduler:
         self._fill_by: float | None = None  # when a filling batch must go
         self._sleep_until: float | None = None  # when the loop looks again by itself
         self._recent_rows = 1.0  # moving average of batch sizes: a sign of load
-        # Metric children, kept: labels() costs microseconds on every call.
-        self._batch_sizes = metrics.batch_size.labels(name)
-        self._compute_seconds = metrics.compute_seconds.labels(name)
-        self._queue_seconds = {
-            cls: metrics.queue_seconds.labels(name, cls) for cls in ("realtime", "burst", "batch")
-        }
 
     def depth_by_class(self) -> dict[str, int]:
         return self._queue.depth_by_class()
@@ -366,21 +359,15 @@ class Scheduler:
         batch.instance.batches += 1
         size = sum(batch.rows)
         self._recent_rows = 0.8 * self._recent_rows + 0.2 * size
-        self._batch_sizes.observe(size)
-        self._compute_seconds.observe(compute_s)
+        self._metrics.child(self._metrics.batch_size, self.name).observe(size)
+        self._metrics.child(self._metrics.compute_seconds, self.name).observe(compute_s)
         for job, work, piece in zip(jobs, works, pieces, strict=True):
             queue_s = batch.started - job.arrival
-            self._queue_histogram(job.cls.name).observe(queue_s)
+            self._metrics.child(self._metrics.queue_seconds, self.name, job.cls.name).observe(
+                queue_s
+            )
             wanted = {n: piece[n] for n in work.ticket.outputs}
             work.ticket.part_done(work.index, wanted, queue_s, compute_s, size)
-
-    def _queue_histogram(self, cls: str) -> Any:
-        histogram = self._queue_seconds.get(cls)
-        if histogram is None:  # a class the profile added
-            histogram = self._queue_seconds[cls] = self._metrics.queue_seconds.labels(
-                self.name, cls
-            )
-        return histogram
 
     def _retry_or_fail(self, jobs: list[Job[_Work]], failed: Instance, exc: WorkerFailed) -> None:
         """Inference is idempotent: work on a worker that died gets one more try, on a

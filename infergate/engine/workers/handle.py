@@ -54,7 +54,6 @@ class WorkerHandle:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self._ids = itertools.count(1)
-        self._lock = asyncio.Lock()
         self._pending: dict[int, _Call] = {}
         self._loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Ready] = self._loop.create_future()
@@ -185,12 +184,6 @@ class WorkerHandle:
         except TimeoutError:
             self.kill(f"it did not stop within {grace_s:.0f} s")
             await self.exited
-
-    async def infer(
-        self, inputs: dict[str, Array], outputs: list[str], timeout_s: float
-    ) -> dict[str, Array]:
-        async with self._lock:  # one call at a time: the worker has one pair of arenas
-            return await self.wait(self.begin(inputs, outputs), timeout_s)
 
     def begin(
         self,
