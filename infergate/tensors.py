@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from typing import Final
 
 import numpy as np
@@ -48,6 +49,8 @@ def v2_datatype(dtype: np.dtype[np.generic]) -> str:
     except KeyError:
         raise ValueError(f"numpy dtype {dtype} has no KServe V2 datatype") from None
 
+
+_LITTLE_ENDIAN_HOST: Final = sys.byteorder == "little"
 
 # The little-endian dtype each fixed-size datatype travels as on the wire.
 _WIRE_DTYPES: Final[dict[str, np.dtype[np.generic]]] = {
@@ -106,10 +109,13 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> A
 
 
 def to_wire(array: Array) -> bytes:
-    """Raw bytes of a tensor as the binary data extension carries it."""
-    if array.dtype.kind in ("O", "S", "U"):
+    """Raw bytes of a tensor as the binary data extension carries it (little-endian)."""
+    dtype = array.dtype
+    if dtype.kind in ("O", "S", "U"):
         return serialize_bytes(array)
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    if _LITTLE_ENDIAN_HOST and dtype.byteorder != ">":  # the usual case: no conversion
+        return array.tobytes()
+    return array.astype(dtype.newbyteorder("<")).tobytes()
 
 
 def from_wire(buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...]) -> Array:

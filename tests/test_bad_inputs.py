@@ -222,3 +222,17 @@ def test_server_serves_after_every_bad_request(server: ServerProcess) -> None:
     assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
     response = httpx.post(f"{server.url}/v2/models/mlp/infer", json={"inputs": [x_input()]})
     assert response.status_code == 200
+
+
+def test_input_checks_hold_for_a_model_already_serving(server: ServerProcess) -> None:
+    """Valid input signatures are remembered per version; a different one is still checked."""
+    url = f"{server.url}/v2/models/mlp/infer"
+    for _ in range(2):
+        assert httpx.post(url, json={"inputs": [x_input()]}).status_code == 200
+    wrong_shape = httpx.post(url, json={"inputs": [x_input(shape=[1, 5], data=[0] * 5)]})
+    assert wrong_shape.status_code == 400
+    assert "has shape [1, 5] but model 'mlp' expects [-1, 4]" in wrong_shape.json()["error"]
+    wrong_type = httpx.post(url, json={"inputs": [x_input(datatype="FP64")]})
+    assert wrong_type.status_code == 400
+    assert "has datatype FP64 but model 'mlp' expects FP32" in wrong_type.json()["error"]
+    assert httpx.post(url, json={"inputs": [x_input()]}).status_code == 200

@@ -15,7 +15,7 @@ from infergate.engine.registry import ModelRecord, Registry
 from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.served import ServedVersion
 from infergate.engine.tenants import TenantState
-from infergate.engine.validate import check_inputs, check_outputs
+from infergate.engine.validate import check_outputs
 from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
     CircuitOpen,
@@ -155,7 +155,7 @@ class Engine:
         served = self.version(request.model, request.version)
         if not served.ready:
             raise served.not_ready_error()
-        check_inputs(served.name, served.inputs, request.inputs)
+        key = served.check_inputs(request.inputs)
         outputs = check_outputs(served.name, served.outputs, request.outputs)
         cap = self.context.classes.get(tenant.tenant.cls)
         cls = self.context.classes.resolve(request.priority, cap=cap)
@@ -176,7 +176,7 @@ class Engine:
         started = self.context.clock.now()
         try:
             result, timing = await served.infer(
-                request.inputs, outputs, cls, queue_deadline, timeout, request.session
+                request.inputs, key, outputs, cls, queue_deadline, timeout, request.session
             )
         except (ModelExecutionError, WorkerFailed, DeadlineExceeded):
             served.breaker.record(admission, False, self.context.clock.now() - started)

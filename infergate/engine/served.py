@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 
 from infergate.engine.breaker import Breaker
 from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
 from infergate.engine.placement import PlacementRefused
 from infergate.engine.runtimes import unavailable_reason
-from infergate.engine.scheduling.batching import has_batch_dimension
+from infergate.engine.scheduling.batching import batch_key, has_batch_dimension
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.scheduling.scheduler import Scheduler, Timing
@@ -22,6 +23,7 @@ from infergate.engine.spec import (
     TensorSpec,
 )
 from infergate.engine.tenants import DEFAULT_TENANT, Tenant
+from infergate.engine.validate import check_inputs
 from infergate.engine.workers.messages import Ready, WorkerSpec
 from infergate.errors import ModelNotReady
 from infergate.tensors import Array
@@ -45,6 +47,10 @@ BREAKER_STATES = ["closed", "half_open", "open"]  # the gauge's values: 0, 1, 2
 
 # The order a version's state is summarised in: the best instance wins.
 _STATE_RANK = ["ready", "restarting", "loading", "failed", "stopped"]
+
+
+_UNCHECKED = object()
+_MAX_SIGNATURES = 256  # distinct input signatures remembered per version
 
 
 class ServedVersion:
@@ -81,6 +87,8 @@ class ServedVersion:
         self._context = context
         self._known: Ready | None = None
         self._batchable: bool | None = None
+        # input signature (names, dtypes, shapes) -> its batch key, for inputs found valid
+        self._checked: dict[tuple[object, ...], Hashable] = {}
         self.scheduler = Scheduler(
             entry.name,
             file.version,
@@ -228,22 +236,40 @@ class ServedVersion:
             self._batchable = batchable
         return self._batchable
 
+    def check_inputs(self, inputs: dict[str, Array]) -> Hashable:
+        """Check `inputs` against this version's tensors (BadRequest naming what is wrong)
+        and return the key they batch under (None: they run alone). Both depend only on
+        the inputs' names, datatypes and shapes, and a service sends few of those, so the
+        answer is kept per signature once the worker has said what the tensors are."""
+        signature = tuple([(name, a.dtype, a.shape) for name, a in inputs.items()])
+        key = self._checked.get(signature, _UNCHECKED)
+        if key is _UNCHECKED:
+            check_inputs(self.name, self.inputs, inputs)
+            key = batch_key(inputs) if self.batchable else None
+            if self._ready_info() is not None:
+                if len(self._checked) >= _MAX_SIGNATURES:
+                    self._checked.clear()
+                self._checked[signature] = key
+        return key
+
     async def infer(
         self,
         inputs: dict[str, Array],
+        key: Hashable,
         outputs: list[str],
         cls: PriorityClass,
         queue_deadline_s: float,
         timeout_s: float,
         session: str | None = None,
     ) -> tuple[dict[str, Array], Timing]:
+        """Run checked inputs (`key` from check_inputs)."""
         # Counted from the same loop step that chose this version, so a drain never
         # misses a request that is about to start.
         self.in_flight += 1
         self._idle.clear()
         try:
             return await self.scheduler.submit(
-                inputs, outputs, cls, queue_deadline_s, timeout_s, self.batchable, session
+                inputs, key, outputs, cls, queue_deadline_s, timeout_s, session
             )
         finally:
             self.in_flight -= 1

@@ -4,8 +4,7 @@ extension in both directions, as tritonclient.http speaks them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -14,8 +13,7 @@ from infergate.errors import BadRequest
 from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wire, v2_datatype
 
 
-@dataclass(frozen=True, slots=True)
-class DecodedRequest:
+class DecodedRequest(NamedTuple):
     id: str | None
     inputs: dict[str, Array]
     outputs: tuple[str, ...] | None
@@ -40,13 +38,15 @@ def _loads(raw: bytes | memoryview) -> dict[str, Any]:
 
 
 def _shape(name: str, value: Any) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
-    ):
-        raise BadRequest(
-            f"input {name!r}: 'shape' must be a list of non-negative integers, got {value!r}"
-        )
-    return tuple(value)
+    if type(value) is list:  # a loop, not all(<genexpr>): this runs for every input
+        for d in value:
+            if type(d) is not int or d < 0:  # type(), not isinstance: True is not a size
+                break
+        else:
+            return tuple(value)
+    raise BadRequest(
+        f"input {name!r}: 'shape' must be a list of non-negative integers, got {value!r}"
+    )
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Array:
@@ -101,25 +101,14 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
 
 def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
     """Parse an infer request; errors name the input and say expected vs got."""
-    binary = memoryview(b"")
     if header_length is not None:
-        try:
-            json_len = int(header_length)
-        except ValueError:
-            raise BadRequest(
-                f"Inference-Header-Content-Length must be an integer, got {header_length!r}"
-            ) from None
-        if not 0 <= json_len <= len(body):
-            raise BadRequest(
-                f"Inference-Header-Content-Length is {json_len} but the body "
-                f"has only {len(body)} bytes"
-            )
-        view = memoryview(body)
-        doc, binary = _loads(view[:json_len]), view[json_len:]
+        json_len = _header_length(header_length, len(body))
+        doc = _loads(body[:json_len])
+        binary = memoryview(body)[json_len:]
     else:
-        doc = _loads(body)
+        doc, binary = _loads(body), memoryview(b"")
     raw_inputs = doc.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
+    if type(raw_inputs) is not list or not raw_inputs:
         raise BadRequest(
             "request must have a non-empty 'inputs' array of tensors "
             "(each with name, datatype, shape and data)"
@@ -127,9 +116,9 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
     inputs: dict[str, Array] = {}
     offset = 0
     for i, item in enumerate(raw_inputs):
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        name = item.get("name") if type(item) is dict else None
+        if type(name) is not str:
             raise BadRequest(f"inputs[{i}] must be an object with a string 'name'")
-        name = item["name"]
         if name in inputs:
             raise BadRequest(f"input {name!r} appears twice")
         datatype = item.get("datatype")
@@ -139,10 +128,10 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
                 f"{', '.join(V2_TO_NUMPY)}"
             )
         shape = _shape(name, item.get("shape"))
-        params = item.get("parameters") or {}
-        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        params = item.get("parameters")
+        size = params.get("binary_data_size") if type(params) is dict else None
         if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            if type(size) is not int or size < 0 or offset + size > len(binary):
                 raise BadRequest(
                     f"input {name!r} says binary_data_size {size} but only "
                     f"{len(binary) - offset} bytes of binary data remain"
@@ -164,35 +153,46 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
     return _decode_outputs(doc, inputs)
 
 
+def _header_length(header_length: str, body_length: int) -> int:
+    try:
+        json_len = int(header_length)
+    except ValueError:
+        raise BadRequest(
+            f"Inference-Header-Content-Length must be an integer, got {header_length!r}"
+        ) from None
+    if not 0 <= json_len <= body_length:
+        raise BadRequest(
+            f"Inference-Header-Content-Length is {json_len} but the body "
+            f"has only {body_length} bytes"
+        )
+    return json_len
+
+
+_NO_NAMES: frozenset[str] = frozenset()
+
+
 def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedRequest:
     params = doc.get("parameters") or {}
-    if not isinstance(params, dict):
+    if type(params) is not dict:
         raise BadRequest("'parameters' must be an object")
     binary_default = bool(params.get("binary_data_output", False))
-    outputs: tuple[str, ...] | None = None
-    binary: set[str] = set()
-    raw_outputs = doc.get("outputs")
-    if raw_outputs is not None:
-        if not isinstance(raw_outputs, list):
-            raise BadRequest("'outputs' must be an array of {\"name\": ...} objects")
-        names = []
-        for i, out in enumerate(raw_outputs):
-            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
-                raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
-            names.append(out["name"])
-            out_params = out.get("parameters") or {}
-            if out_params.get("binary_data", binary_default):
-                binary.add(out["name"])
-        outputs = tuple(names)
     request_id = doc.get("id")
-    return DecodedRequest(
-        id=str(request_id) if request_id is not None else None,
-        inputs=inputs,
-        outputs=outputs,
-        binary_outputs=frozenset(binary),
-        binary_by_default=binary_default and outputs is None,
-        parameters=params,
-    )
+    request_id = str(request_id) if request_id is not None else None
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is None:  # the common case: every output, in the default encoding
+        return DecodedRequest(request_id, inputs, None, _NO_NAMES, binary_default, params)
+    if type(raw_outputs) is not list:
+        raise BadRequest("'outputs' must be an array of {\"name\": ...} objects")
+    names = []
+    binary: set[str] = set()
+    for i, out in enumerate(raw_outputs):
+        if type(out) is not dict or type(out.get("name")) is not str:
+            raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
+        names.append(out["name"])
+        out_params = out.get("parameters") or {}
+        if out_params.get("binary_data", binary_default):
+            binary.add(out["name"])
+    return DecodedRequest(request_id, inputs, tuple(names), frozenset(binary), False, params)
 
 
 def _json_data(array: Array) -> list[Any]:

@@ -50,6 +50,11 @@ def unmerge(outputs: dict[str, Array], rows: list[int]) -> list[dict[str, Array]
                 "its first dimension is not a batch dimension. Hint: set max_batch_size = 0 "
                 "under [batching] in model.toml"
             )
-    bounds = np.cumsum(rows)[:-1]
-    pieces = {name: np.split(array, bounds) for name, array in outputs.items()}
-    return [{name: pieces[name][i] for name in outputs} for i in range(len(rows))]
+    # Plain slices (views), not np.split: that is Python code costing a few µs per piece.
+    pieces = []
+    start = 0
+    for count in rows:
+        end = start + count
+        pieces.append({name: array[start:end] for name, array in outputs.items()})
+        start = end
+    return pieces

@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from infergate.clock import Clock
 from infergate.engine.instance import Instance
 from infergate.engine.scheduling.batching import (
-    batch_key,
     merge,
     rows_of,
     split_rows,
@@ -44,8 +45,7 @@ log = logging.getLogger("infergate.scheduler")
 _IDLE_POLL_S = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class Timing:
+class Timing(NamedTuple):
     """What a request went through, for metrics and the dashboard."""
 
     queue_s: float
@@ -168,16 +168,19 @@ class Scheduler:
     async def submit(
         self,
         inputs: dict[str, Array],
+        key: Hashable,
         outputs: list[str],
         cls: PriorityClass,
         queue_deadline_s: float,
         timeout_s: float,
-        batchable: bool,
         session: str | None = None,
     ) -> tuple[dict[str, Array], Timing]:
+        """Queue a request and await its outputs. Requests with an equal, non-None `key`
+        may run in one batch; None runs alone."""
         now = self._clock.now()
-        batching = batchable and self._queue.batching
-        if batching and rows_of(inputs) > self.policy.max_batch_size:
+        batching = key is not None and self._queue.batching
+        rows = rows_of(inputs) if batching else 1
+        if rows > self.policy.max_batch_size:
             chunks = split_rows(inputs, self.policy.max_batch_size)
         else:
             chunks = [inputs]
@@ -185,20 +188,17 @@ class Scheduler:
             asyncio.get_running_loop().create_future()
         )
         ticket = _Ticket(tuple(outputs), timeout_s, cls, len(chunks), future)
-        key = batch_key(inputs) if batching else None
+        if not batching:
+            key = None
         pin = self._pin(session)
-        jobs = [
-            Job(
-                _Work(ticket, i, chunk),
-                cls,
-                now,
-                now + queue_deadline_s,
-                rows_of(chunk) if batching else 1,
-                key,
-                pin,
-            )
-            for i, chunk in enumerate(chunks)
-        ]
+        deadline = now + queue_deadline_s
+        if len(chunks) == 1:
+            jobs = [Job(_Work(ticket, 0, inputs), cls, now, deadline, rows, key, pin)]
+        else:
+            jobs = [
+                Job(_Work(ticket, i, chunk), cls, now, deadline, rows_of(chunk), key, pin)
+                for i, chunk in enumerate(chunks)
+            ]
         try:
             shed = self._queue.admit(jobs)
         except QueueFull:
@@ -293,8 +293,7 @@ class Scheduler:
         jobs = [j for j in jobs if not j.payload.ticket.future.done()]
         handle = instance.handle
         assert handle is not None
-        batching = self._queue.batching
-        rows = [rows_of(j.payload.inputs) if batching and j.key is not None else 1 for j in jobs]
+        rows = [j.rows for j in jobs]
         batch = _Batch(instance, handle, jobs, rows, started)
         if not jobs:
             self._release(batch, pump=False)
