@@ -42,6 +42,8 @@ def sched_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     make_loop(models / "loop" / "1" / "model.onnx")
     make_mlp(models / "multi" / "1" / "model.onnx")
     (models / "multi" / "model.toml").write_text("instances = 3\n")
+    make_mlp(models / "unbatched" / "1" / "model.onnx")
+    (models / "unbatched" / "model.toml").write_text("[batching]\nmax_batch_size = 0\n")
     (models / "loop" / "model.toml").write_text(
         "timeout_ms = 20000\n[batching]\nmax_queue_size = 2\n"
     )
@@ -120,6 +122,25 @@ def test_concurrent_requests_are_merged_and_split_back(
         np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
     batches = metric(sched_server, "infergate_batch_size_count", model="mlp") - batches_before
     assert batches < len(inputs)  # some requests shared a run
+
+
+def test_with_batching_off_each_request_runs_alone_and_whole(
+    sched_server: ServerProcess,
+) -> None:
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(6)]
+    batches_before = metric(sched_server, "infergate_batch_size_count", model="unbatched")
+    url = f"{sched_server.url}/v2/models/unbatched/infer"
+    responses = run_parallel([(url, mlp_body(x)) for x in inputs])
+    session = ort.InferenceSession(str(sched_server.models / "unbatched" / "1" / "model.onnx"))
+    for x, response in zip(inputs, responses, strict=True):
+        assert response.status_code == 200, response.text
+        out = response.json()["outputs"][0]
+        assert out["shape"] == [3, 3]
+        got = np.array(out["data"], np.float32).reshape(out["shape"])
+        np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    batches = metric(sched_server, "infergate_batch_size_count", model="unbatched")
+    assert batches - batches_before == len(inputs)
 
 
 def test_a_large_request_runs_in_chunks_of_max_batch_size(sched_server: ServerProcess) -> None:

@@ -184,7 +184,10 @@ class ServedVersion:
 
     @property
     def ready(self) -> bool:
-        return any(i.ready for i in self.instances)
+        for instance in self.instances:  # noqa: SIM110  # not any(<genexpr>): on every request
+            if instance.ready:
+                return True
+        return False
 
     @property
     def reason(self) -> str | None:

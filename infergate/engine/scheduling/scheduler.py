@@ -78,6 +78,11 @@ class _Ticket:
         compute_s: float,
         batch_size: int,
     ) -> None:
+        if self.parts == 1:  # the usual case: the whole request ran in one batch
+            if not self.future.done():
+                timing = Timing(queue_s, compute_s, batch_size, self.cls.name)
+                self.future.set_result((outputs, timing))
+            return
         self.results[index] = outputs
         self.queue_s = max(self.queue_s, queue_s)
         self.compute_s += compute_s
@@ -180,7 +185,7 @@ class Scheduler:
         now = self._clock.now()
         batching = key is not None and self._queue.batching
         rows = rows_of(inputs) if batching else 1
-        if rows > self.policy.max_batch_size:
+        if batching and rows > self.policy.max_batch_size:
             chunks = split_rows(inputs, self.policy.max_batch_size)
         else:
             chunks = [inputs]
@@ -360,13 +365,14 @@ class Scheduler:
         self._recent_rows = 0.8 * self._recent_rows + 0.2 * size
         self._metrics.child(self._metrics.batch_size, self.name).observe(size)
         self._metrics.child(self._metrics.compute_seconds, self.name).observe(compute_s)
+        queue_seconds = self._metrics.queue_seconds
         for job, work, piece in zip(jobs, works, pieces, strict=True):
             queue_s = batch.started - job.arrival
-            self._metrics.child(self._metrics.queue_seconds, self.name, job.cls.name).observe(
-                queue_s
-            )
-            wanted = {n: piece[n] for n in work.ticket.outputs}
-            work.ticket.part_done(work.index, wanted, queue_s, compute_s, size)
+            self._metrics.child(queue_seconds, self.name, job.cls.name).observe(queue_s)
+            wanted = work.ticket.outputs
+            if tuple(piece) != wanted:  # others in the batch asked for more, or in another order
+                piece = {n: piece[n] for n in wanted}
+            work.ticket.part_done(work.index, piece, queue_s, compute_s, size)
 
     def _retry_or_fail(self, jobs: list[Job[_Work]], failed: Instance, exc: WorkerFailed) -> None:
         """Inference is idempotent: work on a worker that died gets one more try, on a
