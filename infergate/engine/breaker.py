@@ -117,7 +117,7 @@ class Breaker:
     def record(self, admission: Admission, ok: bool, latency_s: float) -> None:
         """The outcome of a request that `allow` let through as `admission`."""
         now = self._clock.now()
-        self._tick()
+        self._tick(now)
         if admission == "probe":
             if self._state != "half_open":
                 return
@@ -148,8 +148,9 @@ class Breaker:
             self._buckets.append(_Bucket(now))
         return self._buckets[-1]
 
-    def _tick(self) -> None:
-        now = self._clock.now()
+    def _tick(self, now: float | None = None) -> None:
+        if now is None:
+            now = self._clock.now()
         if self._state == "open" and now >= self._open_until:
             self._move("half_open", self.reason)
             self._probes_left = self.policy.probes

@@ -15,7 +15,6 @@ from infergate.engine.registry import ModelRecord, Registry
 from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.served import ServedVersion
 from infergate.engine.tenants import TenantState
-from infergate.engine.validate import check_outputs
 from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
     CircuitOpen,
@@ -156,7 +155,7 @@ class Engine:
         if not served.ready:
             raise served.not_ready_error()
         key = served.check_inputs(request.inputs)
-        outputs = check_outputs(served.name, served.outputs, request.outputs)
+        outputs = served.check_outputs(request.outputs)
         cap = self.context.classes.get(tenant.tenant.cls)
         cls = self.context.classes.resolve(request.priority, cap=cap)
         timeout = served.config.timeout_s

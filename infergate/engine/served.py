@@ -23,7 +23,7 @@ from infergate.engine.spec import (
     TensorSpec,
 )
 from infergate.engine.tenants import DEFAULT_TENANT, Tenant
-from infergate.engine.validate import check_inputs
+from infergate.engine.validate import check_inputs, check_outputs
 from infergate.engine.workers.messages import Ready, WorkerSpec
 from infergate.errors import ModelNotReady
 from infergate.tensors import Array
@@ -89,6 +89,7 @@ class ServedVersion:
         self._batchable: bool | None = None
         # input signature (names, dtypes, shapes) -> its batch key, for inputs found valid
         self._checked: dict[tuple[object, ...], Hashable] = {}
+        self._all_outputs: tuple[str, ...] | None = None
         self.scheduler = Scheduler(
             entry.name,
             file.version,
@@ -255,11 +256,20 @@ class ServedVersion:
                 self._checked[signature] = key
         return key
 
+    def check_outputs(self, wanted: tuple[str, ...] | None) -> tuple[str, ...]:
+        """The outputs to compute for a request that asked for `wanted` (None: all)."""
+        if wanted is None and self._all_outputs is not None:
+            return self._all_outputs
+        names = check_outputs(self.name, self.outputs, wanted)
+        if wanted is None and self._ready_info() is not None:
+            self._all_outputs = names
+        return names
+
     async def infer(
         self,
         inputs: dict[str, Array],
         key: Hashable,
-        outputs: list[str],
+        outputs: tuple[str, ...],
         cls: PriorityClass,
         queue_deadline_s: float,
         timeout_s: float,

@@ -73,8 +73,16 @@ class RequestStats:
         self._models: dict[str, _Series] = {}
         self._tenants: dict[str, _Series] = {}
 
-    def record(self, model: str, ok: bool, latency_s: float, tenant: str | None = None) -> None:
-        at = int(self._clock.now())
+    def record(
+        self,
+        model: str,
+        ok: bool,
+        latency_s: float,
+        tenant: str | None = None,
+        now: float | None = None,
+    ) -> None:
+        """One finished request; `now` saves a clock read when the caller has one."""
+        at = int(self._clock.now() if now is None else now)
         self._total.add(at, ok, latency_s)
         self._series(self._models, model).add(at, ok, latency_s)
         if tenant is not None:

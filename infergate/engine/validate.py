@@ -44,9 +44,9 @@ def check_inputs(model: str, specs: tuple[TensorSpec, ...], inputs: dict[str, Ar
 
 def check_outputs(
     model: str, specs: tuple[TensorSpec, ...], wanted: tuple[str, ...] | None
-) -> list[str]:
+) -> tuple[str, ...]:
     """The output names to compute; all of them when none were asked for."""
-    names = [s.name for s in specs]
+    names = tuple(s.name for s in specs)
     if wanted is None:
         return names
     for name in wanted:
@@ -54,4 +54,4 @@ def check_outputs(
             raise BadRequest(
                 f"unknown output {name!r} requested from model {model!r}; it has {', '.join(names)}"
             )
-    return list(dict.fromkeys(wanted))
+    return tuple(dict.fromkeys(wanted))

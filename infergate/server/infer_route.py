@@ -60,10 +60,6 @@ def session_of(parameters: dict[str, Any]) -> str | None:
     return str(session)
 
 
-def _headers(scope: Scope) -> dict[bytes, bytes]:
-    return dict(scope["headers"])
-
-
 def api_key(headers: dict[bytes, bytes]) -> str | None:
     """The caller's key from `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
     auth = headers.get(b"authorization")
@@ -131,7 +127,8 @@ class InferRoute:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = INFER_PATH.match(scope["path"])
             if match is not None:
-                await self._infer(match.group(1), match.group(2), scope, receive, send)
+                name, version = match.groups()
+                await self._infer(name, version, scope, receive, send)
                 return
         await self._fallback(scope, receive, send)
 
@@ -139,15 +136,14 @@ class InferRoute:
         self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
         tenant = "-"
-        started = self._engine.context.clock.now()
+        context = self._engine.context
+        started = context.clock.now()
         try:
-            headers_in = _headers(scope)
-            state = self._engine.context.tenants.authenticate(api_key(headers_in))
+            headers_in = dict(scope["headers"])
+            state = context.tenants.authenticate(api_key(headers_in))
             tenant = state.tenant.name
-            status, headers, body = (
-                200,
-                *await self._answer(name, version, headers_in, receive, state),
-            )
+            status = 200
+            headers, body = await self._answer(name, version, headers_in, receive, state)
         except InfergateError as exc:
             status, headers, body = exc.status, error_headers(exc.retry_after_s), error_body(exc)
         except Exception as exc:  # a bug must not take the connection down silently
@@ -155,10 +151,10 @@ class InferRoute:
             status, headers = 500, error_headers(None)
             body = error_body(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
         model = name if self._engine.registry.has(name) else "unknown"  # bounded labels
-        context = self._engine.context
         context.metrics.request_done(model, tenant, status)
+        now = context.clock.now()
         context.stats.record(
-            model, status < 500, context.clock.now() - started, None if tenant == "-" else tenant
+            model, status < 500, now - started, None if tenant == "-" else tenant, now
         )
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -174,7 +174,7 @@ class Scheduler:
         self,
         inputs: dict[str, Array],
         key: Hashable,
-        outputs: list[str],
+        outputs: tuple[str, ...],
         cls: PriorityClass,
         queue_deadline_s: float,
         timeout_s: float,
@@ -192,7 +192,7 @@ class Scheduler:
         future: asyncio.Future[tuple[dict[str, Array], Timing]] = (
             asyncio.get_running_loop().create_future()
         )
-        ticket = _Ticket(tuple(outputs), timeout_s, cls, len(chunks), future)
+        ticket = _Ticket(outputs, timeout_s, cls, len(chunks), future)
         if not batching:
             key = None
         pin = self._pin(session)
@@ -222,7 +222,7 @@ class Scheduler:
                 )
             )
         self._ensure_running()
-        inline = self._pump(own=ticket)
+        inline = self._pump(own=ticket, now=now)
         if inline is not None:
             # The request's own batch is awaited in its own coroutine: no task hop.
             await self._finish(inline)
@@ -233,10 +233,11 @@ class Scheduler:
     def _free(self) -> list[Instance]:
         return [i for i in self._instances if i.ready and i not in self._running]
 
-    def _pump(self, own: _Ticket | None = None) -> _Batch | None:
+    def _pump(self, own: _Ticket | None = None, now: float | None = None) -> _Batch | None:
         """Expire what is late, then start every batch that can start now. A batch made
         only of `own`'s work is handed back for the caller to await instead of a new task."""
-        now = self._clock.now()
+        if now is None:
+            now = self._clock.now()
         for job in self._queue.expire(now):
             self._expired(job, now)
         self._fill_by = None
