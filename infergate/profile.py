@@ -42,6 +42,9 @@ class DeviceSettings:
     monitor_interval_s: float = 0.5
     max_kills: int = 3
     kill_window_s: float = 60.0
+    # Worker processes run this much nicer than the gateway: on a busy CPU the gateway's
+    # event loop (every request's way in and out) goes before model compute.
+    worker_nice: int = 10
 
 
 def _devices(table: Table) -> DeviceSettings:
@@ -58,6 +61,7 @@ def _devices(table: Table) -> DeviceSettings:
         monitor_interval_s=table.number("monitor_interval_s", d.monitor_interval_s, minimum=0.01),
         max_kills=table.integer("max_kills", d.max_kills, minimum=1),
         kill_window_s=table.number("kill_window_s", d.kill_window_s, minimum=0.1),
+        worker_nice=table.integer("worker_nice", d.worker_nice, minimum=0, maximum=19),
     )
     table.reject_unknown()
     return settings

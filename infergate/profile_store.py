@@ -80,12 +80,13 @@ class ProfileStore:
         return True
 
     def _apply(self, profile: Profile) -> None:
-        if profile.server != self.profile.server:
-            self._engine.context.events.publish(
-                "profile_restart_needed",
-                "",
-                "[server] settings changed; they apply at the next start (infergate serve)",
-            )
+        for table in ("server", "devices"):
+            if getattr(profile, table) != getattr(self.profile, table):
+                self._engine.context.events.publish(
+                    "profile_restart_needed",
+                    "",
+                    f"[{table}] settings changed; they apply at the next start (infergate serve)",
+                )
         self._engine.apply_profile(profile)
         self.profile = profile
         self.last_error = None

@@ -35,6 +35,8 @@ def test_the_shipped_profile_loads() -> None:
         ("[classes.fast]\nrank = 0", "classes.fast.: each class needs rank and deadline_ms"),
         ("[tenants.default]\nclass = 'gold'", "'gold' is not a class"),
         ("[server\nport = 1", "not valid TOML"),
+        ("[devices]\nworker_nice = 20", "devices.worker_nice: expected an integer from 0 to 19"),
+        ("[devices]\nworker_nice = -5", "devices.worker_nice: expected an integer from 0 to 19"),
     ],
 )
 def test_mistakes_are_named(tmp_path: Path, text: str, message: str) -> None:
@@ -58,3 +60,25 @@ def test_custom_classes_and_batching(tmp_path: Path) -> None:
     assert profile.batching.max_delay_s == 0.005
     assert {c.name: c.deadline_s for c in profile.classes} == {"gold": 0.01, "bronze": 1.0}
     assert profile.default_class == "bronze"
+
+
+def test_worker_nice_is_read_and_a_devices_change_says_it_needs_a_restart(
+    tmp_path: Path,
+) -> None:
+    from infergate.engine.context import EngineContext
+    from infergate.engine.engine import Engine, EngineSettings
+    from infergate.profile_store import ProfileStore
+
+    path = tmp_path / "profile.toml"
+    path.write_text("[devices]\nworker_nice = 0\n")
+    profile = load_profile(path)
+    assert profile.devices.worker_nice == 0
+    assert load_profile(None).devices.worker_nice == 10
+    engine = Engine(EngineSettings(models_dir=tmp_path), EngineContext())
+    store = ProfileStore(path, profile, engine)
+    path.write_text("[devices]\nworker_nice = 5\n")
+    assert store.reload()
+    messages = [e.message for e in engine.context.events.recent() if e.kind.endswith("needed")]
+    assert messages == [
+        "[devices] settings changed; they apply at the next start (infergate serve)"
+    ]

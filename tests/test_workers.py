@@ -65,6 +65,9 @@ def test_workers_are_separate_processes_and_gateway_imports_no_runtime(
         for instance in slow_server.model(name)["versions"][0]["instances"]:
             assert psutil.Process(instance["pid"]).cpu_affinity() == instance["cpus"]
             assert len(instance["cpus"]) == instance["threads"]
+            # ...and nicer than the gateway ([devices] worker_nice, 10 by default), so the
+            # gateway's event loop goes first on a busy CPU.
+            assert psutil.Process(instance["pid"]).nice() == gateway.nice() + 10
     # The gateway process has not loaded onnxruntime: no model code runs in it.
     assert not any("onnxruntime" in m.path for m in gateway.memory_maps())
 

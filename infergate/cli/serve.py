@@ -90,6 +90,7 @@ def serve(
         monitor_interval_s=devices.monitor_interval_s,
         max_kills=devices.max_kills,
         kill_window_s=devices.kill_window_s,
+        worker_nice=devices.worker_nice,
     )
     context.tenants = Tenants(
         list(loaded.tenants), settings.admin_keys, settings.allow_anonymous, context.clock

@@ -41,6 +41,7 @@ class EngineContext:
     monitor_interval_s: float = 0.5
     max_kills: int = 3  # memory kills within kill_window_s before an instance is failed
     kill_window_s: float = 60.0
+    worker_nice: int = 10  # how much nicer than the gateway workers run ([devices])
     stats: RequestStats = field(init=False)
     placer: Placer = field(init=False)
 

@@ -77,6 +77,7 @@ class ServedVersion:
             inputs=entry.config.inputs,
             outputs=entry.config.outputs,
             threads=entry.config.threads,
+            nice=context.worker_nice,
         )
         self.instances = [Instance(spec, i, context) for i in range(entry.config.instances)]
         self.breaker = Breaker(

@@ -62,9 +62,17 @@ class Table:
             )
         return value  # type: ignore[no-any-return]
 
-    def integer(self, key: str, default: T, minimum: int | None = None) -> int | T:
+    def integer(
+        self, key: str, default: T, minimum: int | None = None, maximum: int | None = None
+    ) -> int | T:
         value = self._get(key, (int,), "an integer", default)
-        if minimum is not None and value is not default and value < minimum:
+        if value is default:
+            return value
+        if maximum is not None and minimum is not None and not minimum <= value <= maximum:
+            raise ConfigError(
+                f"{self.where(key)}: expected an integer from {minimum} to {maximum}, got {value}"
+            )
+        if minimum is not None and value < minimum:
             raise ConfigError(f"{self.where(key)}: expected an integer >= {minimum}, got {value}")
         return value  # type: ignore[no-any-return]
 

@@ -26,6 +26,7 @@ class WorkerSpec:
     memory_mb: int | None = None  # a cap for the runtime's allocator, where it has one
     env: tuple[tuple[str, str], ...] = ()  # set before the runtime loads (CUDA_VISIBLE_DEVICES)
     cpus: tuple[int, ...] | None = None  # CPU affinity, for CPU workers
+    nice: int = 0  # added to the gateway's niceness: the gateway goes first on a busy CPU
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,8 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     os.environ.update(dict(spec.env))  # before any runtime initialises CUDA
     if spec.cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, spec.cpus)
+    if spec.nice:
+        os.nice(spec.nice)
     started = time.monotonic()
     try:
         runtime = _load(spec)
