@@ -8,7 +8,13 @@ import pytest
 from infergate.client import decode_infer_response, encode_infer_request
 from infergate.errors import BadRequest
 from infergate.server.codec import decode_request, encode_response
-from infergate.tensors import V2_TO_NUMPY, deserialize_bytes, from_wire, serialize_bytes
+from infergate.tensors import (
+    V2_TO_NUMPY,
+    deserialize_bytes,
+    from_wire,
+    serialize_bytes,
+    to_wire,
+)
 
 SAMPLES = {
     name: (
@@ -83,3 +89,14 @@ def test_json_data_checks(data: list[object], datatype: str, message: str) -> No
     )
     with pytest.raises(BadRequest, match=message):
         decode_request(body, None)
+
+
+def test_binary_output_bytes_are_little_endian_and_row_major_whatever_the_array() -> None:
+    native = np.arange(6, dtype=np.float32).reshape(2, 3)
+    expected = native.astype("<f4").tobytes()
+    assert to_wire(native) == expected
+    assert to_wire(native.astype(">f4")) == expected  # big-endian in memory
+    assert to_wire(np.asfortranarray(native)) == expected  # column-major in memory
+    assert to_wire(native.T.copy().T) == expected  # a non-contiguous view
+    back = from_wire(expected, "FP32", (2, 3))
+    np.testing.assert_array_equal(back, native)
