@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from infergate.engine.context import EngineContext
+from infergate.engine.engine import Engine, EngineSettings
 from infergate.errors import ConfigError
 from infergate.profile import load_profile
+from infergate.profile_store import ProfileStore
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -65,10 +68,6 @@ def test_custom_classes_and_batching(tmp_path: Path) -> None:
 def test_worker_nice_is_read_and_a_devices_change_says_it_needs_a_restart(
     tmp_path: Path,
 ) -> None:
-    from infergate.engine.context import EngineContext
-    from infergate.engine.engine import Engine, EngineSettings
-    from infergate.profile_store import ProfileStore
-
     path = tmp_path / "profile.toml"
     path.write_text("[devices]\nworker_nice = 0\n")
     profile = load_profile(path)

@@ -106,6 +106,20 @@ def run_parallel(calls: list[tuple[str, dict[str, Any]]]) -> list[httpx.Response
     return results  # type: ignore[return-value]
 
 
+def assert_each_got_its_own_rows(
+    server: ServerProcess, model: str, inputs: list[np.ndarray], responses: list[httpx.Response]
+) -> None:
+    """Every caller got the model's output for its own input, whole."""
+    session = ort.InferenceSession(str(server.models / model / "1" / "model.onnx"))
+    for x, response in zip(inputs, responses, strict=True):
+        assert response.status_code == 200, response.text
+        out = response.json()["outputs"][0]
+        expected = session.run(None, {"x": x})[0]
+        assert out["shape"] == list(expected.shape)
+        got = np.array(out["data"], np.float32).reshape(out["shape"])
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_concurrent_requests_are_merged_and_split_back(
     sched_server: ServerProcess, tmp_path: Path
 ) -> None:
@@ -114,12 +128,7 @@ def test_concurrent_requests_are_merged_and_split_back(
     batches_before = metric(sched_server, "infergate_batch_size_count", model="mlp")
     url = f"{sched_server.url}/v2/models/mlp/infer"
     responses = run_parallel([(url, mlp_body(x)) for x in inputs])
-    session = ort.InferenceSession(str(sched_server.models / "mlp" / "1" / "model.onnx"))
-    for x, response in zip(inputs, responses, strict=True):
-        assert response.status_code == 200, response.text
-        out = response.json()["outputs"][0]
-        got = np.array(out["data"], np.float32).reshape(out["shape"])
-        np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert_each_got_its_own_rows(sched_server, "mlp", inputs, responses)
     batches = metric(sched_server, "infergate_batch_size_count", model="mlp") - batches_before
     assert batches < len(inputs)  # some requests shared a run
 
@@ -132,13 +141,8 @@ def test_with_batching_off_each_request_runs_alone_and_whole(
     batches_before = metric(sched_server, "infergate_batch_size_count", model="unbatched")
     url = f"{sched_server.url}/v2/models/unbatched/infer"
     responses = run_parallel([(url, mlp_body(x)) for x in inputs])
-    session = ort.InferenceSession(str(sched_server.models / "unbatched" / "1" / "model.onnx"))
-    for x, response in zip(inputs, responses, strict=True):
-        assert response.status_code == 200, response.text
-        out = response.json()["outputs"][0]
-        assert out["shape"] == [3, 3]
-        got = np.array(out["data"], np.float32).reshape(out["shape"])
-        np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert_each_got_its_own_rows(sched_server, "unbatched", inputs, responses)
+    assert all(r.json()["outputs"][0]["shape"] == [3, 3] for r in responses)
     batches = metric(sched_server, "infergate_batch_size_count", model="unbatched")
     assert batches - batches_before == len(inputs)
 

@@ -68,12 +68,12 @@ class Table:
         value = self._get(key, (int,), "an integer", default)
         if value is default:
             return value
-        if maximum is not None and minimum is not None and not minimum <= value <= maximum:
-            raise ConfigError(
-                f"{self.where(key)}: expected an integer from {minimum} to {maximum}, got {value}"
-            )
-        if minimum is not None and value < minimum:
-            raise ConfigError(f"{self.where(key)}: expected an integer >= {minimum}, got {value}")
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            if minimum is not None and maximum is not None:
+                wanted = f"from {minimum} to {maximum}"
+            else:
+                wanted = f">= {minimum}" if minimum is not None else f"<= {maximum}"
+            raise ConfigError(f"{self.where(key)}: expected an integer {wanted}, got {value}")
         return value  # type: ignore[no-any-return]
 
     def number(self, key: str, default: T, minimum: float | None = None) -> float | T:

@@ -197,13 +197,11 @@ class Scheduler:
             key = None
         pin = self._pin(session)
         deadline = now + queue_deadline_s
-        if len(chunks) == 1:
-            jobs = [Job(_Work(ticket, 0, inputs), cls, now, deadline, rows, key, pin)]
-        else:
-            jobs = [
-                Job(_Work(ticket, i, chunk), cls, now, deadline, rows_of(chunk), key, pin)
-                for i, chunk in enumerate(chunks)
-            ]
+        whole = len(chunks) == 1  # then its rows are counted already
+        jobs = [
+            Job(_Work(ticket, i, c), cls, now, deadline, rows if whole else rows_of(c), key, pin)
+            for i, c in enumerate(chunks)
+        ]
         try:
             shed = self._queue.admit(jobs)
         except QueueFull:
