@@ -1,15 +1,21 @@
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from infergate.engine.runtimes import PLUGINS_ENV
 from tests.onnx_models import make_echo, make_fails_on_demand, make_loop, make_mlp
 from tests.server import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The scripted runtime (tests/scripted_runtime.py) exists in this process, in the servers
+# the tests start and in their workers, and nowhere else.
+os.environ[PLUGINS_ENV] = "tests.scripted_runtime"
 
 
 # Tests drive load on purpose; the default tenant's rate limit is not what they test.

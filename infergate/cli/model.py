@@ -253,12 +253,13 @@ def verify(
 
 def _open(file: Path) -> dict[str, Any]:
     """Open the file with its runtime, in this process, as a worker would."""
-    from infergate.engine.runtimes import open_runtime
-    from infergate.engine.spec import MODEL_FILE_RUNTIMES
+    from infergate.engine.runtimes import open_runtime, runtime_for, runtime_kind
 
-    runtime = MODEL_FILE_RUNTIMES.get(file.suffix)
-    if runtime != "onnx":
-        return {"opens": "not checked (TorchScript needs its tensors from model.toml)"}
+    runtime = runtime_for(file)
+    if runtime is None:
+        return {"opens": "no", "error": f"{file.name}: no runtime opens {file.suffix!r} files"}
+    if runtime_kind(runtime).needs_declared_tensors:
+        return {"opens": f"not checked ({runtime} needs its tensors from model.toml)"}
     try:
         opened = open_runtime(runtime, file, "cpu")
     except Exception as exc:  # any failure to open is the answer here

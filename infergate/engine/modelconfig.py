@@ -5,18 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from infergate.engine.breaker import TUNABLE
+from infergate.engine.runtimes import runtime_names
 from infergate.engine.spec import (
     BatchingOverrides,
     ModelConfig,
-    RuntimeName,
     TensorSpec,
     VersionPolicy,
 )
 from infergate.engine.tomltable import Table, load_toml
 from infergate.errors import ConfigError
 from infergate.tensors import V2_TO_NUMPY
-
-RUNTIMES: tuple[RuntimeName, ...] = ("onnx", "torchscript")
 
 
 def _tensor(table: Table) -> TensorSpec:
@@ -69,9 +67,9 @@ def _breaker(table: Table) -> tuple[tuple[str, float], ...]:
 
 def parse_model_config(path: Path) -> ModelConfig:
     table = Table(load_toml(path), path)
-    runtime = table.string("runtime", None, choices=RUNTIMES)
+    runtime = table.string("runtime", None, choices=runtime_names())
     config = ModelConfig(
-        runtime=runtime,  # type: ignore[arg-type]
+        runtime=runtime,
         instances=table.integer("instances", 1, minimum=1),
         threads=table.integer("threads", None, minimum=1),
         device=table.string("device", "auto"),

@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 from infergate.engine.modelconfig import parse_model_config
-from infergate.engine.spec import MODEL_FILE_RUNTIMES, ModelConfig, ModelEntry, ModelVersionFile
+from infergate.engine.runtimes import model_suffixes, runtime_for
+from infergate.engine.spec import ModelConfig, ModelEntry, ModelVersionFile
 from infergate.errors import ConfigError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -24,7 +25,7 @@ def _model_file(folder: Path) -> Path | None:
     candidates = [
         p
         for p in sorted(folder.iterdir())
-        if p.is_file() and not is_ignored(p) and p.suffix in MODEL_FILE_RUNTIMES
+        if p.is_file() and not is_ignored(p) and runtime_for(p) is not None
     ]
     return candidates[0] if candidates else None
 
@@ -45,7 +46,8 @@ def _scan_folder(folder: Path) -> ModelEntry:
         model_file = _model_file(child)
         if model_file is None:
             continue
-        runtime = config.runtime or MODEL_FILE_RUNTIMES[model_file.suffix]
+        runtime = config.runtime or runtime_for(model_file)
+        assert runtime is not None  # _model_file chose a file some runtime opens
         versions.append(ModelVersionFile(int(child.name), model_file, runtime))
     versions.sort(key=lambda v: v.version)
     problem = None
@@ -58,7 +60,7 @@ def _scan_folder(folder: Path) -> ModelEntry:
 
 
 def _lone_file(root: Path, name: str) -> Path | None:
-    for suffix in MODEL_FILE_RUNTIMES:
+    for suffix in model_suffixes():
         candidate = root / f"{name}{suffix}"
         if candidate.is_file():
             return candidate
@@ -73,7 +75,9 @@ def scan_model(root: Path, name: str) -> ModelEntry | None:
     lone = _lone_file(root, name)
     if lone is None:
         return None
-    version = ModelVersionFile(1, lone, MODEL_FILE_RUNTIMES[lone.suffix])
+    runtime = runtime_for(lone)
+    assert runtime is not None  # _lone_file looked only for such files
+    version = ModelVersionFile(1, lone, runtime)
     return ModelEntry(name=name, config=ModelConfig(), versions=(version,))
 
 
@@ -87,7 +91,7 @@ def model_names(root: Path) -> list[str]:
             continue
         if child.is_dir():
             names.add(child.name)
-        elif child.is_file() and child.suffix in MODEL_FILE_RUNTIMES:
+        elif child.is_file() and runtime_for(child) is not None:
             names.add(child.stem)  # a folder of the same name wins in scan_model
     return sorted(names)
 
@@ -104,7 +108,7 @@ def model_name_for(root: Path, path: Path) -> str | None:
     if len(parts) == 1:
         stem = first.removesuffix(".sig")
         suffix = Path(stem).suffix
-        if suffix in MODEL_FILE_RUNTIMES:
+        if suffix in model_suffixes():
             return Path(stem).stem
     return first if _NAME.match(first) else None
 

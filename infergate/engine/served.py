@@ -9,13 +9,12 @@ from infergate.engine.breaker import Breaker
 from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
 from infergate.engine.placement import PlacementRefused
-from infergate.engine.runtimes import unavailable_reason
+from infergate.engine.runtimes import runtime_kind, unavailable_reason
 from infergate.engine.scheduling.batching import batch_key, has_batch_dimension
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.scheduling.scheduler import Scheduler, Timing
 from infergate.engine.spec import (
-    PLATFORMS,
     BatchingOverrides,
     ModelConfig,
     ModelEntry,
@@ -62,7 +61,7 @@ class ServedVersion:
         self.file = file
         self.sha256 = sha256
         self.config: ModelConfig = entry.config
-        self.platform = PLATFORMS[file.runtime]
+        self.platform = runtime_kind(file.runtime).platform
         self.unavailable = unavailable_reason(file.runtime)
         self.refused: str | None = None  # placement said no: the reason
         self.in_flight = 0

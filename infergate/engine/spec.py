@@ -4,21 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-RuntimeName = Literal["onnx", "torchscript"]
-
-MODEL_FILE_RUNTIMES: dict[str, RuntimeName] = {
-    ".onnx": "onnx",
-    ".pt": "torchscript",
-    ".pth": "torchscript",
-    ".torchscript": "torchscript",
-}
-
-PLATFORMS: dict[RuntimeName, str] = {
-    "onnx": "onnxruntime_onnx",
-    "torchscript": "pytorch_libtorch",
-}
+RuntimeName = str  # a name in the runtime registry (infergate.engine.runtimes)
 
 
 @dataclass(frozen=True)

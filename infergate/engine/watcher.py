@@ -19,7 +19,7 @@ from infergate.clock import Clock
 from infergate.engine.context import EngineContext
 from infergate.engine.registry import Registry
 from infergate.engine.repository import is_ignored, model_name_for
-from infergate.engine.spec import MODEL_FILE_RUNTIMES
+from infergate.engine.runtimes import model_suffixes
 
 Snapshot = tuple[tuple[str, int, int], ...]
 
@@ -38,7 +38,7 @@ def snapshot(root: Path, name: str) -> Snapshot:
                 with contextlib.suppress(FileNotFoundError):
                     st = path.stat()
                     rows.append((str(path.relative_to(root)), st.st_size, st.st_mtime_ns))
-    for suffix in MODEL_FILE_RUNTIMES:
+    for suffix in model_suffixes():
         for path in (root / f"{name}{suffix}", root / f"{name}{suffix}.sig"):
             with contextlib.suppress(FileNotFoundError):
                 st = path.stat()

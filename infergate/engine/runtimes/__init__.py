@@ -1,36 +1,128 @@
-"""Runtimes, imported lazily: each worker pays only for the library it uses."""
+"""The runtime registry: which runtimes exist, the model files each opens, and how to open
+one. Runtimes are imported lazily: each worker pays only for the library it uses.
+
+Built in: `onnx` (onnxruntime) and `torchscript` (torch). More can be registered by
+modules named in the INFERGATE_RUNTIME_PLUGINS environment variable (comma-separated),
+imported in the gateway and in every worker on first use: the test suite registers its
+scripted runtime this way, and nothing else ever sees it.
+"""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from infergate.engine.runtimes.base import Runtime, RuntimeUnavailable
-from infergate.engine.spec import RuntimeName, TensorSpec
+from infergate.engine.spec import TensorSpec
 
-INSTALL_HINTS: dict[RuntimeName, tuple[str, str]] = {
-    "onnx": ("onnxruntime", "pip install onnxruntime   (or ./install.sh)"),
-    "torchscript": ("torch", "pip install 'infergate[torch]'   (or ./install.sh --torch)"),
-}
+PLUGINS_ENV = "INFERGATE_RUNTIME_PLUGINS"
+
+# (path, device, inputs declared in model.toml, outputs declared, threads, memory_mb)
+Opener = Callable[
+    [Path, str, tuple[TensorSpec, ...], tuple[TensorSpec, ...], "int | None", "int | None"],
+    Runtime,
+]
 
 
-def unavailable_reason(runtime: RuntimeName) -> str | None:
+@dataclass(frozen=True)
+class RuntimeKind:
+    """One runtime: its name in model.toml, the files it opens and how to open them."""
+
+    name: str
+    suffixes: tuple[str, ...]  # model file extensions it claims, with the dot
+    platform: str  # as Triton's metadata names it
+    package: str  # the module it needs installed
+    install_hint: str
+    opener: str  # "module:function" with the Opener signature, imported in the worker
+    needs_declared_tensors: bool = False  # the file has no tensor names (TorchScript)
+
+
+BUILT_IN = (
+    RuntimeKind(
+        "onnx",
+        (".onnx",),
+        "onnxruntime_onnx",
+        "onnxruntime",
+        "pip install onnxruntime   (or ./install.sh)",
+        "infergate.engine.runtimes.onnx:open_onnx",
+    ),
+    RuntimeKind(
+        "torchscript",
+        (".pt", ".pth", ".torchscript"),
+        "pytorch_libtorch",
+        "torch",
+        "pip install 'infergate[torch]'   (or ./install.sh --torch)",
+        "infergate.engine.runtimes.torchscript:open_torchscript",
+        needs_declared_tensors=True,
+    ),
+)
+
+_kinds: dict[str, RuntimeKind] = {k.name: k for k in BUILT_IN}
+_plugins_loaded = False
+
+
+def register(kind: RuntimeKind) -> None:
+    """Add a runtime (from a plugin module). Its suffixes must not be claimed already."""
+    for other in _kinds.values():
+        if other.name != kind.name and set(other.suffixes) & set(kind.suffixes):
+            raise ValueError(f"runtime {kind.name}: suffixes already claimed by {other.name}")
+    _kinds[kind.name] = kind
+
+
+def _all() -> dict[str, RuntimeKind]:
+    global _plugins_loaded
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        for module in filter(None, os.environ.get(PLUGINS_ENV, "").split(",")):
+            importlib.import_module(module.strip())  # it calls register()
+    return _kinds
+
+
+def runtime_names() -> tuple[str, ...]:
+    return tuple(_all())
+
+
+def runtime_kind(name: str) -> RuntimeKind:
+    return _all()[name]
+
+
+def model_suffixes() -> tuple[str, ...]:
+    """Every file extension some runtime opens, in registration order."""
+    return tuple(s for k in _all().values() for s in k.suffixes)
+
+
+def runtime_for(path: Path) -> str | None:
+    """The runtime that opens files like `path`, by extension; None: no runtime does."""
+    for kind in _all().values():
+        if path.suffix in kind.suffixes:
+            return kind.name
+    return None
+
+
+def unavailable_reason(runtime: str) -> str | None:
     """Why `runtime` cannot run here, with the install command; None when it can.
 
     Only looks for the package, so the gateway can ask without importing torch.
     """
-    module, hint = INSTALL_HINTS[runtime]
+    kind = runtime_kind(runtime)
     try:
-        found = importlib.util.find_spec(module) is not None
+        found = importlib.util.find_spec(kind.package) is not None
     except ImportError:  # a finder that refuses the name: as good as absent
         found = False
     if not found:
-        return f"the {runtime} runtime needs {module}, which is not installed. Hint: {hint}"
+        return (
+            f"the {runtime} runtime needs {kind.package}, which is not installed. "
+            f"Hint: {kind.install_hint}"
+        )
     return None
 
 
 def open_runtime(
-    runtime: RuntimeName,
+    runtime: str,
     path: Path,
     device: str,
     inputs: tuple[TensorSpec, ...] = (),
@@ -41,10 +133,6 @@ def open_runtime(
     reason = unavailable_reason(runtime)
     if reason:
         raise RuntimeUnavailable(reason)
-    if runtime == "onnx":
-        from infergate.engine.runtimes.onnx import OnnxRuntime
-
-        return OnnxRuntime(path, device, threads, memory_mb)
-    from infergate.engine.runtimes.torchscript import TorchScriptRuntime
-
-    return TorchScriptRuntime(path, device, inputs, outputs, threads, memory_mb)
+    module, _, function = runtime_kind(runtime).opener.partition(":")
+    opener: Opener = getattr(importlib.import_module(module), function)
+    return opener(path, device, inputs, outputs, threads, memory_mb)

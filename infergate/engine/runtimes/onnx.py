@@ -58,6 +58,19 @@ def choose_providers(device: str, memory_mb: int | None = None) -> tuple[list[An
     return ["CPUExecutionProvider"], "cpu"
 
 
+def open_onnx(
+    path: Path,
+    device: str,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    threads: int | None,
+    memory_mb: int | None,
+) -> OnnxRuntime:
+    """The registry's opener: the graph names its own tensors (model.toml's are checked
+    against them by the worker)."""
+    return OnnxRuntime(path, device, threads, memory_mb)
+
+
 class OnnxRuntime:
     def __init__(
         self, path: Path, device: str, threads: int | None = None, memory_mb: int | None = None

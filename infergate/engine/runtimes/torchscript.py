@@ -12,6 +12,17 @@ from infergate.engine.spec import TensorSpec
 from infergate.tensors import Array, numpy_dtype
 
 
+def open_torchscript(
+    path: Path,
+    device: str,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    threads: int | None,
+    memory_mb: int | None,
+) -> TorchScriptRuntime:
+    return TorchScriptRuntime(path, device, inputs, outputs, threads, memory_mb)
+
+
 class TorchScriptRuntime:
     def __init__(
         self,
