@@ -106,6 +106,12 @@ class Metrics:
             ["model"],
             registry=self.registry,
         )
+        self.retries = Counter(
+            "infergate_retries",
+            "Work retried on a sibling instance after its worker failed",
+            ["model"],
+            registry=self.registry,
+        )
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
 
     def child(self, metric: Counter | Histogram, *labels: str) -> Any:

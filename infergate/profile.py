@@ -187,6 +187,7 @@ def _tenants(table: Table, classes: tuple[PriorityClass, ...]) -> tuple[Tenant, 
                 devices=tuple(devices),
                 memory_mb=entry.integer("memory_mb", d.memory_mb, minimum=1),
                 api_keys=_key_hashes(entry, "api_keys"),
+                weight=entry.number("weight", d.weight, minimum=0.001),
             )
         )
         entry.reject_unknown()

@@ -1,6 +1,7 @@
-"""The scheduler's queue under random arrivals, deadlines, sizes and service times, on an
-injected clock: every request gets exactly one outcome, nothing starts after its
-deadline, the most urgent job always goes first, and batches respect their limits."""
+"""The scheduler's queue under random arrivals, deadlines, sizes, tenants and service times,
+on an injected clock: every job gets exactly one outcome, nothing starts after its deadline
+unless its request had started, the job first in order always goes first, batches respect
+their limits, jobs without a batch key run alone, and tenants of a class share fairly."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from hypothesis import strategies as st
 
 from infergate.clock import FakeClock
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
-from infergate.engine.scheduling.queue import Job, JobQueue, QueueFull, QueuePolicy
+from infergate.engine.scheduling.queue import (
+    Fairness,
+    Group,
+    Job,
+    JobQueue,
+    QueueFull,
+    QueuePolicy,
+)
 
 
 @dataclass
@@ -20,9 +28,11 @@ class Request:
     at: float
     cls: PriorityClass
     rows: int
-    key: int
+    key: int | None
     patience: float
     pin: int | None
+    parts: int
+    tenant: int
 
 
 requests = st.lists(
@@ -32,9 +42,11 @@ requests = st.lists(
         at=st.floats(0, 0.2),
         cls=st.sampled_from(DEFAULT_CLASSES),
         rows=st.integers(1, 6),
-        key=st.integers(0, 1),
+        key=st.sampled_from([0, 1, None]),  # None: no batch dimension, never merged
         patience=st.floats(0.0, 0.05),
         pin=st.sampled_from([None, None, 0, 1]),
+        parts=st.sampled_from([1, 1, 2, 3]),  # a large request cut into chunks
+        tenant=st.integers(0, 2),
     ),
     max_size=60,
 )
@@ -62,14 +74,15 @@ def test_queue_promises(
     for i, r in enumerate(reqs):
         r.id = i
     clock = FakeClock(0.0)
-    queue: JobQueue[int] = JobQueue(QueuePolicy(max_batch, delay, max_queue))
-    outcome: dict[int, str] = {}
-    started: dict[int, float] = {}
+    queue: JobQueue[tuple[int, int]] = JobQueue(QueuePolicy(max_batch, delay, max_queue))
+    outcome: dict[tuple[int, int], str] = {}
+    started: dict[tuple[int, int], float] = {}
+    started_groups: set[int] = set()
     busy_until = [0.0] * instances
     arrivals = sorted(reqs, key=lambda r: (r.at, r.id))
-    jobs: dict[int, Job[int]] = {}
+    jobs: dict[tuple[int, int], Job[tuple[int, int]]] = {}
 
-    def record(job: Job[int], what: str) -> None:
+    def record(job: Job[tuple[int, int]], what: str) -> None:
         assert job.payload not in outcome, f"request {job.payload} answered twice"
         outcome[job.payload] = what
 
@@ -84,14 +97,22 @@ def test_queue_promises(
         while arrivals and arrivals[0].at <= now:
             r = arrivals.pop(0)
             pin = None if r.pin is None else r.pin % instances
-            job = Job(r.id, r.cls, now, now + r.patience, r.rows, r.key, pin)  # arrives now
-            jobs[r.id] = job
+            group = Group() if r.parts > 1 else None
+            fair = Fairness(r.tenant, 1.0 + r.tenant)
+            parts = [
+                Job((r.id, p), r.cls, now, now + r.patience, r.rows, r.key, pin, fair, group)
+                for p in range(r.parts)
+            ]  # arriving now
+            for job in parts:
+                jobs[job.payload] = job
             try:
-                for victim in queue.admit([job]):
-                    assert victim.cls.rank > job.cls.rank  # only lower classes are shed
+                for victim in queue.admit(parts):
+                    assert victim.cls.rank > r.cls.rank  # only lower classes are shed
+                    assert victim.expirable  # a started request keeps its chunks
                     record(victim, "shed")
             except QueueFull:
-                record(job, "rejected")
+                for job in parts:
+                    record(job, "rejected")
         wake = None
         for i in range(instances):
             if busy_until[i] > now:
@@ -110,11 +131,15 @@ def test_queue_promises(
             assert all(j.order() >= head.order() for j in before)
             assert sum(j.rows for j in taken) <= max(max_batch, head.rows)
             assert len({j.key for j in taken}) == 1
+            if head.key is None:
+                assert len(taken) == 1, "jobs without a batch key were merged"
             for job in taken:
                 assert job.pin in (None, i), "ran on an instance it was not pinned to"
-                assert job.deadline >= now, "started after its deadline"
+                went_on = job.group is not None and id(job.group) in started_groups
+                assert job.deadline >= now or went_on, "started after its deadline"
                 started[job.payload] = now
                 record(job, "ran")
+            started_groups.update(id(j.group) for j in taken if j.group is not None)
             busy_until[i] = now + service
         candidates = [t for t in busy_until if t > now]
         if arrivals:
@@ -128,7 +153,8 @@ def test_queue_promises(
             break
         clock.advance(max(min(candidates) - now, 1e-9))
     assert len(queue) == 0
-    assert sorted(outcome) == [r.id for r in reqs]  # exactly one outcome each
+    assert sorted(outcome) == sorted(jobs)  # exactly one outcome each
+    assert len(jobs) == sum(r.parts for r in reqs)
 
 
 def test_lower_classes_are_shed_first_and_full_queue_refuses() -> None:
@@ -163,3 +189,70 @@ def test_batch_waits_for_more_only_up_to_the_delay() -> None:
     batch = queue.take(1.004)
     assert isinstance(batch, list)
     assert [j.payload for j in batch] == ["c"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    backlog=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=60),
+    weights=st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.0]), min_size=4, max_size=4),
+)
+def test_tenants_of_a_class_share_fairly(
+    backlog: list[tuple[int, int]], weights: list[float]
+) -> None:
+    """Start-time fair queuing's bound: while two tenants both have work waiting, the rows
+    each got, over its weight, differ by at most one largest job of each (over weight),
+    however the backlog arrived."""
+    burst = DEFAULT_CLASSES[1]
+    queue: JobQueue[int] = JobQueue(QueuePolicy(max_batch_size=1, max_queue_size=1000))
+    for i, (tenant, rows) in enumerate(backlog):
+        fair = Fairness(tenant, weights[tenant])
+        queue.admit([Job(i, burst, 0.0, 10.0, rows, None, None, fair)])
+    served = [0.0] * 4
+    largest = [max((r for t, r in backlog if t == k), default=0) for k in range(4)]
+    while True:
+        waiting = {j.fair.tenant for j in queue.waiting()}
+        for a in waiting:
+            for b in waiting:
+                gap = served[a] / weights[a] - served[b] / weights[b]  # type: ignore[index]
+                bound = largest[a] / weights[a] + largest[b] / weights[b]  # type: ignore[index]
+                assert gap <= bound + 1e-9, (a, b, served)
+        taken = queue.take(0.0, may_wait=False)
+        if taken is None:
+            break
+        assert isinstance(taken, list)
+        [job] = taken
+        served[job.fair.tenant] += job.rows  # type: ignore[index]
+
+
+def test_a_light_tenant_goes_before_a_flooders_backlog() -> None:
+    burst = DEFAULT_CLASSES[1]
+    queue: JobQueue[str] = JobQueue(QueuePolicy(max_batch_size=1, max_queue_size=1000))
+    for i in range(50):
+        queue.admit([Job(f"flood{i}", burst, 0.0, 10.0, fair=Fairness("flooder"))])
+    first = queue.take(0.0)
+    assert isinstance(first, list)
+    queue.admit([Job("light", burst, 0.1, 10.1, fair=Fairness("light"))])
+    order = []
+    while isinstance(taken := queue.take(0.2), list):
+        order.append(taken[0].payload)
+    assert order.index("light") <= 1  # behind at most the flooder's next job, not all 49
+
+
+def test_a_started_request_is_never_expired_and_none_keys_never_merge() -> None:
+    burst = DEFAULT_CLASSES[1]
+    queue: JobQueue[str] = JobQueue(QueuePolicy(max_batch_size=8, max_delay_s=0.0))
+    group = Group()
+    queue.admit([Job(f"chunk{i}", burst, 0.0, 0.2, 8, "k", group=group) for i in range(3)])
+    queue.admit([Job("lone1", burst, 0.0, 0.2, 1, None), Job("lone2", burst, 0.0, 0.2, 1, None)])
+    first = queue.take(0.0)
+    assert isinstance(first, list)
+    assert [j.payload for j in first] == ["chunk0"]
+    expired = queue.expire(5.0)  # long past every deadline
+    assert sorted(j.payload for j in expired) == ["lone1", "lone2"]
+    assert [j.payload for j in queue.waiting()] == ["chunk1", "chunk2"]
+    assert queue.next_deadline() is None  # nothing left that can expire: no wake-ups
+    queue2: JobQueue[str] = JobQueue(QueuePolicy(max_batch_size=8, max_delay_s=0.0))
+    queue2.admit([Job("a", burst, 0.0, 0.2, 1, None), Job("b", burst, 0.0, 0.2, 1, None)])
+    one = queue2.take(0.0)
+    assert isinstance(one, list)
+    assert len(one) == 1

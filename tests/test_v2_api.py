@@ -227,6 +227,7 @@ def test_broken_model_is_reported_and_others_serve(server: ServerProcess) -> Non
     assert model["state"] == "failed"
     assert "load failed" in model["reason"]
     response = httpx.post(f"{server.url}/v2/models/broken/infer", json={"inputs": []})
-    assert response.status_code == 503
+    assert response.status_code == 424  # no retry fixes it: a 4xx without Retry-After
+    assert "retry-after" not in response.headers
     assert "broken" in response.json()["error"]
-    assert httpx.get(f"{server.url}/v2/models/broken/ready").status_code == 503
+    assert httpx.get(f"{server.url}/v2/models/broken/ready").status_code == 424

@@ -114,8 +114,9 @@ class Breaker:
             return "probe"
         return "refused"
 
-    def record(self, admission: Admission, ok: bool, latency_s: float) -> None:
-        """The outcome of a request that `allow` let through as `admission`."""
+    def record(self, admission: Admission, ok: bool, latency_s: float | None) -> None:
+        """The outcome of a request that `allow` let through as `admission`, with the
+        model's execution latency (None: not measured, e.g. the worker died)."""
         now = self._clock.now()
         self._tick(now)
         if admission == "probe":
@@ -135,7 +136,8 @@ class Breaker:
             bucket.ok += 1
         else:
             bucket.failed += 1
-        bucket.latencies.append(latency_s)
+        if latency_s is not None:
+            bucket.latencies.append(latency_s)
 
     def reset(self) -> None:
         self._buckets.clear()

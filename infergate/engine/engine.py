@@ -13,21 +13,22 @@ from infergate.engine.inference import InferenceRequest, InferenceResult
 from infergate.engine.monitor import MemoryMonitor
 from infergate.engine.registry import ModelRecord, Registry
 from infergate.engine.scheduling.classes import ClassTable
+from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.served import ServedVersion
 from infergate.engine.tenants import TenantState
 from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
+    BadRequest,
     CircuitOpen,
-    DeadlineExceeded,
     Forbidden,
     InfergateError,
-    ModelExecutionError,
+    ModelFailed,
     ModelNotFound,
     ModelNotReady,
     RateLimited,
-    WorkerFailed,
 )
 from infergate.profile import Profile
+from infergate.tensors import Array
 
 ModelControl = Literal["poll", "explicit"]
 
@@ -87,15 +88,7 @@ class Engine:
         if version is None:
             served = record.default_version()
             if served is None:
-                hint = (
-                    "retry shortly"
-                    if record.state == "loading"
-                    else ("infergate model status " + name + " shows why")
-                )
-                raise ModelNotReady(
-                    f"model {name!r} is {record.state}: {record.reason or 'no version on disk'}. "
-                    f"Hint: {hint}"
-                )
+                raise _no_version_error(record)
             return served
         try:
             return record.versions[version]
@@ -138,12 +131,7 @@ class Engine:
         try:
             tenants.admit(state, request.model)
         except (RateLimited, Forbidden) as exc:
-            reason = (
-                "forbidden"
-                if isinstance(exc, Forbidden)
-                else ("rate" if "rate" in str(exc) else "concurrency")
-            )
-            self.context.metrics.rate_limited.labels(state.tenant.name, reason).inc()
+            self.context.metrics.rate_limited.labels(state.tenant.name, exc.reason).inc()
             raise
         try:
             return await self._infer(request, state)
@@ -158,10 +146,20 @@ class Engine:
         outputs = served.check_outputs(request.outputs)
         cap = self.context.classes.get(tenant.tenant.cls)
         cls = self.context.classes.resolve(request.priority, cap=cap)
-        timeout = served.config.timeout_s
+        if is_empty_batch(request.inputs):
+            # Nothing to run: answered here, without the worker, the queue or the breaker.
+            return InferenceResult(served.name, served.version, served.empty_outputs(outputs))
+        for name, array in request.inputs.items():
+            if array.size == 0:
+                raise BadRequest(
+                    f"input {name!r} has shape {list(array.shape)}, which holds no elements; "
+                    "an empty tensor is accepted only as an empty batch (every input's first "
+                    "dimension 0). Hint: send at least one element, or no rows at all"
+                )
+        # The client's timeout bounds its wait in the queue, as in Triton; once it runs,
+        # only the model's own timeout_ms bounds it (a client cannot kill a worker).
         queue_deadline = cls.deadline_s
         if request.timeout_s is not None:
-            timeout = min(timeout, request.timeout_s)
             queue_deadline = min(queue_deadline, request.timeout_s)
         admission = served.breaker.allow()
         if admission == "refused":
@@ -172,17 +170,53 @@ class Engine:
                 f"breaker list shows it, infergate breaker reset {served.name} closes it",
                 wait,
             )
-        started = self.context.clock.now()
+        fair = Fairness(tenant.tenant.name, tenant.tenant.weight)
         try:
             result, timing = await served.infer(
-                request.inputs, key, outputs, cls, queue_deadline, timeout, request.session
+                request.inputs,
+                key,
+                outputs,
+                cls,
+                queue_deadline,
+                served.config.timeout_s,
+                request.session,
+                fair,
             )
-        except (ModelExecutionError, WorkerFailed, DeadlineExceeded):
-            served.breaker.record(admission, False, self.context.clock.now() - started)
+        except InfergateError as exc:
+            # The breaker judges the model: its own failures count; load (queue deadlines,
+            # shedding) and the gateway's bugs do not. A probe that did not reach the model
+            # says nothing bad about it.
+            if exc.model_fault:
+                served.breaker.record(admission, False, getattr(exc, "compute_s", None))
+            elif admission == "probe":
+                served.breaker.record(admission, True, None)
             raise
-        except InfergateError:
-            if admission == "probe":  # not the model's fault: the probe says nothing bad
-                served.breaker.record(admission, True, self.context.clock.now() - started)
-            raise
-        served.breaker.record(admission, True, self.context.clock.now() - started)
+        # Its execution time, not its queue wait: other tenants' traffic is not the model's.
+        served.breaker.record(admission, True, timing.compute_s)
         return InferenceResult(served.name, served.version, result, timing)
+
+
+def is_empty_batch(inputs: dict[str, Array]) -> bool:
+    """A batch of zero rows (tritonclient sends np.zeros((0, n)) as shape [0, n])."""
+    first = next(iter(inputs.values()), None)
+    if first is None or first.shape[:1] != (0,):  # the usual case, decided at once
+        return False
+    return all(a.shape[:1] == (0,) for a in inputs.values())
+
+
+def _no_version_error(record: ModelRecord) -> InfergateError:
+    """Why a model has nothing to serve, as the status a client should act on: 503 with
+    Retry-After only while it is on its way; otherwise no retry will help."""
+    name, state = record.name, record.state
+    why = record.reason or "no version on disk"
+    if state == "loading":
+        return ModelNotReady(f"model {name!r} is loading: {why}. Hint: retry shortly")
+    if state == "unloaded":
+        return ModelNotFound(
+            f"Request for unknown model: {name!r} is not found: it was unloaded. "
+            f"Hint: infergate model load {name}"
+        )
+    return ModelFailed(
+        f"model {name!r} failed to load: {why}. Hint: fix it and reload it (infergate model "
+        f"status {name} shows why, infergate model load {name} retries)"
+    )

@@ -3,7 +3,21 @@ and a counter for concurrent requests."""
 
 from __future__ import annotations
 
+import math
+
 from infergate.clock import Clock
+
+# The longest Retry-After we send: a tenant whose rate is 0 never gets a token, but a
+# client told "never" (or "inf", which no header can carry) cannot even learn that an
+# operator raised it.
+MAX_RETRY_S = 60
+
+
+def retry_seconds(wait_s: float) -> int:
+    """A wait as the whole seconds Retry-After carries: at least 1, at most MAX_RETRY_S."""
+    if not wait_s < MAX_RETRY_S:  # also inf and nan
+        return MAX_RETRY_S
+    return max(1, math.ceil(wait_s))
 
 
 class TokenBucket:

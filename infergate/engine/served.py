@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 
+import numpy as np
+
 from infergate.engine.breaker import Breaker
 from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
@@ -12,7 +14,7 @@ from infergate.engine.placement import PlacementRefused
 from infergate.engine.runtimes import runtime_kind, unavailable_reason
 from infergate.engine.scheduling.batching import batch_key, has_batch_dimension
 from infergate.engine.scheduling.classes import PriorityClass
-from infergate.engine.scheduling.queue import QueuePolicy
+from infergate.engine.scheduling.queue import Fairness, QueuePolicy
 from infergate.engine.scheduling.scheduler import Scheduler, Timing
 from infergate.engine.spec import (
     BatchingOverrides,
@@ -24,8 +26,8 @@ from infergate.engine.spec import (
 from infergate.engine.tenants import DEFAULT_TENANT, Tenant
 from infergate.engine.validate import check_inputs, check_outputs
 from infergate.engine.workers.messages import Ready, WorkerSpec
-from infergate.errors import ModelNotReady
-from infergate.tensors import Array
+from infergate.errors import InfergateError, ModelFailed, ModelNotReady
+from infergate.tensors import Array, numpy_dtype
 
 
 def queue_policy(defaults: QueuePolicy, overrides: BatchingOverrides) -> QueuePolicy:
@@ -216,14 +218,19 @@ class ServedVersion:
         info = self._ready_info()
         return info.outputs if info else self.config.outputs
 
-    def not_ready_error(self) -> ModelNotReady:
-        if self.state in ("loading", "restarting"):
-            hint = "Hint: retry shortly"
-        else:
-            hint = "Hint: fix the model and reload it (infergate model status shows why)"
+    def not_ready_error(self) -> InfergateError:
+        """503 with Retry-After while it is on its way (loading, restarting); 424 without
+        it when only a person can fix it (failed, unavailable, stopped)."""
+        state = self.state
         why = f": {self.reason}" if self.reason else ""
-        return ModelNotReady(
-            f"model {self.name!r} version {self.version} is {self.state}{why}. {hint}"
+        if state in ("loading", "restarting"):
+            return ModelNotReady(
+                f"model {self.name!r} version {self.version} is {state}{why}. Hint: retry shortly"
+            )
+        return ModelFailed(
+            f"model {self.name!r} version {self.version} is {state}{why}. Hint: fix the model "
+            f"and reload it (infergate model status {self.name} shows why, infergate model "
+            f"load {self.name} retries)"
         )
 
     def depth_by_class(self) -> dict[str, int]:
@@ -257,13 +264,27 @@ class ServedVersion:
         return key
 
     def check_outputs(self, wanted: tuple[str, ...] | None) -> tuple[str, ...]:
-        """The outputs to compute for a request that asked for `wanted` (None: all)."""
+        """The outputs to compute for a request that asked for `wanted` (None or none
+        named: all, as in Triton)."""
+        if not wanted:
+            wanted = None
         if wanted is None and self._all_outputs is not None:
             return self._all_outputs
         names = check_outputs(self.name, self.outputs, wanted)
         if wanted is None and self._ready_info() is not None:
             self._all_outputs = names
         return names
+
+    def empty_outputs(self, names: tuple[str, ...]) -> dict[str, Array]:
+        """The answer to a batch of zero rows, without running it: each output with zero
+        rows, its other dimensions as declared (a free one is 0 too, as nothing fills it)."""
+        specs = {s.name: s for s in self.outputs}
+        return {
+            n: np.zeros(
+                (0, *(max(d, 0) for d in specs[n].shape[1:])), numpy_dtype(specs[n].datatype)
+            )
+            for n in names
+        }
 
     async def infer(
         self,
@@ -274,6 +295,7 @@ class ServedVersion:
         queue_deadline_s: float,
         timeout_s: float,
         session: str | None = None,
+        fair: Fairness | None = None,
     ) -> tuple[dict[str, Array], Timing]:
         """Run checked inputs (`key` from check_inputs)."""
         # Counted from the same loop step that chose this version, so a drain never
@@ -282,7 +304,7 @@ class ServedVersion:
         self._idle.clear()
         try:
             return await self.scheduler.submit(
-                inputs, key, outputs, cls, queue_deadline_s, timeout_s, session
+                inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair
             )
         finally:
             self.in_flight -= 1

@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from infergate.clock import Clock
-from infergate.engine.limits import ConcurrencyLimit, TokenBucket
+from infergate.engine.limits import ConcurrencyLimit, TokenBucket, retry_seconds
 from infergate.errors import Forbidden, RateLimited, Unauthorized
 
 DEFAULT_TENANT = "default"
@@ -41,6 +41,7 @@ class Tenant:
     devices: tuple[str, ...] = ("auto",)
     memory_mb: int = 4096
     api_keys: tuple[str, ...] = ()  # "sha256:<hex>"
+    weight: float = 1.0  # its share of a queue against tenants of the same class
 
     # The allow-list as one compiled pattern: may_use is asked on every request.
     _allowed: re.Pattern[str] = field(init=False, repr=False, compare=False)
@@ -144,17 +145,27 @@ class Tenants:
         wait = state.bucket.try_take()
         if wait > 0:
             state.rate_limited += 1
+            # Whole seconds, so the message says what the Retry-After header says.
+            seconds = retry_seconds(wait)
+            hint = (
+                "; its rps is 0, so it gets no more requests until an operator raises it "
+                "(infergate tenant set)"
+                if tenant.rps <= 0
+                else ""
+            )
             raise RateLimited(
                 f"tenant {tenant.name!r} is over its rate of {tenant.rps:g} requests/s "
-                f"(burst {tenant.burst:g}); retry in {wait:.2f} s",
-                wait,
+                f"(burst {tenant.burst:g}); retry in {seconds} s{hint}",
+                seconds,
+                reason="rate",
             )
         if not state.concurrency.try_enter():
             state.over_concurrency += 1
             raise RateLimited(
                 f"tenant {tenant.name!r} already has {tenant.max_concurrency} requests in "
-                "flight (max_concurrency); retry when one finishes",
-                1.0 / max(tenant.rps, 1),
+                "flight (max_concurrency); retry in 1 s, or when one finishes",
+                1,
+                reason="concurrency",
             )
         state.admitted += 1
 

@@ -1,8 +1,16 @@
 """The queue of one model version, as pure logic on an injected clock (no asyncio, no
-processes), so its promises are property-tested: classes in rank order, earliest deadline
-first within a class, nothing taken after its deadline, batches of compatible jobs up to
-`max_batch_size` rows, waiting at most `max_delay_s` for a batch to fill, and shedding the
-lowest classes first when full.
+processes), so its promises are property-tested: classes in rank order; within a class,
+tenants share fairly (start-time fair queuing, weighted by rows over the tenant's
+`weight`), and each tenant's own jobs go in arrival order; nothing taken after its
+deadline unless its request already started; batches of compatible jobs (an equal,
+non-None key) up to `max_batch_size` rows, waiting at most `max_delay_s` for a batch to
+fill; and shedding the lowest classes first when full.
+
+Fair queuing: each job gets a virtual start tag, the later of its class's virtual time
+(the tag of the last job taken) and its tenant's previous finish tag; its finish tag adds
+rows / weight. Jobs go in tag order, so a tenant with a deep backlog has pushed its own
+tags far ahead, and a tenant that sends one request lands at the front of the class.
+A tenant that was idle gets no credit for it (its tag is never behind the class's).
 """
 
 from __future__ import annotations
@@ -18,6 +26,21 @@ from infergate.engine.scheduling.classes import PriorityClass
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, slots=True)
+class Fairness:
+    """Whose request this is, for fair sharing within a class."""
+
+    tenant: Hashable = None
+    weight: float = 1.0  # a tenant of weight 2 gets twice the rows of one of weight 1
+
+
+@dataclass(eq=False, slots=True)
+class Group:
+    """The chunks of one request: once one has started, none of them expires."""
+
+    started: bool = False
+
+
 @dataclass(eq=False, slots=True)
 class Job(Generic[T]):
     """A unit the queue schedules: a whole request, or one chunk of a large one."""
@@ -27,13 +50,21 @@ class Job(Generic[T]):
     arrival: float
     deadline: float  # the latest time it may start; past it, it expires unrun
     rows: int = 1  # rows along the batch dimension
-    key: Hashable = None  # jobs batch together only with an equal key
+    key: Hashable = None  # jobs batch together only with an equal key; None runs alone
     pin: int | None = None  # the only instance that may run it (session affinity)
+    fair: Fairness = field(default_factory=Fairness)
+    group: Group | None = None  # the request's other chunks, when it was cut up
     seq: int = field(default=0)
+    tag: float = field(default=0.0)  # virtual start time, for fair queuing
     removed: bool = field(default=False)
 
-    def order(self) -> tuple[int, float, int]:
-        return (self.cls.rank, self.deadline, self.seq)
+    def order(self) -> tuple[int, float, float, int]:
+        return (self.cls.rank, self.tag, self.deadline, self.seq)
+
+    @property
+    def expirable(self) -> bool:
+        """A request that started is never expired: its later chunks run."""
+        return self.group is None or not self.group.started
 
 
 class QueueFull(Exception):
@@ -50,7 +81,11 @@ class QueuePolicy:
 class JobQueue(Generic[T]):
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
-        self._heaps: dict[int, list[tuple[float, int, Job[T]]]] = {}
+        # Per class rank, in taking order; and all jobs by deadline, for expiry.
+        self._heaps: dict[int, list[tuple[float, float, int, Job[T]]]] = {}
+        self._deadlines: list[tuple[float, int, Job[T]]] = []
+        self._vtime: dict[int, float] = {}  # per class: the tag of the last job taken
+        self._finish: dict[tuple[int, Hashable], float] = {}  # (class, tenant): last finish
         self._seq = itertools.count()
         self._size = 0
 
@@ -64,27 +99,35 @@ class JobQueue(Generic[T]):
     def depth_by_class(self) -> dict[str, int]:
         depths: dict[str, int] = {}
         for heap in self._heaps.values():
-            for _, _, job in heap:
+            for *_, job in heap:
                 if not job.removed:
                     depths[job.cls.name] = depths.get(job.cls.name, 0) + 1
         return depths
 
     def _push(self, job: Job[T]) -> None:
         job.seq = next(self._seq)
-        heapq.heappush(self._heaps.setdefault(job.cls.rank, []), (job.deadline, job.seq, job))
+        rank = job.cls.rank
+        tenant = (rank, job.fair.tenant)
+        job.tag = max(self._vtime.get(rank, 0.0), self._finish.get(tenant, 0.0))
+        self._finish[tenant] = job.tag + max(job.rows, 1) / job.fair.weight
+        heapq.heappush(self._heaps.setdefault(rank, []), (job.tag, job.deadline, job.seq, job))
+        heapq.heappush(self._deadlines, (job.deadline, job.seq, job))
         self._size += 1
 
     def _remove(self, job: Job[T]) -> None:
-        job.removed = True  # lazily dropped from its heap when it reaches the top
+        job.removed = True  # lazily dropped from its heaps when it reaches the top
         self._size -= 1
 
     def waiting(self) -> list[Job[T]]:
-        """Every waiting job, most urgent first."""
+        """Every waiting job, in the order they would be taken."""
         return list(self._live())
 
     def _live(self) -> Iterator[Job[T]]:
         for rank in sorted(self._heaps):
-            for _, _, job in sorted(self._heaps[rank]):
+            heap = self._heaps[rank]
+            while heap and heap[0][3].removed:
+                heapq.heappop(heap)
+            for *_, job in sorted(heap):
                 if not job.removed:
                     yield job
 
@@ -97,7 +140,8 @@ class JobQueue(Generic[T]):
         victims: list[Job[T]] = []
         if need > 0 and not force:
             rank = jobs[0].cls.rank
-            lower = [j for j in self._live() if j.cls.rank > rank]
+            # A request that started keeps its chunks: shedding them would waste its work.
+            lower = [j for j in self._live() if j.cls.rank > rank and j.expirable]
             # The least urgent go first: the lowest class, then the latest deadline.
             lower.sort(key=lambda j: (j.cls.rank, j.deadline, j.seq), reverse=True)
             if len(lower) < need:
@@ -109,21 +153,28 @@ class JobQueue(Generic[T]):
             self._push(job)
         return victims
 
+    def _prune_deadlines(self) -> None:
+        heap = self._deadlines
+        while heap and (heap[0][2].removed or not heap[0][2].expirable):
+            heapq.heappop(heap)
+
     def expire(self, now: float) -> list[Job[T]]:
-        """Remove and return the jobs whose deadline has passed."""
+        """Remove and return the jobs whose deadline has passed and that have not started."""
         expired = []
-        for heap in self._heaps.values():
-            while heap and (heap[0][2].removed or heap[0][0] < now):
-                _, _, job = heapq.heappop(heap)
-                if not job.removed:
-                    job.removed = True
-                    self._size -= 1
-                    expired.append(job)
+        heap = self._deadlines
+        self._prune_deadlines()
+        while heap and heap[0][0] < now:
+            _, _, job = heapq.heappop(heap)
+            if not job.removed and job.expirable:
+                self._remove(job)
+                expired.append(job)
+            self._prune_deadlines()
         return expired
 
     def next_deadline(self) -> float | None:
-        tops = [heap[0][0] for heap in self._heaps.values() if heap]
-        return min(tops) if tops else None
+        """When the next job may expire (jobs that cannot expire are left out)."""
+        self._prune_deadlines()
+        return self._deadlines[0][0] if self._deadlines else None
 
     def take(
         self, now: float, may_wait: bool = True, instance: int | None = None
@@ -133,14 +184,15 @@ class JobQueue(Generic[T]):
         `may_wait` allows holding a part-full batch back for up to max_delay_s; the caller
         passes False when waiting cannot pay off (nothing else is running, so no load is
         building up behind it). Call expire(now) first: take never returns a job past its
-        deadline.
+        deadline, unless its request started already.
         """
         live = (j for j in self._live() if j.pin is None or j.pin == instance)
         head = next(live, None)
         if head is None:
             return None
         batch = [head]
-        if self.batching and head.rows < self.policy.max_batch_size:
+        # A None key (no free batch dimension, or batching off) never merges.
+        if self.batching and head.key is not None and head.rows < self.policy.max_batch_size:
             rows = head.rows
             for job in live:
                 if job.key == head.key and rows + job.rows <= self.policy.max_batch_size:
@@ -151,6 +203,10 @@ class JobQueue(Generic[T]):
             fill_by = min(head.arrival + self.policy.max_delay_s, head.deadline)
             if may_wait and rows < self.policy.max_batch_size and now < fill_by:
                 return fill_by
+        rank = head.cls.rank
+        self._vtime[rank] = max(self._vtime.get(rank, 0.0), head.tag)
         for job in batch:
             self._remove(job)
+            if job.group is not None:
+                job.group.started = True
         return batch

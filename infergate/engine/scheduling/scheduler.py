@@ -4,7 +4,10 @@ small loop hands batches to idle instances as they free up.
 Large requests are cut into chunks of at most max_batch_size rows, so a more urgent
 request waits behind at most one running chunk per instance (preemption at batch
 granularity). Every request ends in exactly one answer: its outputs, 504 when its deadline
-passed in the queue (it never runs), or 503 when the queue was full or it was shed.
+passed in the queue (it never runs; once a chunk started, the rest are never expired),
+503 when the queue was full or it was shed, or 400 when it has more chunks than the queue
+can ever hold. A caller that gives up (its task is cancelled) leaves its batch running:
+the worker finishes it, the batch's other callers get their rows, and its own are dropped.
 """
 
 from __future__ import annotations
@@ -26,13 +29,21 @@ from infergate.engine.scheduling.batching import (
     unmerge,
 )
 from infergate.engine.scheduling.classes import PriorityClass
-from infergate.engine.scheduling.queue import Job, JobQueue, QueueFull, QueuePolicy
+from infergate.engine.scheduling.queue import (
+    Fairness,
+    Group,
+    Job,
+    JobQueue,
+    QueueFull,
+    QueuePolicy,
+)
 from infergate.engine.workers.handle import WorkerHandle
 from infergate.errors import (
-    DeadlineExceeded,
     InfergateError,
     ModelExecutionError,
     Overloaded,
+    QueueDeadlineExceeded,
+    TooLargeForQueue,
     WorkerFailed,
     WorkerOverMemory,
 )
@@ -43,6 +54,7 @@ log = logging.getLogger("infergate.scheduler")
 
 # While work waits and no instance is free (one may be restarting), look again this often.
 _IDLE_POLL_S = 0.05
+_ANONYMOUS = Fairness()
 
 
 class Timing(NamedTuple):
@@ -52,6 +64,7 @@ class Timing(NamedTuple):
     compute_s: float
     batch_size: int  # rows in the (largest) batch it ran in
     cls: str
+    slowest_s: float = 0.0  # the longest batch it ran in: the model's latency, for breakers
 
 
 @dataclass(eq=False, slots=True)
@@ -64,6 +77,7 @@ class _Ticket:
     results: dict[int, dict[str, Array]] = field(default_factory=dict)
     queue_s: float = 0.0
     compute_s: float = 0.0
+    slowest_s: float = 0.0
     batch_size: int = 0
 
     def fail(self, error: InfergateError) -> None:
@@ -80,18 +94,21 @@ class _Ticket:
     ) -> None:
         if self.parts == 1:  # the usual case: the whole request ran in one batch
             if not self.future.done():
-                timing = Timing(queue_s, compute_s, batch_size, self.cls.name)
+                timing = Timing(queue_s, compute_s, batch_size, self.cls.name, compute_s)
                 self.future.set_result((outputs, timing))
             return
         self.results[index] = outputs
         self.queue_s = max(self.queue_s, queue_s)
         self.compute_s += compute_s
+        self.slowest_s = max(self.slowest_s, compute_s)
         self.batch_size = max(self.batch_size, batch_size)
         if len(self.results) == self.parts and not self.future.done():
             merged = (
                 outputs if self.parts == 1 else merge([self.results[i] for i in range(self.parts)])
             )
-            timing = Timing(self.queue_s, self.compute_s, self.batch_size, self.cls.name)
+            timing = Timing(
+                self.queue_s, self.compute_s, self.batch_size, self.cls.name, self.slowest_s
+            )
             self.future.set_result((merged, timing))
 
 
@@ -140,6 +157,7 @@ class Scheduler:
         self._fill_by: float | None = None  # when a filling batch must go
         self._sleep_until: float | None = None  # when the loop looks again by itself
         self._recent_rows = 1.0  # moving average of batch sizes: a sign of load
+        self._orphans: set[asyncio.Task[None]] = set()  # batches whose caller gave up
 
     def depth_by_class(self) -> dict[str, int]:
         return self._queue.depth_by_class()
@@ -179,9 +197,11 @@ class Scheduler:
         queue_deadline_s: float,
         timeout_s: float,
         session: str | None = None,
+        fair: Fairness | None = None,
     ) -> tuple[dict[str, Array], Timing]:
         """Queue a request and await its outputs. Requests with an equal, non-None `key`
-        may run in one batch; None runs alone."""
+        may run in one batch; None runs alone. `queue_deadline_s` bounds its wait to
+        start, `timeout_s` its execution (past it the worker is killed)."""
         now = self._clock.now()
         batching = key is not None and self._queue.batching
         rows = rows_of(inputs) if batching else 1
@@ -189,6 +209,14 @@ class Scheduler:
             chunks = split_rows(inputs, self.policy.max_batch_size)
         else:
             chunks = [inputs]
+        if len(chunks) > self.policy.max_queue_size:
+            raise TooLargeForQueue(
+                f"request of {rows} rows to model {self.name!r} is cut into {len(chunks)} "
+                f"batches of at most {self.policy.max_batch_size} rows, more than its queue "
+                f"can ever hold (max_queue_size = {self.policy.max_queue_size}). Hint: send "
+                f"at most {self.policy.max_batch_size * self.policy.max_queue_size} rows per "
+                "request, or raise max_queue_size or max_batch_size under [batching]"
+            )
         future: asyncio.Future[tuple[dict[str, Array], Timing]] = (
             asyncio.get_running_loop().create_future()
         )
@@ -198,8 +226,20 @@ class Scheduler:
         pin = self._pin(session)
         deadline = now + queue_deadline_s
         whole = len(chunks) == 1  # then its rows are counted already
+        group = None if whole else Group()
+        fair = fair or _ANONYMOUS
         jobs = [
-            Job(_Work(ticket, i, c), cls, now, deadline, rows if whole else rows_of(c), key, pin)
+            Job(
+                _Work(ticket, i, c),
+                cls,
+                now,
+                deadline,
+                rows if whole else rows_of(c),
+                key,
+                pin,
+                fair,
+                group,
+            )
             for i, c in enumerate(chunks)
         ]
         try:
@@ -223,7 +263,13 @@ class Scheduler:
         inline = self._pump(own=ticket, now=now)
         if inline is not None:
             # The request's own batch is awaited in its own coroutine: no task hop.
-            await self._finish(inline)
+            try:
+                await self._finish(inline)
+            except asyncio.CancelledError:
+                # The caller gave up; the worker still runs the batch, so someone must
+                # await its reply before the instance takes another.
+                self._orphans.add(asyncio.create_task(self._finish(inline)))
+                raise
         elif self._sleep_until is None or jobs[0].deadline < self._sleep_until:
             self._wake.set()  # the loop must look again sooner than it planned
         return await future
@@ -284,7 +330,7 @@ class Scheduler:
         waited = (now - job.arrival) * 1000
         self._metrics.shed.labels(self.name, job.cls.name, "deadline").inc()
         job.payload.ticket.fail(
-            DeadlineExceeded(
+            QueueDeadlineExceeded(
                 f"request to model {self.name!r} waited {waited:.0f} ms in the queue, past its "
                 f"deadline of {(job.deadline - job.arrival) * 1000:.0f} ms ({job.cls.name} class); "
                 "it was not run. Hint: retry later, lower the load, or add instances"
@@ -341,17 +387,27 @@ class Scheduler:
         assert batch.future is not None
         jobs, works = batch.jobs, [j.payload for j in batch.jobs]
         timeout = max(w.ticket.timeout_s for w in works)
+        left = max(0.0, batch.started + timeout - self._clock.now())
         try:
-            outputs = await batch.handle.wait(batch.future, timeout)
+            # Shielded: a caller that gives up must not cancel the batch's own reply.
+            outputs = await batch.handle.wait(asyncio.shield(batch.future), left)
+        except asyncio.CancelledError:
+            if batch.future.done():
+                self._release(batch)
+            raise  # else the reply is still to come, and whoever awaits it releases it
         except WorkerFailed as exc:
             self._retry_or_fail(jobs, batch.instance, exc)  # queued again before the pump
+            self._release(batch)
             return
         except InfergateError as exc:
+            batch.future.cancel()  # past its timeout, the worker is killed: no reply comes
             for w in works:
                 w.ticket.fail(exc)
+            self._release(batch)
             return
         finally:
-            self._release(batch)  # on success the reply has released it already
+            self._orphans.discard(asyncio.current_task())
+        self._release(batch)  # the reply has released it already, unless it came too late
         compute_s = (batch.replied or self._clock.now()) - batch.started
         try:
             pieces = unmerge(outputs, batch.rows) if len(works) > 1 else [outputs]
@@ -386,7 +442,18 @@ class Scheduler:
                 # It met its deadline once already: the retry gets a fresh one.
                 now = self._clock.now()
                 patience = job.deadline - job.arrival
-                again = Job(job.payload, job.cls, now, now + patience, job.rows, job.key, None)
+                again = Job(
+                    job.payload,
+                    job.cls,
+                    now,
+                    now + patience,
+                    job.rows,
+                    job.key,
+                    None,
+                    job.fair,
+                    job.group,
+                )
                 self._queue.admit([again], force=True)
+                self._metrics.child(self._metrics.retries, self.name).inc()
             else:
                 job.payload.ticket.fail(exc)
