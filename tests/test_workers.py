@@ -132,11 +132,11 @@ def test_a_hung_worker_is_killed_at_the_execution_timeout(slow_server: ServerPro
     assert httpx.post(url, json=loop_request(3)).json()["outputs"][0]["data"] == [3.0]
 
 
-def test_a_client_timeout_shorter_than_the_model_s_applies(slow_server: ServerProcess) -> None:
+def test_a_client_timeout_bounds_only_its_queue_wait(slow_server: ServerProcess) -> None:
+    """As in Triton: `timeout` (microseconds, as tritonclient sends it) is how long the
+    request may wait to start. Once it runs, only the model's timeout_ms bounds it."""
     body = loop_request(10**9)
-    body["parameters"] = {"timeout": 300_000}  # microseconds, as tritonclient sends it
-    started = time.monotonic()
+    body["parameters"] = {"timeout": 300_000}
     response = httpx.post(f"{slow_server.url}/v2/models/loop/infer", json=body, timeout=30)
     assert response.status_code == 504
-    assert "within 300 ms" in response.json()["error"]
-    assert time.monotonic() - started < 1.4
+    assert "did not answer within 1500 ms" in response.json()["error"]
