@@ -191,6 +191,10 @@ class Engine:
             elif admission == "probe":
                 served.breaker.record(admission, True, None)
             raise
+        except Exception:  # a bug of ours: not the model's fault, but the probe must end
+            if admission == "probe":
+                served.breaker.record(admission, True, None)
+            raise
         # Its execution time, not its queue wait: other tenants' traffic is not the model's.
         served.breaker.record(admission, True, timing.compute_s)
         return InferenceResult(served.name, served.version, result, timing)
