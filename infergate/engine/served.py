@@ -219,11 +219,12 @@ class ServedVersion:
         return info.outputs if info else self.config.outputs
 
     def not_ready_error(self) -> InfergateError:
-        """503 with Retry-After while it is on its way (loading, restarting); 424 without
-        it when only a person can fix it (failed, unavailable, stopped)."""
+        """503 with Retry-After while it is on its way (loading, restarting, or stopped
+        while a reload replaces it); 424 without it when only a person can fix it (failed,
+        or its runtime is not installed)."""
         state = self.state
         why = f": {self.reason}" if self.reason else ""
-        if state in ("loading", "restarting"):
+        if state in ("loading", "restarting", "stopped"):  # stopped: being replaced
             return ModelNotReady(
                 f"model {self.name!r} version {self.version} is {state}{why}. Hint: retry shortly"
             )

@@ -19,16 +19,16 @@ import heapq
 import itertools
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from infergate.engine.scheduling.classes import PriorityClass
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Fairness:
-    """Whose request this is, for fair sharing within a class."""
+class Fairness(NamedTuple):
+    """Whose request this is, for fair sharing within a class (a NamedTuple: one is made
+    per request, and a frozen dataclass costs a setattr call per field)."""
 
     tenant: Hashable = None
     weight: float = 1.0  # a tenant of weight 2 gets twice the rows of one of weight 1
