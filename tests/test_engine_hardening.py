@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.http as triton
 
 from infergate.engine.tenants import hash_key
 from tests.scripted_runtime import make_scripted, scripted_inputs
@@ -189,6 +191,17 @@ def test_an_empty_batch_gets_empty_outputs(server: ServerProcess) -> None:
     shapes = {o["name"]: o["shape"] for o in response.json()["outputs"]}
     assert shapes == {"y": [0, 4], "pid": [0, 1], "rows": [0, 1]}
     assert all(o["data"] == [] for o in response.json()["outputs"])
+    # As tritonclient sends np.zeros((0, 4)): binary in, binary out.
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    inputs = [
+        triton.InferInput("x", [0, 4], "FP32"),
+        triton.InferInput("sleep_ms", [0, 1], "INT64"),
+    ]
+    inputs[0].set_data_from_numpy(np.zeros((0, 4), np.float32))
+    inputs[1].set_data_from_numpy(np.zeros((0, 1), np.int64))
+    result = client.infer("chunky", inputs)
+    assert result.as_numpy("y").shape == (0, 4)
+    assert result.as_numpy("rows").shape == (0, 1)
 
 
 def test_a_model_without_a_batch_dimension_never_merges_requests(
