@@ -18,7 +18,6 @@ from infergate.engine.served import ServedVersion
 from infergate.engine.tenants import TenantState
 from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
-    BadRequest,
     CircuitOpen,
     Forbidden,
     InfergateError,
@@ -149,13 +148,6 @@ class Engine:
         if is_empty_batch(request.inputs):
             # Nothing to run: answered here, without the worker, the queue or the breaker.
             return InferenceResult(served.name, served.version, served.empty_outputs(outputs))
-        for name, array in request.inputs.items():
-            if array.size == 0:
-                raise BadRequest(
-                    f"input {name!r} has shape {list(array.shape)}, which holds no elements; "
-                    "an empty tensor is accepted only as an empty batch (every input's first "
-                    "dimension 0). Hint: send at least one element, or no rows at all"
-                )
         # The client's timeout bounds its wait in the queue, as in Triton; once it runs,
         # only the model's own timeout_ms bounds it (a client cannot kill a worker).
         queue_deadline = cls.deadline_s
@@ -187,7 +179,7 @@ class Engine:
             # shedding) and the gateway's bugs do not. A probe that did not reach the model
             # says nothing bad about it.
             if exc.model_fault:
-                served.breaker.record(admission, False, getattr(exc, "compute_s", None))
+                served.breaker.record(admission, False, None)
             elif admission == "probe":
                 served.breaker.record(admission, True, None)
             raise
@@ -195,8 +187,9 @@ class Engine:
             if admission == "probe":
                 served.breaker.record(admission, True, None)
             raise
-        # Its execution time, not its queue wait: other tenants' traffic is not the model's.
-        served.breaker.record(admission, True, timing.compute_s)
+        # Its execution time (the longest batch it ran in), not its queue wait: other
+        # tenants' traffic is not the model's doing, nor is the size of a chunked request.
+        served.breaker.record(admission, True, timing.slowest_s)
         return InferenceResult(served.name, served.version, result, timing)
 
 

@@ -40,6 +40,21 @@ def check_inputs(model: str, specs: tuple[TensorSpec, ...], inputs: dict[str, Ar
                 f"input {spec.name!r} has shape {list(shape)} but model {model!r} expects "
                 f"{list(spec.shape)} (-1 is any size)"
             )
+    _check_empty(inputs)
+
+
+def _check_empty(inputs: dict[str, Array]) -> None:
+    """The worker's shared memory cannot carry a tensor without elements; a batch of zero
+    rows never goes there (the engine answers it), so any other empty tensor is refused."""
+    if all(a.shape[:1] == (0,) for a in inputs.values()):
+        return  # an empty batch, or no inputs at all
+    for name, array in inputs.items():
+        if array.size == 0:
+            raise BadRequest(
+                f"input {name!r} has shape {list(array.shape)}, which holds no elements; an "
+                "empty tensor is accepted only as an empty batch (the first dimension of "
+                "every input 0). Hint: send at least one element, or no rows at all"
+            )
 
 
 def check_outputs(
