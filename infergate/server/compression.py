@@ -1,0 +1,44 @@
+"""Compressed responses, when the client's Accept-Encoding asks for gzip or deflate (as
+tritonclient's `response_compression_algorithm` does). Off unless asked: most callers are
+on a fast local network, where compressing costs more CPU than it saves time."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Iterable
+
+_LEVEL = 1  # fast: the point is fewer bytes on a slow link, not the smallest body
+
+
+def _chosen(accept: str) -> str | None:
+    """gzip or deflate, whichever the header lists first with a non-zero q."""
+    for part in accept.split(","):
+        coding, _, rest = part.strip().partition(";")
+        coding = coding.strip().lower()
+        if coding not in ("gzip", "deflate"):
+            continue
+        q = rest.strip().removeprefix("q=") if rest.strip().startswith("q=") else "1"
+        try:
+            if float(q) > 0:
+                return coding
+        except ValueError:
+            continue
+    return None
+
+
+def compress_response(
+    request_headers: Iterable[tuple[bytes, bytes]],
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+) -> bytes:
+    """The body to send, compressed (and Content-Encoding added) when the client asked."""
+    accept = next((v for k, v in request_headers if k.lower() == b"accept-encoding"), None)
+    coding = _chosen(accept.decode("latin-1")) if accept else None
+    if coding is None or not body:
+        return body
+    headers.append((b"content-encoding", coding.encode()))
+    headers.append((b"vary", b"accept-encoding"))
+    if coding == "gzip":
+        return gzip.compress(body, _LEVEL, mtime=0)
+    return zlib.compress(body, _LEVEL)  # HTTP's "deflate" is the zlib format
