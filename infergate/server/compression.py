@@ -1,6 +1,5 @@
 """Compressed responses, when the client's Accept-Encoding asks for gzip or deflate (as
-tritonclient's `response_compression_algorithm` does). Off unless asked: most callers are
-on a fast local network, where compressing costs more CPU than it saves time."""
+tritonclient's `response_compression_algorithm` does) and the body is worth it."""
 
 from __future__ import annotations
 
@@ -9,6 +8,9 @@ import zlib
 from collections.abc import Iterable
 
 _LEVEL = 1  # fast: the point is fewer bytes on a slow link, not the smallest body
+# Smaller bodies go as they are (as nginx's gzip_min_length): compressing them saves
+# almost nothing, and httpx, curl --compressed and browsers ask for gzip on every request.
+MIN_BYTES = 1024
 
 
 def _chosen(accept: str) -> str | None:
@@ -35,7 +37,7 @@ def compress_response(
     """The body to send, compressed (and Content-Encoding added) when the client asked."""
     accept = next((v for k, v in request_headers if k.lower() == b"accept-encoding"), None)
     coding = _chosen(accept.decode("latin-1")) if accept else None
-    if coding is None or not body:
+    if coding is None or len(body) < MIN_BYTES:
         return body
     headers.append((b"content-encoding", coding.encode()))
     headers.append((b"vary", b"accept-encoding"))

@@ -38,11 +38,12 @@ def strict_not_ready(engine: Engine, strict: bool) -> str | None:
     failed to load. None when ready, and always None when not strict."""
     if not strict:
         return None
-    bad = [r for r in engine.models() if r.state not in ("ready", "unloaded")]
+    # Loading and restarting pass: they settle by themselves, a failed load does not.
+    bad = [r for r in engine.models() if r.state in ("failed", "unavailable")]
     if not bad:
         return None
     names = ", ".join(f"{r.name} ({r.state})" for r in bad)
     return (
-        f"strict readiness: not every model is ready: {names}. Hint: fix or unload them, or "
+        f"strict readiness: these models failed to load: {names}. Hint: fix or unload them, or "
         "set strict_readiness = false under [server]"
     )
