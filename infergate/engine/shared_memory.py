@@ -148,11 +148,10 @@ class SharedMemoryRegions:
         except ValueError as exc:
             raise BadRequest(f"{what} in shared memory region {region.name!r} {exc}") from None
 
-    def write_output(
-        self, output_name: str, array: Array, params: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Write an output into the region its parameters name; the response's parameters
-        for it (where it is, and how many bytes were written)."""
+    def write_output(self, output_name: str, array: Array, params: dict[str, Any]) -> None:
+        """Write an output into the region its parameters name. Its entry in the response
+        then has no parameters at all: Triton's C++ client reads any it finds as binary
+        data that follows the JSON."""
         region = self.get(params.get("shared_memory_region"))
         size = _non_negative(params.get("shared_memory_byte_size"), "shared_memory_byte_size")
         offset = _non_negative(params.get("shared_memory_offset", 0), "shared_memory_offset")
@@ -163,8 +162,6 @@ class SharedMemoryRegions:
                 f"byte size is {size}. Hint: register and name a larger range"
             )
         region.view(offset, len(blob), f"output {output_name!r}")[:] = blob
-        where = {"shared_memory_region": region.name, "shared_memory_byte_size": len(blob)}
-        return {**where, "shared_memory_offset": offset} if offset else where
 
 
 SYSTEM_SHM = SharedMemoryRegions()

@@ -227,7 +227,7 @@ def encode_response(
         }
         shm = request.output_parameters.get(name)
         if wants_shared_memory(shm):
-            entry["parameters"] = SYSTEM_SHM.write_output(name, array, shm)
+            SYSTEM_SHM.write_output(name, array, shm)  # no parameters: nothing follows
         elif request.binary_by_default or name in request.binary_outputs:
             blob = to_wire(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
