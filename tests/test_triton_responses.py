@@ -6,6 +6,8 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
+from tritonclient.utils import InferenceServerException
 
 from tests.server import ServerProcess
 from tests.triton_models import triton_server
@@ -105,3 +107,22 @@ def test_no_compression_unless_asked(triton_server: ServerProcess) -> None:
     )
     assert "content-encoding" not in raw.headers
     assert int(raw.headers["content-length"]) == len(raw.content)
+
+
+async def test_aio_client_with_aiohttp_default_accept_encoding(
+    triton_server: ServerProcess,
+) -> None:
+    """aiohttp asks for gzip on every request and tritonclient.http.aio decompresses
+    itself: a large answer comes back compressed and right; an error comes back plain."""
+    data = np.arange(256, dtype=np.int32).reshape(16, 16)
+    async with aioclient.InferenceServerClient(triton_server.url.removeprefix("http://")) as c:
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            tensor = aioclient.InferInput(name, [16, 16], "INT32")
+            tensor.set_data_from_numpy(data)
+            inputs.append(tensor)
+        result = await c.infer("simple", inputs)
+        assert result.as_numpy("OUTPUT1").tolist() == np.zeros((16, 16)).tolist()
+        with pytest.raises(InferenceServerException) as caught:
+            await c.infer("wrong_model_name", inputs)
+        assert caught.value.message().startswith("Request for unknown model")

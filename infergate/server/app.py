@@ -57,6 +57,7 @@ def create_app(
     )
     install_error_handlers(app)
     guard = [admin_guard(engine)]
+    strict_readiness = store.profile.server.strict_readiness  # [server]: read at start
     app.include_router(triton_router(engine, guard))
 
     @app.get("/v2/health/live")
@@ -67,7 +68,7 @@ def create_app(
     async def ready() -> Response:
         if not engine.ready:
             return error_response(503, "the gateway is still loading its models", 1)
-        if problem := strict_not_ready(engine, store.profile.server.strict_readiness):
+        if problem := strict_not_ready(engine, strict_readiness):
             return error_response(503, problem)
         return _json({"ready": True})
 

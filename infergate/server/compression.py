@@ -33,8 +33,12 @@ def compress_response(
     request_headers: Iterable[tuple[bytes, bytes]],
     headers: list[tuple[bytes, bytes]],
     body: bytes,
+    status: int,
 ) -> bytes:
-    """The body to send, compressed (and Content-Encoding added) when the client asked."""
+    """The body to send, compressed (and Content-Encoding added) when the client asked.
+    Errors go as they are: tritonclient.http.aio reads them before it decompresses."""
+    if status != 200:
+        return body
     accept = next((v for k, v in request_headers if k.lower() == b"accept-encoding"), None)
     coding = _chosen(accept.decode("latin-1")) if accept else None
     if coding is None or len(body) < MIN_BYTES:

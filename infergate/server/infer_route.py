@@ -158,7 +158,7 @@ class InferRoute:
         context.stats.record(
             model, status < 500, now - started, None if tenant == "-" else tenant, now
         )
-        body = compress_response(scope["headers"], headers, body)
+        body = compress_response(scope["headers"], headers, body, status)
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
