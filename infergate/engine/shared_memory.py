@@ -11,6 +11,7 @@ process (`SYSTEM_SHM`), which the HTTP codec reads tensors from and writes them 
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -47,7 +48,9 @@ class Region:
         return memoryview(self._map)[start : start + size]
 
     def close(self) -> None:
-        self._map.close()
+        # A view still exported: the map goes when it is collected.
+        with contextlib.suppress(BufferError):
+            self._map.close()
 
     def to_json(self) -> dict[str, Any]:
         return {
