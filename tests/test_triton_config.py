@@ -34,7 +34,10 @@ def test_config_of_a_batching_model_drops_the_batch_dimension(
     ]
     assert [o["name"] for o in config["output"]] == ["OUTPUT0", "OUTPUT1"]
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
-    assert config["instance_group"] == [{"name": "simple", "kind": "KIND_CPU", "count": 1}]
+    (group,) = config["instance_group"]
+    assert group["count"] == 1
+    placed = triton_server.model("simple")["versions"][0]["instances"][0]["placed_on"]
+    assert group["kind"] == ("KIND_GPU" if placed.startswith("cuda:") else "KIND_CPU")
     assert config["version_policy"] == {"latest": {"num_versions": 1}}
 
 
