@@ -80,6 +80,8 @@ def classify_outputs(
     model_file: Path,
 ) -> dict[str, Array]:
     """`outputs` with each one asked for as a classification replaced by its top k."""
+    if not parameters:  # the usual case, on every request
+        return outputs
     wanted = [n for n, p in parameters.items() if p.get("classification") and n in outputs]
     if not wanted:
         return outputs

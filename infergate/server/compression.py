@@ -37,11 +37,14 @@ def compress_response(
 ) -> bytes:
     """The body to send, compressed (and Content-Encoding added) when the client asked.
     Errors go as they are: tritonclient.http.aio reads them before it decompresses."""
-    if status != 200:
+    if status != 200 or len(body) < MIN_BYTES:  # first: most answers stop here
         return body
-    accept = next((v for k, v in request_headers if k.lower() == b"accept-encoding"), None)
-    coding = _chosen(accept.decode("latin-1")) if accept else None
-    if coding is None or len(body) < MIN_BYTES:
+    coding = None
+    for key, value in request_headers:  # ASGI header names are lower case
+        if key == b"accept-encoding":
+            coding = _chosen(value.decode("latin-1"))
+            break
+    if coding is None:
         return body
     headers.append((b"content-encoding", coding.encode()))
     headers.append((b"vary", b"accept-encoding"))
