@@ -9,6 +9,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from infergate.server.compression import MIN_BYTES, compress_response
 from tests.server import ServerProcess
 from tests.triton_models import triton_server
 
@@ -126,3 +127,26 @@ async def test_aio_client_with_aiohttp_default_accept_encoding(
         with pytest.raises(InferenceServerException) as caught:
             await c.infer("wrong_model_name", inputs)
         assert caught.value.message().startswith("Request for unknown model")
+
+
+@pytest.mark.parametrize(
+    ("accept", "expected"),
+    [
+        ("gzip", "gzip"),
+        ("br, deflate, gzip", "deflate"),
+        ("gzip;q=0, deflate;q=0.5", "deflate"),
+        ("gzip;q=0", None),
+        ("identity", None),
+        ("GZIP", "gzip"),
+    ],
+)
+def test_accept_encoding_choice(accept: str, expected: str | None) -> None:
+    headers: list[tuple[bytes, bytes]] = []
+    body = b"x" * MIN_BYTES
+    out = compress_response([(b"accept-encoding", accept.encode())], headers, body, 200)
+    assert dict(headers).get(b"content-encoding") == (expected.encode() if expected else None)
+    assert (out != body) == (expected is not None)
+    small: list[tuple[bytes, bytes]] = []
+    assert compress_response([(b"accept-encoding", b"gzip")], small, b"x", 200) == b"x"
+    assert compress_response([(b"accept-encoding", b"gzip")], small, body, 503) == body
+    assert small == []
