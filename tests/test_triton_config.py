@@ -108,6 +108,18 @@ def test_a_bad_override_is_a_400_naming_the_field(
     assert client(triton_server).is_model_ready("tunable")  # what served still serves
 
 
+def test_an_override_that_cannot_load_keeps_what_serves(triton_server: ServerProcess) -> None:
+    c = client(triton_server)
+    with pytest.raises(InferenceServerException) as caught:
+        c.load_model("versioned", config='{"version_policy": {"specific": {"versions": [9]}}}')
+    assert caught.value.status() == "400"
+    assert "failed to load 'versioned'" in caught.value.message()
+    assert "selects none of the versions on disk (1, 2, 3)" in caught.value.message()
+    assert c.is_model_ready("versioned", "3")
+    c.load_model("versioned")  # and a plain load is as before
+    assert c.get_model_config("versioned")["version_policy"] == {"latest": {"num_versions": 1}}
+
+
 def test_loading_a_model_not_in_the_repository(triton_server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException) as caught:
         client(triton_server).load_model("wrong_model_name")

@@ -164,6 +164,9 @@ class ConfigOverrides:
     def __init__(self) -> None:
         self._docs: dict[str, dict[str, Any]] = {}
 
+    def get(self, name: str) -> dict[str, Any] | None:
+        return self._docs.get(name)
+
     def set(self, name: str, doc: dict[str, Any] | None) -> None:
         if doc is None:
             self._docs.pop(name, None)
@@ -174,4 +177,12 @@ class ConfigOverrides:
         doc = self._docs.get(entry.name) if entry is not None else None
         if entry is None or doc is None or entry.problem:
             return entry
-        return replace(entry, config=apply_override(entry.name, entry.config, doc))
+        entry = replace(entry, config=apply_override(entry.name, entry.config, doc))
+        if not entry.served_versions():
+            on_disk = ", ".join(str(v.version) for v in entry.versions)
+            problem = (
+                "the config override's version_policy selects none of the versions on disk "
+                f"({on_disk})"
+            )
+            return replace(entry, problem=problem)
+        return entry

@@ -49,6 +49,7 @@ def config_router(engine: Engine, guard: list[Any]) -> APIRouter:
     async def load(name: str, request: Request) -> Response:
         params = _load_parameters(name, await request.body())
         overrides = engine.registry.overrides
+        previous = overrides.get(name)  # what serves was loaded with; kept if this fails
         if "config" in params:
             platform = None
             if engine.registry.has(name):
@@ -63,6 +64,7 @@ def config_router(engine: Engine, guard: list[Any]) -> APIRouter:
             overrides.set(name, None)
             raise BadRequest(f"failed to load {name!r}: {exc}") from None
         if record.problem or record.failures or record.state != "ready":
+            overrides.set(name, previous)
             serving = record.default_version()
             keeps = (
                 f"; version {serving.version} keeps serving"
