@@ -14,8 +14,10 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from infergate.engine.tenants import hash_key
+from tests.conftest import write_profile
 from tests.server import ServerProcess
-from tests.triton_models import triton_server
+from tests.triton_models import make_simple, triton_server
 
 __all__ = ["triton_server"]
 
@@ -190,3 +192,24 @@ def test_a_region_is_mapped_only_as_large_as_registered(triton_server: ServerPro
         client(triton_server).unregister_system_shared_memory("big")
     finally:
         shm.destroy_shared_memory_region(big)
+
+
+def test_registering_needs_the_admin_key_when_the_profile_sets_one(tmp_path: Path) -> None:
+    """Registering makes the gateway map memory a client names: not for any tenant."""
+    models = tmp_path / "models"
+    make_simple(models / "simple" / "1" / "model.onnx")
+    profile = write_profile(tmp_path, f'[server]\nadmin_keys = ["{hash_key("admin")}"]\n')
+    server = ServerProcess(models, profile, tmp_path / "server.log").start()
+    key = f"/guarded_{uuid.uuid4().hex[:8]}"
+    region = shm.create_shared_memory_region("guarded", key, 64)
+    try:
+        url = f"{server.url}/v2/systemsharedmemory/region/guarded/register"
+        body = {"key": key, "offset": 0, "byte_size": 64}
+        assert httpx.post(url, json=body).status_code == 401
+        admin = {"Authorization": "Bearer admin"}
+        assert httpx.post(url, json=body, headers=admin).status_code == 200
+        status = httpx.get(f"{server.url}/v2/systemsharedmemory/status", headers=admin)
+        assert [r["name"] for r in status.json()] == ["guarded"]
+    finally:
+        server.stop()
+        shm.destroy_shared_memory_region(region)

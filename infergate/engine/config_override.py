@@ -112,6 +112,36 @@ def parse_override(name: str, text: Any, platform: str | None) -> dict[str, Any]
     return doc
 
 
+def _instance_groups(name: str, groups: Any, config: ModelConfig) -> tuple[int, str]:
+    """The instance count (summed over the groups) and the model.toml device. All of a
+    version's instances are placed alike, so the groups' kinds must agree."""
+    if not isinstance(groups, list) or not groups:
+        raise _fail(name, "config field 'instance_group' must be a non-empty list")
+    count, devices = 0, set()
+    for i, group in enumerate(groups):
+        group = _object(name, f"instance_group[{i}]", group)
+        _unknown(name, group, ("name", "kind", "count"), f"instance_group[{i}].")
+        count += _integer(name, f"instance_group[{i}].count", group.get("count", 1), 1)
+        kind = group.get("kind")
+        if kind is None:  # not said: model.toml's device stands
+            devices.add(config.device)
+        elif kind in _KINDS:
+            devices.add(_KINDS[kind] or (config.device if config.device != "cpu" else "auto"))
+        else:
+            raise _fail(
+                name,
+                f"config field 'instance_group[{i}].kind' is {kind!r}; "
+                f"expected one of {', '.join(_KINDS)}",
+            )
+    if len(devices) > 1:
+        raise _fail(
+            name,
+            "config field 'instance_group' mixes kinds; infergate places every instance of "
+            "a version alike. Hint: one group, or groups of one kind",
+        )
+    return count, devices.pop()
+
+
 def apply_override(name: str, config: ModelConfig, doc: dict[str, Any]) -> ModelConfig:
     """model.toml's config with an override's fields on top."""
     batching = config.batching
@@ -128,22 +158,7 @@ def apply_override(name: str, config: ModelConfig, doc: dict[str, Any]) -> Model
             batching = replace(batching, max_queue_delay_ms=micros / 1000.0)
     instances, device = config.instances, config.device
     if "instance_group" in doc:
-        groups = doc["instance_group"]
-        if not isinstance(groups, list) or not groups:
-            raise _fail(name, "config field 'instance_group' must be a non-empty list")
-        instances = 0
-        for i, group in enumerate(groups):
-            group = _object(name, f"instance_group[{i}]", group)
-            _unknown(name, group, ("name", "kind", "count"), f"instance_group[{i}].")
-            instances += _integer(name, f"instance_group[{i}].count", group.get("count", 1), 1)
-            kind = group.get("kind", "KIND_AUTO")
-            if kind not in _KINDS:
-                raise _fail(
-                    name,
-                    f"config field 'instance_group[{i}].kind' is {kind!r}; "
-                    f"expected one of {', '.join(_KINDS)}",
-                )
-            device = _KINDS[kind] or (config.device if config.device != "cpu" else "auto")
+        instances, device = _instance_groups(name, doc["instance_group"], config)
     policy = config.version_policy
     if "version_policy" in doc:
         policy = _override_version_policy(name, doc["version_policy"])
