@@ -120,7 +120,14 @@ def test_an_override_that_cannot_load_keeps_what_serves(triton_server: ServerPro
     assert c.get_model_config("versioned")["version_policy"] == {"latest": {"num_versions": 1}}
 
 
-def test_loading_a_model_not_in_the_repository(triton_server: ServerProcess) -> None:
+def test_the_index_then_loading_a_model_not_in_the_repository(
+    triton_server: ServerProcess,
+) -> None:
+    """As Triton's model-control example checks: the index has exactly the models in the
+    folder, and a name not among them fails to load."""
+    index = client(triton_server).get_model_repository_index()
+    assert sorted({m["name"] for m in index}) == sorted(TRITON_MODELS)
+    assert len(index) == len(TRITON_MODELS)  # one row each: every model serves one version
     with pytest.raises(InferenceServerException) as caught:
         client(triton_server).load_model("wrong_model_name")
     assert caught.value.status() == "400"
@@ -133,14 +140,6 @@ def test_unknown_model_wording(triton_server: ServerProcess) -> None:
     message = caught.value.message()
     assert message.startswith("Request for unknown model: 'wrong_model_name' is not found")
     assert "Hint:" in message  # ours, after Triton's words
-
-
-def test_repository_index_has_exactly_the_models_in_the_folder(
-    triton_server: ServerProcess,
-) -> None:
-    index = client(triton_server).get_model_repository_index()
-    assert sorted({m["name"] for m in index}) == sorted(TRITON_MODELS)
-    assert len(index) == len(TRITON_MODELS)  # one row each: every model has one version
 
 
 def test_server_metadata_lists_the_extensions(triton_server: ServerProcess) -> None:
