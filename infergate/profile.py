@@ -33,6 +33,10 @@ class ServerSettings:
     trusted_keys: tuple[Path, ...] = ()
     admin_keys: tuple[str, ...] = ()
     allow_anonymous: bool = True
+    # Triton's default is strict (not ready while any model failed to load). A gateway
+    # serves many tenants: one tenant's broken model must not pull the whole pod out of
+    # its load balancer, so here readiness means "the gateway serves" unless asked.
+    strict_readiness: bool = False
 
 
 @dataclass(frozen=True)
@@ -239,6 +243,7 @@ def load_profile(path: Path | None) -> Profile:
         trusted_keys=_key_paths(server, path.parent),
         admin_keys=_key_hashes(server, "admin_keys"),
         allow_anonymous=server.boolean("allow_anonymous", defaults.allow_anonymous),
+        strict_readiness=server.boolean("strict_readiness", defaults.strict_readiness),
     )
     if settings.require_signed_models and not settings.trusted_keys:
         raise ConfigError(

@@ -25,7 +25,7 @@ def x_input(**overrides: Any) -> dict[str, Any]:
 
 JSON = {"Content-Type": "application/json"}
 CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
-    ("unknown model", "/v2/models/nope/infer", b"{}", JSON, 404, "unknown model 'nope'"),
+    ("unknown model", "/v2/models/nope/infer", b"{}", JSON, 404, "unknown model: 'nope'"),
     (
         "unknown version",
         "/v2/models/mlp/versions/9/infer",

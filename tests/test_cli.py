@@ -96,7 +96,7 @@ def test_infer_reads_a_v2_request_on_stdin(server: ServerProcess) -> None:
 def test_failures_and_usage_have_exit_codes(server: ServerProcess) -> None:
     code, out = run("infer", "nope", "x=[1]", "--url", server.url, "--json")
     assert code == 1
-    assert "unknown model 'nope'" in json.loads(out)["error"]
+    assert "unknown model: 'nope'" in json.loads(out)["error"]
     code, out = run("infer", "mlp", "x=[[1, 2, 3]]", "--url", server.url)
     assert code == 1
     assert "expects [-1, 4]" in out

@@ -10,6 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infergate.engine.config_override import ConfigOverrides
 from infergate.engine.context import EngineContext
 from infergate.engine.repository import model_names, scan_model
 from infergate.engine.served import ServedVersion
@@ -72,6 +73,7 @@ class Registry:
         self._records: dict[str, ModelRecord] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._retiring: set[asyncio.Task[None]] = set()
+        self.overrides = ConfigOverrides()  # Triton's load-time `parameters.config`
 
     def records(self) -> list[ModelRecord]:
         return [self._records[k] for k in sorted(self._records)]
@@ -85,7 +87,8 @@ class Registry:
         except KeyError:
             known = ", ".join(sorted(self._records)) or "none"
             raise ModelNotFound(
-                f"unknown model {name!r}; served models: {known}. Hint: infergate model list"
+                f"Request for unknown model: '{name}' is not found; served models: {known}. "
+                "Hint: infergate model list"
             ) from None
 
     async def sync_all(self) -> None:
@@ -99,7 +102,7 @@ class Registry:
             record = self._records.get(name)
             if record is not None and record.unloaded and not explicit:
                 return record  # unloaded stays unloaded until someone loads it
-            entry = await asyncio.to_thread(scan_model, self.root, name)
+            entry = self.overrides.apply(await asyncio.to_thread(scan_model, self.root, name))
             if entry is None:
                 if record is not None:
                     self._retire(record, list(record.versions), "its files were removed")

@@ -303,10 +303,18 @@ class ServedVersion:
         # misses a request that is about to start.
         self.in_flight += 1
         self._idle.clear()
+        clock, stats = self._context.clock, self.scheduler.stats
+        started = clock.now()
         try:
-            return await self.scheduler.submit(
+            result = await self.scheduler.submit(
                 inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair
             )
+        except InfergateError:
+            stats.request_failed(clock.now() - started)
+            raise
+        else:
+            stats.request_done(clock.now() - started, result[1].queue_s, result[1].compute_s)
+            return result
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:

@@ -16,12 +16,13 @@ from starlette.types import ASGIApp
 
 from infergate import __version__
 from infergate.engine.engine import Engine
-from infergate.errors import BadRequest
+from infergate.engine.shared_memory import SYSTEM_SHM
 from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
 from infergate.server.admin import admin_guard, admin_router
 from infergate.server.errors import error_response, install_error_handlers
 from infergate.server.infer_route import InferRoute, version_number
+from infergate.server.triton import EXTENSIONS, strict_not_ready, triton_router
 from infergate.server.views import (
     model_metadata,
     model_status,
@@ -29,8 +30,6 @@ from infergate.server.views import (
     repository_index,
     stats_snapshot,
 )
-
-EXTENSIONS = ["binary_tensor_data", "model_repository"]
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -49,6 +48,7 @@ def create_app(
         try:
             yield
         finally:
+            SYSTEM_SHM.close_all()
             await store.stop()
             await engine.stop()
 
@@ -57,6 +57,8 @@ def create_app(
     )
     install_error_handlers(app)
     guard = [admin_guard(engine)]
+    strict_readiness = store.profile.server.strict_readiness  # [server]: read at start
+    app.include_router(triton_router(engine, guard))
 
     @app.get("/v2/health/live")
     async def live() -> Response:
@@ -66,6 +68,8 @@ def create_app(
     async def ready() -> Response:
         if not engine.ready:
             return error_response(503, "the gateway is still loading its models", 1)
+        if problem := strict_not_ready(engine, strict_readiness):
+            return error_response(503, problem)
         return _json({"ready": True})
 
     @app.get("/v2")
@@ -89,19 +93,6 @@ def create_app(
     @app.post("/v2/repository/index", dependencies=guard)
     async def index() -> Response:
         return _json(repository_index(engine.models()))
-
-    @app.post("/v2/repository/models/{name}/load", dependencies=guard)
-    async def load(name: str) -> Response:
-        record = await engine.load(name)
-        if record.problem or record.failures or record.state != "ready":
-            serving = record.default_version()
-            keeps = (
-                f"; version {serving.version} keeps serving"
-                if serving is not None and serving.ready
-                else ""
-            )
-            raise BadRequest(f"failed to load {name!r}: {record.reason}{keeps}")
-        return _json({})
 
     @app.post("/v2/repository/models/{name}/unload", dependencies=guard)
     async def unload(name: str) -> Response:

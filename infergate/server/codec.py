@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
+from infergate.engine.shared_memory import SYSTEM_SHM, wants_shared_memory
 from infergate.errors import BadRequest
 from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wire, v2_datatype
 
@@ -20,6 +21,8 @@ class DecodedRequest(NamedTuple):
     binary_outputs: frozenset[str]
     binary_by_default: bool
     parameters: dict[str, Any]
+    # per-output parameters beyond binary_data (shared memory, classification), by name
+    output_parameters: dict[str, dict[str, Any]] = {}  # never mutated: one shared default is fine
 
 
 def json_object(raw: bytes | memoryview, expected: str = "a JSON object") -> dict[str, Any]:
@@ -143,6 +146,8 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
             offset += size
         elif "data" in item:
             inputs[name] = _json_tensor(name, datatype, shape, item["data"])
+        elif wants_shared_memory(params):
+            inputs[name] = SYSTEM_SHM.read_input(name, datatype, shape, params)
         else:
             raise BadRequest(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
     if offset != len(binary):
@@ -185,6 +190,7 @@ def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedReq
         raise BadRequest("'outputs' must be an array of {\"name\": ...} objects")
     names = []
     binary: set[str] = set()
+    extra: dict[str, dict[str, Any]] = {}
     for i, out in enumerate(raw_outputs):
         if type(out) is not dict or type(out.get("name")) is not str:
             raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
@@ -192,7 +198,9 @@ def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedReq
         out_params = out.get("parameters") or {}
         if out_params.get("binary_data", binary_default):
             binary.add(out["name"])
-    return DecodedRequest(request_id, inputs, tuple(names), frozenset(binary), False, params)
+        if len(out_params) > ("binary_data" in out_params):
+            extra[out["name"]] = out_params
+    return DecodedRequest(request_id, inputs, tuple(names), frozenset(binary), False, params, extra)
 
 
 def _json_data(array: Array) -> list[Any]:
@@ -217,7 +225,10 @@ def encode_response(
             "datatype": v2_datatype(array.dtype),
             "shape": list(array.shape),
         }
-        if request.binary_by_default or name in request.binary_outputs:
+        shm = request.output_parameters.get(name)
+        if wants_shared_memory(shm):
+            SYSTEM_SHM.write_output(name, array, shm)  # no parameters: nothing follows
+        elif request.binary_by_default or name in request.binary_outputs:
             blob = to_wire(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

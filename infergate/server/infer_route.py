@@ -17,11 +17,13 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from infergate.engine.classification import classify_outputs
 from infergate.engine.engine import Engine
 from infergate.engine.inference import InferenceRequest
 from infergate.engine.tenants import TenantState
 from infergate.errors import BadRequest, InfergateError, PayloadTooLarge
 from infergate.server.codec import decode_request, encode_response
+from infergate.server.compression import compress_response
 from infergate.server.errors import error_body, retry_after_header
 
 log = logging.getLogger("infergate.server")
@@ -156,6 +158,7 @@ class InferRoute:
         context.stats.record(
             model, status < 500, now - started, None if tenant == "-" else tenant, now
         )
+        body = compress_response(scope["headers"], headers, body, status)
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -187,9 +190,10 @@ class InferRoute:
             ),
             tenant,
         )
-        content, json_length = encode_response(
-            result.model, result.version, result.outputs, decoded
+        outputs = classify_outputs(
+            result.outputs, decoded.output_parameters, served.batchable, served.file.path
         )
+        content, json_length = encode_response(result.model, result.version, outputs, decoded)
         if json_length is None:
             return [_JSON], content
         return [_BINARY, (b"inference-header-content-length", str(json_length).encode())], content

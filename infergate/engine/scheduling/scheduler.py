@@ -37,6 +37,7 @@ from infergate.engine.scheduling.queue import (
     QueueFull,
     QueuePolicy,
 )
+from infergate.engine.triton_stats import VersionStats
 from infergate.engine.workers.handle import WorkerHandle
 from infergate.errors import (
     InfergateError,
@@ -158,6 +159,7 @@ class Scheduler:
         self._sleep_until: float | None = None  # when the loop looks again by itself
         self._recent_rows = 1.0  # moving average of batch sizes: a sign of load
         self._orphans: set[asyncio.Task[None]] = set()  # batches whose caller gave up
+        self.stats = VersionStats()  # Triton's per-version statistics
 
     def depth_by_class(self) -> dict[str, int]:
         return self._queue.depth_by_class()
@@ -418,6 +420,7 @@ class Scheduler:
         batch.instance.batches += 1
         size = sum(batch.rows)
         self._recent_rows = 0.8 * self._recent_rows + 0.2 * size
+        self.stats.batch_done(size, compute_s)
         self._metrics.child(self._metrics.batch_size, self.name).observe(size)
         self._metrics.child(self._metrics.compute_seconds, self.name).observe(compute_s)
         queue_seconds = self._metrics.queue_seconds

@@ -1,0 +1,92 @@
+"""Triton's classification extension: an output requested with `parameters.classification
+= k` comes back as its top k entries, as BYTES "score:index[:label]", highest first. For a
+batching model each row is ranked on its own ([batch, k]); otherwise the whole tensor ([k]).
+Labels are the lines of a labels.txt in the model's folder (or its version folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infergate.errors import BadRequest
+from infergate.tensors import Array
+
+LABELS_FILE = "labels.txt"
+_labels_cache: dict[Path, tuple[float, list[str]]] = {}
+
+
+def _labels(model_file: Path) -> list[str]:
+    """labels.txt beside the version folder or in it, re-read when it changes."""
+    for folder in (model_file.parent, model_file.parent.parent):
+        path = folder / LABELS_FILE
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue
+        cached = _labels_cache.get(path)
+        if cached is None or cached[0] != mtime:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            cached = _labels_cache[path] = (mtime, lines)
+        return cached[1]
+    return []
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest(
+            f"output {name!r}: parameters.classification must be a positive integer "
+            f"(how many top classes to return), got {value!r}"
+        )
+    return value
+
+
+def _entry(score: Any, index: int, labels: list[str]) -> bytes:
+    shown = f"{float(score):f}" if isinstance(score, np.floating) else str(int(score))
+    text = f"{shown}:{index}"
+    if index < len(labels) and labels[index]:
+        text += f":{labels[index]}"
+    return text.encode()
+
+
+def _top(flat: Array, k: int, labels: list[str]) -> list[bytes]:
+    order = np.argsort(-flat.astype(np.float64), kind="stable")[:k]
+    return [_entry(flat[i], int(i), labels) for i in order]
+
+
+def classify(name: str, array: Array, value: Any, batching: bool, model_file: Path) -> Array:
+    k = _count(name, value)
+    if array.dtype.kind not in "biuf":
+        raise BadRequest(f"output {name!r} is not numeric; only numeric outputs are classified")
+    labels = _labels(model_file)
+    if batching and array.ndim >= 1:
+        rows = [_top(row.reshape(-1), k, labels) for row in array]
+        width = min(k, int(np.prod(array.shape[1:], dtype=np.int64)))
+        table: Array = np.empty((len(rows), width), dtype=object)
+        for i, row in enumerate(rows):
+            table[i, :] = row
+        return table
+    top = _top(array.reshape(-1), k, labels)
+    flat: Array = np.empty(len(top), dtype=object)
+    flat[:] = top
+    return flat
+
+
+def classify_outputs(
+    outputs: dict[str, Array],
+    parameters: dict[str, dict[str, Any]],
+    batching: bool,
+    model_file: Path,
+) -> dict[str, Array]:
+    """`outputs` with each one asked for as a classification replaced by its top k."""
+    if not parameters:  # the usual case, on every request
+        return outputs
+    wanted = [n for n, p in parameters.items() if p.get("classification") and n in outputs]
+    if not wanted:
+        return outputs
+    out = dict(outputs)
+    for name in wanted:
+        value = parameters[name]["classification"]
+        out[name] = classify(name, outputs[name], value, batching, model_file)
+    return out

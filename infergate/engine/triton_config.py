@@ -1,0 +1,82 @@
+"""Triton's model configuration (its JSON schema) for what serves: the tensors the worker
+reported, the batching the scheduler uses, the instances placed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infergate.engine.config_override import BACKENDS
+from infergate.engine.registry import ModelRecord
+from infergate.engine.served import ServedVersion
+from infergate.engine.spec import TensorSpec, VersionPolicy
+
+# Triton's model-config data types for the V2 datatypes (BYTES is TYPE_STRING there).
+TRITON_TYPES = {
+    "BOOL": "TYPE_BOOL",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "FP16": "TYPE_FP16",
+    "FP32": "TYPE_FP32",
+    "FP64": "TYPE_FP64",
+    "BYTES": "TYPE_STRING",
+}
+
+
+def _tensor(spec: TensorSpec, batching: bool) -> dict[str, Any]:
+    dims = list(spec.shape[1:] if batching else spec.shape)
+    return {
+        "name": spec.name,
+        "data_type": TRITON_TYPES.get(spec.datatype, "TYPE_INVALID"),
+        "dims": dims,
+    }
+
+
+def _version_policy(policy: VersionPolicy) -> dict[str, Any]:
+    if policy.all:
+        return {"all": {}}
+    if policy.versions:
+        return {"specific": {"versions": list(policy.versions)}}
+    return {"latest": {"num_versions": policy.latest}}
+
+
+def _instance_group(served: ServedVersion) -> list[dict[str, Any]]:
+    devices = [i.placement.device if i.placement else "cpu" for i in served.instances]
+    gpus = sorted({int(d.split(":")[1]) for d in devices if d.startswith("cuda:")})
+    group: dict[str, Any] = {
+        "name": served.name,
+        "kind": "KIND_GPU" if gpus else "KIND_CPU",
+        "count": len(served.instances),
+    }
+    if gpus:
+        group["gpus"] = gpus
+    return [group]
+
+
+def model_config(served: ServedVersion, record: ModelRecord) -> dict[str, Any]:
+    """GET /v2/models/{m}[/versions/{v}]/config: Triton's schema, from what serves."""
+    policy = served.scheduler.policy
+    batching = served.batchable
+    doc: dict[str, Any] = {
+        "name": served.name,
+        "platform": served.platform,
+        "backend": BACKENDS.get(served.platform, served.platform),
+        "version_policy": _version_policy(served.config.version_policy),
+        "max_batch_size": policy.max_batch_size if batching else 0,
+        "input": [_tensor(s, batching) for s in served.inputs],
+        "output": [_tensor(s, batching) for s in served.outputs],
+        "instance_group": _instance_group(served),
+        "default_model_filename": served.file.path.name,
+        "parameters": {},
+    }
+    if batching:
+        doc["dynamic_batching"] = {
+            "preferred_batch_size": [],
+            "max_queue_delay_microseconds": round(policy.max_delay_s * 1e6),
+        }
+    return doc

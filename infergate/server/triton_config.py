@@ -1,0 +1,77 @@
+"""Triton's model configuration extension: GET .../config, and the repository load with a
+`parameters.config` override. Every load failure says "failed to load '<name>'", the
+wording Triton's clients look for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from infergate.engine.config_override import parse_override
+from infergate.engine.engine import Engine
+from infergate.engine.triton_config import model_config
+from infergate.errors import BadRequest, ModelNotFound
+from infergate.server.codec import json_object
+from infergate.server.infer_route import version_number
+
+
+def _json(doc: Any) -> Response:
+    return Response(orjson.dumps(doc), media_type="application/json")
+
+
+def _load_parameters(name: str, raw: bytes) -> dict[str, Any]:
+    doc = json_object(raw) if raw.strip() else {}
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise BadRequest(f"failed to load {name!r}: 'parameters' must be an object")
+    for key in params:
+        if key != "config":
+            raise BadRequest(
+                f"failed to load {name!r}: load parameter {key!r} is not supported "
+                "(only 'config' is). Hint: put model files in the repository folder"
+            )
+    return params
+
+
+def config_router(engine: Engine, guard: list[Any]) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v2/models/{name}/config")
+    @router.get("/v2/models/{name}/versions/{version}/config")
+    async def config(name: str, version: str | None = None) -> Response:
+        served = engine.version(name, version_number(version))
+        return _json(model_config(served, engine.model(name)))
+
+    @router.post("/v2/repository/models/{name}/load", dependencies=guard)
+    async def load(name: str, request: Request) -> Response:
+        params = _load_parameters(name, await request.body())
+        overrides = engine.registry.overrides
+        previous = overrides.get(name)  # what serves was loaded with; kept if this fails
+        if "config" in params:
+            platform = None
+            if engine.registry.has(name):
+                serving = engine.model(name).default_version()
+                platform = serving.platform if serving is not None else None
+            overrides.set(name, parse_override(name, params["config"], platform))
+        else:
+            overrides.set(name, None)  # as in Triton: a plain load goes back to the files
+        try:
+            record = await engine.load(name)
+        except ModelNotFound as exc:
+            overrides.set(name, None)
+            raise BadRequest(f"failed to load {name!r}: {exc}") from None
+        if record.problem or record.failures or record.state != "ready":
+            overrides.set(name, previous)
+            serving = record.default_version()
+            keeps = (
+                f"; version {serving.version} keeps serving"
+                if serving is not None and serving.ready
+                else ""
+            )
+            raise BadRequest(f"failed to load {name!r}: {record.reason}{keeps}")
+        return _json({})
+
+    return router

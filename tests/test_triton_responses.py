@@ -1,0 +1,152 @@
+"""Triton's classification extension and compressed responses, through tritonclient."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
+from tritonclient.utils import InferenceServerException
+
+from infergate.server.compression import MIN_BYTES, compress_response
+from tests.server import ServerProcess
+from tests.triton_models import triton_server
+
+__all__ = ["triton_server"]
+
+
+def client(server: ServerProcess) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+
+
+def simple_inputs(input0: np.ndarray, input1: np.ndarray) -> list[httpclient.InferInput]:
+    inputs = []
+    for name, data in (("INPUT0", input0), ("INPUT1", input1)):
+        tensor = httpclient.InferInput(name, list(data.shape), "INT32")
+        tensor.set_data_from_numpy(data)
+        inputs.append(tensor)
+    return inputs
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_classification_returns_the_top_k_with_labels(
+    triton_server: ServerProcess, binary: bool
+) -> None:
+    rows = np.stack([np.arange(16, dtype=np.int32), np.arange(16, dtype=np.int32)[::-1]])
+    inputs = simple_inputs(rows, np.zeros((2, 16), dtype=np.int32))
+    outputs = [
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary, class_count=3),
+        httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary),
+    ]
+    result = client(triton_server).infer("simple", inputs, outputs=outputs)
+    top = result.as_numpy("OUTPUT0")
+    assert top.shape == (2, 3)  # each row of the batch ranked on its own
+    assert [x.decode() if isinstance(x, bytes) else x for x in top[0]] == [
+        "15:15:label15",
+        "14:14:label14",
+        "13:13:label13",
+    ]
+    assert (top[1][0].decode() if isinstance(top[1][0], bytes) else top[1][0]) == "15:0:label0"
+    assert result.as_numpy("OUTPUT1").tolist() == rows.tolist()  # the other is untouched
+
+
+def test_classification_without_labels_and_bad_counts(triton_server: ServerProcess) -> None:
+    data = np.arange(16, dtype=np.int32).reshape(1, 16)
+    output = httpclient.InferRequestedOutput("OUTPUT0", class_count=2)
+    c = client(triton_server)
+    result = c.infer("simple_fixed", simple_inputs(data, data), outputs=[output])
+    assert result.as_numpy("OUTPUT0").tolist() == [b"30:15", b"28:14"]  # no labels.txt
+    response = httpx.post(
+        f"{triton_server.url}/v2/models/simple/infer",
+        json={
+            "inputs": [
+                {"name": n, "datatype": "INT32", "shape": [1, 16], "data": [0] * 16}
+                for n in ("INPUT0", "INPUT1")
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"classification": "three"}}],
+        },
+    )
+    assert response.status_code == 400
+    assert "classification must be a positive integer" in response.json()["error"]
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_responses(triton_server: ServerProcess, algorithm: str) -> None:
+    data = np.arange(256, dtype=np.int32).reshape(16, 16)
+    result = client(triton_server).infer(
+        "simple", simple_inputs(data, data), response_compression_algorithm=algorithm
+    )
+    assert result.as_numpy("OUTPUT0").tolist() == (data * 2).tolist()
+    raw = httpx.post(
+        f"{triton_server.url}/v2/models/simple/infer",
+        headers={"Accept-Encoding": algorithm},
+        json={
+            "inputs": [
+                {"name": n, "datatype": "INT32", "shape": [16, 16], "data": data.ravel().tolist()}
+                for n in ("INPUT0", "INPUT1")
+            ]
+        },
+    )
+    assert raw.headers["content-encoding"] == algorithm
+    body = raw.read()  # httpx has undone the encoding; check the bytes really were encoded
+    assert b'"model_name":"simple"' in body
+    assert int(raw.headers["content-length"]) < len(body)  # fewer bytes went over the wire
+
+
+def test_no_compression_unless_asked(triton_server: ServerProcess) -> None:
+    data = np.arange(256, dtype=np.int32).reshape(16, 16)
+    raw = httpx.post(
+        f"{triton_server.url}/v2/models/simple/infer",
+        headers={"Accept-Encoding": "identity"},
+        json={
+            "inputs": [
+                {"name": n, "datatype": "INT32", "shape": [16, 16], "data": data.ravel().tolist()}
+                for n in ("INPUT0", "INPUT1")
+            ]
+        },
+    )
+    assert "content-encoding" not in raw.headers
+    assert int(raw.headers["content-length"]) == len(raw.content)
+
+
+async def test_aio_client_with_aiohttp_default_accept_encoding(
+    triton_server: ServerProcess,
+) -> None:
+    """aiohttp asks for gzip on every request and tritonclient.http.aio decompresses
+    itself: a large answer comes back compressed and right; an error comes back plain."""
+    data = np.arange(256, dtype=np.int32).reshape(16, 16)
+    async with aioclient.InferenceServerClient(triton_server.url.removeprefix("http://")) as c:
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            tensor = aioclient.InferInput(name, [16, 16], "INT32")
+            tensor.set_data_from_numpy(data)
+            inputs.append(tensor)
+        result = await c.infer("simple", inputs)
+        assert result.as_numpy("OUTPUT1").tolist() == np.zeros((16, 16)).tolist()
+        with pytest.raises(InferenceServerException) as caught:
+            await c.infer("wrong_model_name", inputs)
+        assert caught.value.message().startswith("Request for unknown model")
+
+
+@pytest.mark.parametrize(
+    ("accept", "expected"),
+    [
+        ("gzip", "gzip"),
+        ("br, deflate, gzip", "deflate"),
+        ("gzip;q=0, deflate;q=0.5", "deflate"),
+        ("gzip;q=0", None),
+        ("identity", None),
+        ("GZIP", "gzip"),
+    ],
+)
+def test_accept_encoding_choice(accept: str, expected: str | None) -> None:
+    headers: list[tuple[bytes, bytes]] = []
+    body = b"x" * MIN_BYTES
+    out = compress_response([(b"accept-encoding", accept.encode())], headers, body, 200)
+    assert dict(headers).get(b"content-encoding") == (expected.encode() if expected else None)
+    assert (out != body) == (expected is not None)
+    small: list[tuple[bytes, bytes]] = []
+    assert compress_response([(b"accept-encoding", b"gzip")], small, b"x", 200) == b"x"
+    assert compress_response([(b"accept-encoding", b"gzip")], small, body, 503) == body
+    assert small == []
