@@ -21,7 +21,7 @@ from rich.text import Text
 
 from infergate.client import Client, ClientError, default_url
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)  # lines as written, not rewrapped
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)  # one greppable line
 
 UrlOption = Annotated[
@@ -149,7 +149,7 @@ def emit_table(
     for row in rows:
         table.add_row(*(c if isinstance(c, Text) else Text(c) for c in row))
     if console.is_terminal:
-        console.print(table)
+        console.print(table, soft_wrap=False)
     else:  # no terminal width to fit: as wide as the widest cell needs
         Console(width=100_000, highlight=False).print(table)
 

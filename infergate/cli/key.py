@@ -96,12 +96,12 @@ def new(
             }
         )
         return
-    say(f"key:    {key}\nsha256: {digest}")
+    say(f"key:  {key}\nhash: {digest}")
     if write:
         say(f"added to {where} in {profile}. The key is shown this once: store it now.", err=True)
     else:
         say(
-            f"list the sha256: line in {where or 'server.admin_keys or tenants.NAME.api_keys'}; "
+            f"list the hash in {where or 'server.admin_keys or tenants.NAME.api_keys'}; "
             "the key is shown this once: store it now.",
             err=True,
         )

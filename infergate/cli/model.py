@@ -290,12 +290,14 @@ def verify(
         print_json(report)
     else:
         for k, v in report.items():
-            if k not in ("inputs", "outputs"):
+            if k not in ("inputs", "outputs", "error"):
                 say(f"{k}: {v}")
         for kind in ("inputs", "outputs"):
             for t in report.get(kind, []):
                 say(f"{kind[:-1]}: {t['name']} {t['datatype']} {t['shape']}")
     if "error" in report:
+        if not json:
+            fail(f"{file} is not a model infergate can serve: {report['error']}")
         raise typer.Exit(1)
 
 
@@ -305,13 +307,21 @@ def _open(file: Path) -> dict[str, Any]:
 
     runtime = runtime_for(file)
     if runtime is None:
-        return {"opens": "no", "error": f"{file.name}: no runtime opens {file.suffix!r} files"}
+        return {
+            "opens": "no",
+            "error": f"no runtime opens {file.suffix or 'extension-less'!r} files "
+            "(.onnx, .pt, or a plugin's)",
+        }
     if runtime_kind(runtime).needs_declared_tensors:
         return {"opens": f"not checked ({runtime} needs its tensors from model.toml)"}
     try:
         opened = open_runtime(runtime, file, "cpu")
     except Exception as exc:  # any failure to open is the answer here
-        return {"opens": "no", "error": f"{type(exc).__name__}: {exc}"}
+        message = " ".join(str(exc).split())  # one line
+        return {
+            "opens": "no",
+            "error": f"{runtime} cannot open it: {type(exc).__name__}: {message}",
+        }
     return {
         "opens": "yes",
         "inputs": [s.to_json() for s in opened.inputs],
