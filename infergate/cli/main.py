@@ -36,7 +36,7 @@ app.command(
         "-f out.csv",
     )
 )(bench)
-app.command(epilog=example("INFERGATE_ADMIN_TOKEN=... infergate top --url localhost:8000"))(top)
+app.command(epilog=example("infergate top --url localhost:8000 --token $ADMIN_KEY"))(top)
 app.add_typer(model.app, name="model")
 app.add_typer(tenant.app, name="tenant")
 app.add_typer(breaker.app, name="breaker")

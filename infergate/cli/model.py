@@ -63,10 +63,8 @@ def model_rows(models: list[dict[str, Any]]) -> list[list[str | Text]]:
                 rows.append([model["name"], version, styled_state("failed"), "-", "-", why])
                 shown.add(why)
         reason = model["reason"] or ""
-        if not model["versions"] and not model.get("failures"):
+        if not model["versions"] and not model.get("failures") or reason and reason not in shown:
             rows.append([model["name"], "-", styled_state(model["state"]), "-", "-", reason])
-        elif reason and reason not in shown and model["state"] == "failed":
-            rows.append([model["name"], "-", styled_state("failed"), "-", "-", reason])
     return rows
 
 
