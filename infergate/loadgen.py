@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -79,8 +79,9 @@ class LoadResult:
     latency_ms: Latency | None  # None when nothing succeeded
     failures: tuple[Failure, ...] = ()
     server: ServerSplit | None = None
-    windows: int = 1
+    windows: int = 1  # the windows this result merges (the last 3 when checking stability)
     stable: bool | None = None  # None: a fixed number of windows, no stability check
+    windows_measured: int = 1  # all the windows run at this level
 
     # The benchmarks' view: throughput, two percentiles (0 when nothing succeeded), and
     # failures by status (0: no answer or not sent).
@@ -449,7 +450,7 @@ async def run_level(
     stop.set()
     await load
     counted = windows if plan.windows else windows[-3:]
-    result = _merge(mode, level, counted, stable)
+    result = replace(_merge(mode, level, counted, stable), windows_measured=len(windows))
     if server_split and marks:
         first, last = marks[-len(counted) - 1], marks[-1]
         result = _with_split(result, first, last)
@@ -468,7 +469,7 @@ def _with_split(
         queue_s / queue_n * 1000 if queue_n > 0 else None,
         compute_s / compute_n * 1000 if compute_n > 0 else None,
     )
-    return LoadResult(**{**result.__dict__, "server": split})
+    return replace(result, server=split)
 
 
 def parse_split(metrics_text: str, model: str) -> tuple[float, float, float, float]:

@@ -45,6 +45,7 @@ LEVEL_KEYS = {
     "failures",
     "server",
     "windows",
+    "windows_measured",
     "stable",
 }
 
@@ -157,6 +158,7 @@ def test_repeats_windows_until_stable_or_gives_up(bench_server: ServerProcess) -
     [lv] = json.loads(out)["levels"]
     assert isinstance(lv["stable"], bool)
     assert lv["windows"] == 3  # stable at 3, or the last 3 of 4 reported
+    assert lv["windows_measured"] == (3 if lv["stable"] else 4)
 
 
 def test_inputs_from_files_and_shapes(bench_server: ServerProcess, tmp_path: Path) -> None:

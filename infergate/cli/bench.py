@@ -64,6 +64,7 @@ CSV_COLUMNS = [
     "server_queue_ms",
     "server_compute_ms",
     "windows",
+    "windows_measured",
     "stable",
 ]
 
@@ -356,6 +357,12 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _windows(r: LoadResult) -> str:
+    if r.stable is None:
+        return str(r.windows)
+    return f"last {r.windows} of {r.windows_measured}, " + ("stable" if r.stable else "NOT stable")
+
+
 def _tables(model: str, mode: Mode, rows: int, binary: bool, results: list[LoadResult]) -> None:
     kind = "binary" if binary else "JSON"
     say(f"{model}: {rows} row(s) per request, {kind} tensors; successful requests only")
@@ -377,8 +384,7 @@ def _tables(model: str, mode: Mode, rows: int, binary: bool, results: list[LoadR
                 _ms(lat.max if lat else None),
                 _ms(r.server.queue_ms if r.server else None),
                 _ms(r.server.compute_ms if r.server else None),
-                f"{r.windows}"
-                + ("" if r.stable is None else (" stable" if r.stable else " NOT stable")),
+                _windows(r),
             ]
         )
     emit_table(
@@ -451,6 +457,7 @@ def _write_csv(path: Path, results: list[LoadResult]) -> None:
                     if not r.server or r.server.compute_ms is None
                     else f"{r.server.compute_ms:.3f}",
                     r.windows,
+                    r.windows_measured,
                     "" if r.stable is None else str(r.stable).lower(),
                 ]
             )
