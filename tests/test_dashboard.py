@@ -3,6 +3,7 @@ data, and the real command in a real terminal (tmux)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -348,3 +349,21 @@ async def test_tenant_view_shows_rate_limit_p99_and_rejections(
         assert row()[6] == "0"  # nothing forbidden
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, TenantScreen))
+
+
+async def test_a_real_session_screenshot(server: ServerProcess, tmp_path: Path) -> None:
+    """The README's picture, from a real server with traffic: INFERGATE_SCREENSHOT=PATH
+    writes it there (docs/dashboard.svg)."""
+    app = Dashboard(HttpSource(server.url, None), interval_s=0.5)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await until(pilot, lambda: app.connected is True)
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]}
+        async with httpx.AsyncClient() as http:
+            for _ in range(40):
+                await http.post(f"{server.url}/v2/models/mlp/infer", json=body)
+        label = app.query_one("#rps-label")
+        await until(pilot, lambda: "top of scale" in str(label.render()))
+        assert app.query_one("#models", DataTable).row_count >= 5
+        target = Path(os.environ.get("INFERGATE_SCREENSHOT") or tmp_path / "dashboard.svg")
+        app.save_screenshot(filename=target.name, path=str(target.parent.resolve()))
+        assert "infergate&#160;top" in target.read_text()
