@@ -307,3 +307,16 @@ def test_model_list_shows_a_failed_new_version_and_a_refused_model_toml(
     finally:
         toml.unlink()
         shutil.rmtree(broken.parent)
+
+
+def test_usage_mistakes_are_one_line_and_exit_2() -> None:
+    for args, words in (
+        (["bench", "digits", "--concurrency-range", "many"], "--concurrency-range"),
+        (["model", "list", "--bogus"], "No such option: --bogus"),
+        (["serve", "--port", "abc"], "--port"),
+    ):
+        done = cli(*args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert words in done.stderr
+        assert f"Hint: infergate {args[0]}" in done.stderr

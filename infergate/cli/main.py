@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from infergate import __version__
@@ -64,4 +66,26 @@ def _root(
 
 
 def main() -> None:
-    app()
+    """Run the CLI; a usage mistake is one line on stderr and exit 2 (Click's own report
+    is four: usage, a hint, a blank line, the error)."""
+    # typer vendors its own Click (typer._click): its exceptions are these, not click's.
+    from typer._click import exceptions as click
+
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(prog_name="infergate", standalone_mode=False)
+    except click.NoArgsIsHelpError as exc:
+        exc.show()
+        sys.exit(2)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "infergate"
+        message = " ".join(exc.format_message().split())
+        sys.stderr.write(f"error: {message}. Hint: {where} -h\n")
+        sys.exit(2)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("aborted\n")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
