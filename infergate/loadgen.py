@@ -36,6 +36,7 @@ Distribution = Literal["constant", "poisson"]
 # lost or refused), or the request was never sent (open loop with every connection busy).
 FailureKind = Literal["http", "no_answer", "not_sent"]
 PERCENTILES = (50, 90, 95, 99)
+DRAIN_S = 5.0  # after the last window, how long in-flight requests may take to finish
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,7 @@ class _Collector:
         self.window = _Window(time.perf_counter())
         self.total_ok = 0
         self.total_failed = 0
+        self.unanswered = 0
 
     def ok(self, latency: float) -> None:
         self.window.latencies.append(latency)
@@ -274,6 +276,9 @@ async def _send(collector: _Collector, conn: RawConnection, prepared: bytes, sin
     """One request; False when the connection is gone."""
     try:
         response = await conn.send(prepared)
+    except asyncio.CancelledError:
+        collector.unanswered += 1  # the run ended (and its drain time) with this one out
+        raise
     except OSError as exc:
         collector.fail("no_answer", None, f"no answer: {type(exc).__name__}: {exc}")
         return False
@@ -294,20 +299,22 @@ async def _closed_loop(
 ) -> None:
     async def client() -> None:
         link: tuple[RawConnection, bytes] | None = None
-        while not stop.is_set():
-            if link is None:
-                try:
-                    link = await _connect(target)
-                except OSError as exc:
-                    collector.fail("no_answer", None, f"cannot connect: {exc}")
-                    await asyncio.sleep(0.1)  # back off: the server is not listening
-                    continue
-            conn, prepared = link
-            if not await _send(collector, conn, prepared, time.perf_counter()):
-                await conn.close()
-                link = None
-        if link is not None:
-            await link[0].close()
+        try:
+            while not stop.is_set():
+                if link is None:
+                    try:
+                        link = await _connect(target)
+                    except OSError as exc:
+                        collector.fail("no_answer", None, f"cannot connect: {exc}")
+                        await asyncio.sleep(0.1)  # back off: the server is not listening
+                        continue
+                conn, prepared = link
+                if not await _send(collector, conn, prepared, time.perf_counter()):
+                    await conn.close()
+                    link = None
+        finally:  # also when cancelled with a request unanswered
+            if link is not None:
+                await link[0].close()
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
 
@@ -356,11 +363,15 @@ async def _open_loop(
         task = asyncio.create_task(one(due))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-    for task in list(tasks):
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    for conn in opened:
-        await conn.close()
+    try:  # let the requests still out finish (they are not counted), up to DRAIN_S
+        if tasks:
+            await asyncio.wait(set(tasks), timeout=DRAIN_S)
+    finally:
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for conn in opened:
+            await conn.close()
 
 
 def _stable(windows: list[_Window], pct: float) -> bool:
@@ -448,9 +459,26 @@ async def run_level(
         if load.done():
             break
     stop.set()
-    await load
+    # Requests still out are not counted; wait a little for them, not for a hung model.
+    await asyncio.wait({load}, timeout=DRAIN_S + 1)
+    if not load.done():
+        load.cancel()
+    await asyncio.gather(load, return_exceptions=True)
     counted = windows if plan.windows else windows[-3:]
     result = replace(_merge(mode, level, counted, stable), windows_measured=len(windows))
+    if collector.unanswered:  # a hung model must not look like an idle one
+        lost = Failure(
+            "no_answer",
+            None,
+            collector.unanswered,
+            f"no answer by the end of the run ({DRAIN_S:g} s after the last window)",
+        )
+        result = replace(
+            result,
+            requests=result.requests + lost.count,
+            failed=result.failed + lost.count,
+            failures=(*result.failures, lost),
+        )
     if server_split and marks:
         first, last = marks[-len(counted) - 1], marks[-1]
         result = _with_split(result, first, last)

@@ -60,6 +60,9 @@ def bench_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     folder = tmp_path_factory.mktemp("bench")
     models = folder / "models"
     make_scripted(models / "slow" / "1" / "model.scripted")
+    make_scripted(
+        models / "held" / "1" / "model.scripted", controls=("hold",), gate_dir=folder / "gates"
+    )
     (models / "slow" / "model.toml").write_text("[batching]\nmax_batch_size = 1\n")
     (models / "digits").mkdir(parents=True)
     for item in (REPO / "models" / "digits").rglob("*"):
@@ -221,6 +224,7 @@ def test_refused_sends_are_failures(bench_server: ServerProcess, tmp_path: Path)
         "--json",
     )
     assert code == 1, out
+    assert "levels" in json.loads(out), out
     [lv] = json.loads(out)["levels"]
     kinds = {f["kind"]: f for f in lv["failures"]}
     assert kinds["not_sent"]["status"] is None
@@ -284,3 +288,28 @@ def test_range_parsing_errors_are_usage_errors(bench_server: ServerProcess) -> N
     for bad in ("many", "4:1", "1:4:0", "1.5"):
         code, _ = run("bench", "digits", "--concurrency-range", bad, "--url", bench_server.url)
         assert code == 2, bad
+
+
+def test_a_hung_model_is_a_failure_not_an_idle_run(
+    bench_server: ServerProcess, tmp_path: Path
+) -> None:
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps(scripted_inputs(rows=1, hold=7)))  # never released here
+    started = time.monotonic()
+    try:
+        code, out = run(
+            "bench", "held", "--input-data", str(request), "--concurrency-range", "1",
+            "--duration", "0.3", "--windows", "1", "--url", bench_server.url, "--json",
+        )  # fmt: skip
+    finally:
+        gates = bench_server.models.parent / "gates"
+        gates.mkdir(exist_ok=True)
+        (gates / "release-7").touch()
+    assert time.monotonic() - started < 30  # ended, though no request ever came back
+    assert code == 1, out
+    assert "levels" in json.loads(out), out
+    [lv] = json.loads(out)["levels"]
+    assert (lv["ok"], lv["latency_ms"]) == (0, None)
+    [lost] = lv["failures"]
+    assert (lost["kind"], lost["status"], lost["count"]) == ("no_answer", None, 1)
+    assert "no answer by the end of the run" in lost["error"]
