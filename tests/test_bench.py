@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -71,6 +72,13 @@ def bench_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(item.read_bytes())
     proc = ServerProcess(models, write_profile(folder, PROFILE), folder / "server.log").start()
+    for name in ("slow", "held"):
+        # engine/runtimes/__init__.py `_all()` marks plugins loaded before importing them, so
+        # a model scanned in another thread meanwhile can miss the scripted runtime ("no
+        # model file found"); loading it again once the plugin is in is what a user would do.
+        if proc.model(name)["state"] != "ready":
+            httpx.post(f"{proc.url}/v2/repository/models/{name}/load", timeout=60)
+            proc.wait_model_state(name, "ready")
     yield proc
     proc.stop()
 

@@ -307,8 +307,14 @@ def bench(
 def _run_levels(
     target: Target, mode: Mode, levels: list[float], plan: Plan, show: bool
 ) -> list[LoadResult]:
+    shown = [-1]  # off a terminal (a log file), one line a second, not one a tick
+
     def line(p: Progress) -> None:
-        sys.stderr.write("\r\033[K" + p.line() if sys.stderr.isatty() else p.line() + "\n")
+        if sys.stderr.isatty():
+            sys.stderr.write("\r\033[K" + p.line())
+        elif int(p.elapsed_s) != shown[0]:
+            shown[0] = int(p.elapsed_s)
+            sys.stderr.write(p.line() + "\n")
         sys.stderr.flush()
 
     reader = server_split_reader(target)
