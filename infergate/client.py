@@ -4,14 +4,22 @@ the dashboard and bench. Tensors go as binary data by default."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import numpy as np
 import orjson
 
 from infergate.tensors import Array, from_wire, numpy_dtype, to_wire, v2_datatype
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -34,8 +42,32 @@ class InferResponse:
     raw: dict[str, Any]
 
 
+def normalize_url(text: str) -> str:
+    """`localhost:8000` and `http://localhost:8000/` both mean http://localhost:8000."""
+    text = text.strip().rstrip("/")
+    return text if "://" in text else f"http://{text}"
+
+
+def project_port(folder: Path | None = None) -> int | None:
+    """The port of profiles/default.toml in `folder` (the working directory), if any: run
+    in a project folder, the CLI finds the server that `infergate serve` started there."""
+    path = (folder or Path.cwd()) / "profiles" / "default.toml"
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    port = doc.get("server", {}).get("port") if isinstance(doc.get("server"), dict) else None
+    return port if isinstance(port, int) and 0 < port < 65536 else None
+
+
 def default_url() -> str:
-    return os.environ.get("INFERGATE_URL", DEFAULT_URL)
+    """$INFERGATE_URL (with or without a scheme), else the port of ./profiles/default.toml,
+    else http://127.0.0.1:8000."""
+    env = os.environ.get("INFERGATE_URL", "").strip()
+    if env:
+        return normalize_url(env)
+    port = project_port()
+    return f"http://127.0.0.1:{port}" if port is not None else DEFAULT_URL
 
 
 def encode_infer_request(
@@ -111,10 +143,9 @@ class Client:
         self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0
     ) -> None:
         headers = {}
-        token = token if token is not None else os.environ.get("INFERGATE_TOKEN")
-        if token:
+        if token:  # the caller picks the token: a tenant's key or an admin key
             headers["Authorization"] = f"Bearer {token}"
-        self.url = (url or default_url()).rstrip("/")
+        self.url = normalize_url(url) if url else default_url()
         self.auth_headers = headers
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
@@ -166,10 +197,10 @@ class Client:
         return self._json("GET", "/admin/models")  # type: ignore[no-any-return]
 
     def model(self, name: str) -> dict[str, Any]:
-        return self._json("GET", f"/admin/models/{name}")  # type: ignore[no-any-return]
+        return self._json("GET", f"/admin/models/{quote(name, safe='')}")  # type: ignore[no-any-return]
 
     def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
-        path = f"/v2/models/{name}" + (f"/versions/{version}" if version else "")
+        path = f"/v2/models/{quote(name, safe='')}" + (f"/versions/{version}" if version else "")
         return self._json("GET", path)  # type: ignore[no-any-return]
 
     def repository_index(self) -> list[dict[str, Any]]:
@@ -188,30 +219,30 @@ class Client:
 
     def set_tenant(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]
-            "PATCH", f"/admin/tenants/{name}", content=orjson.dumps(settings)
+            "PATCH", f"/admin/tenants/{quote(name, safe='')}", content=orjson.dumps(settings)
         )
 
     def remove_tenant(self, name: str) -> None:
-        self._request("DELETE", f"/admin/tenants/{name}")
+        self._request("DELETE", f"/admin/tenants/{quote(name, safe='')}")
 
     def breakers(self) -> list[dict[str, Any]]:
         return self._json("GET", "/admin/breakers")  # type: ignore[no-any-return]
 
     def set_breaker(self, model: str, settings: dict[str, Any]) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]
-            "PATCH", f"/admin/breakers/{model}", content=orjson.dumps(settings)
+            "PATCH", f"/admin/breakers/{quote(model, safe='')}", content=orjson.dumps(settings)
         )
 
     def reset_breaker(self, model: str) -> None:
-        self._request("POST", f"/admin/breakers/{model}/reset")
+        self._request("POST", f"/admin/breakers/{quote(model, safe='')}/reset")
 
     def load_model(self, name: str) -> None:
         """Load or reload `name` from disk; returns once it serves (or raises why not)."""
-        self._request("POST", f"/v2/repository/models/{name}/load", timeout=None)
+        self._request("POST", f"/v2/repository/models/{quote(name, safe='')}/load", timeout=None)
 
     def unload_model(self, name: str) -> None:
         """Drain and stop `name`; returns once its workers have exited."""
-        self._request("POST", f"/v2/repository/models/{name}/unload", timeout=None)
+        self._request("POST", f"/v2/repository/models/{quote(name, safe='')}/unload", timeout=None)
 
     def infer(
         self,
@@ -228,7 +259,11 @@ class Client:
     def infer_raw(
         self, model: str, body: bytes, headers: dict[str, str], version: str | None = None
     ) -> InferResponse:
-        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+        path = (
+            f"/v2/models/{quote(model, safe='')}"
+            + (f"/versions/{version}" if version else "")
+            + "/infer"
+        )
         response = self._request("POST", path, content=body, headers=headers)
         return decode_infer_response(
             response.content, response.headers.get("inference-header-content-length")

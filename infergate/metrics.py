@@ -64,6 +64,14 @@ class Metrics:
             ["model", "tenant", "status"],
             registry=self.registry,
         )
+        self.request_seconds = Histogram(
+            "infergate_request_duration_seconds",
+            "End-to-end inference request time in the gateway (read to answer), by model "
+            "and tenant, failures included",
+            ["model", "tenant"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
         self.rate_limited = Counter(
             "infergate_rate_limited",
             "Requests refused by a tenant's limits (rate, concurrency, allow-list)",
@@ -124,5 +132,6 @@ class Metrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
-    def request_done(self, model: str, tenant: str, status: int) -> None:
+    def request_done(self, model: str, tenant: str, status: int, seconds: float) -> None:
         self.child(self.requests, model, tenant, str(status)).inc()
+        self.child(self.request_seconds, model, tenant).observe(seconds)

@@ -1,6 +1,12 @@
 """Regenerate the example models in models/ and the sample inputs in examples/.
 
-    .venv/bin/python scripts/make_examples.py
+    .venv/bin/python scripts/make_examples.py [--out DIR]
+
+Byte for byte the same files on every run (so pinned SHA256s and signatures stay valid):
+a fixed PYTHONHASHSEED (the script re-runs itself with one: TorchScript and skl2onnx walk
+sets whose order follows it), one BLAS thread (a parallel sum's order changes the last bits
+of the weights), fixed seeds, the ONNX opset imports sorted, and the TorchScript archive's
+random serialization id replaced by a hash of its contents.
 
 digits:  an MLP classifier trained on scikit-learn's bundled 8x8 digits data, as ONNX.
 encoder: a small TorchScript encoder (8 features -> 4-d unit vector).
@@ -9,9 +15,22 @@ Needs the dev extra (scikit-learn, skl2onnx, torch).
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import sys
 
-import numpy as np
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"  # before numpy loads its BLAS
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import zipfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +54,12 @@ def make_digits(models: Path, examples: Path) -> float:
     onx.graph.input[0].name = "input"
     for node in onx.graph.node:
         node.input[:] = ["input" if i == "X" else i for i in node.input]
+    # Opset imports come from a set: sort them, or their order varies with the hash seed.
+    from onnx.helper import make_opsetid
+
+    imports = [make_opsetid(o.domain, o.version) for o in onx.opset_import]
+    del onx.opset_import[:]
+    onx.opset_import.extend(sorted(imports, key=lambda o: o.domain))
     folder = models / "digits" / "1"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.onnx").write_bytes(onx.SerializeToString())
@@ -62,6 +87,7 @@ def make_encoder(models: Path, examples: Path) -> None:
     folder = models / "encoder" / "1"
     folder.mkdir(parents=True, exist_ok=True)
     module.save(str(folder / "model.pt"))
+    _fix_serialization_id(folder / "model.pt")
     (models / "encoder" / "model.toml").write_text(
         "# A TorchScript file carries no tensor names: declare them here.\n"
         'runtime = "torchscript"\n\n'
@@ -71,8 +97,30 @@ def make_encoder(models: Path, examples: Path) -> None:
     np.save(examples / "features.npy", np.linspace(-1, 1, 8, dtype=np.float32))
 
 
+def _fix_serialization_id(path: Path) -> None:
+    """torch writes a random `.data/serialization_id` into each archive: rewrite the archive
+    with a hash of the other records there instead, keeping torch's layout (entries stored,
+    dated 1980, data aligned to 64 bytes with padding in the extra field)."""
+    with zipfile.ZipFile(path) as src:
+        records = [(i, src.read(i.filename)) for i in src.infolist()]
+    digest = hashlib.sha256(b"".join(d for i, d in records if "serialization_id" not in i.filename))
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as dst:
+        for info, data in records:
+            if info.filename.endswith(".data/serialization_id"):
+                data = str(int(digest.hexdigest()[:32], 16)).zfill(40).encode()
+            entry = zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0))
+            start = f.tell() + 30 + len(info.filename.encode()) + 4
+            entry.extra = b"FB" + ((-start) % 64).to_bytes(2, "little") + b"Z" * ((-start) % 64)
+            dst.writestr(entry, data)
+    tmp.replace(path)
+
+
 if __name__ == "__main__":
-    accuracy = make_digits(ROOT / "models", ROOT / "examples")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT, help="write DIR/models, DIR/examples")
+    out = parser.parse_args().out
+    accuracy = make_digits(out / "models", out / "examples")
     print(f"digits: test accuracy {accuracy:.4f}")
-    make_encoder(ROOT / "models", ROOT / "examples")
+    make_encoder(out / "models", out / "examples")
     print("encoder: written")

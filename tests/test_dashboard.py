@@ -3,18 +3,24 @@ data, and the real command in a real terminal (tmux)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Sparkline, Static
 
+from infergate.engine.tenants import hash_key
 from infergate.tui.app import ConfirmScreen, Dashboard
 from infergate.tui.source import FixedSource, HttpSource
+from infergate.tui.tenants import TenantScreen
+from tests.conftest import write_profile
+from tests.onnx_models import make_mlp
 from tests.server import ServerProcess
 
 
@@ -50,7 +56,9 @@ async def test_lists_models_and_shows_a_breaker_opening(breaker_server: ServerPr
         assert cell(app, "mlp", 4) == "closed"
         await until(pilot, lambda: int(cell(app, "flaky", 9)) > 0)  # errors counted
         table.move_cursor(row=table.get_row_index("flaky"))
-        await pilot.press("r")  # reset the selected model's breaker
+        await pilot.press("r")  # reset the selected model's breaker, after a yes
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
         await until(pilot, lambda: cell(app, "flaky", 4) == "closed")
 
 
@@ -65,9 +73,13 @@ async def test_survives_the_server_going_away_and_coming_back(
         status = str(app.query_one("#status", Static).render())
         assert "server unreachable" in status
         assert app.query_one("#models", DataTable).row_count == 2  # the last data stays
+        events = app.query_one("#events")
+        before = text_of(events).count("model_ready")
         breaker_server.start()
         await until(pilot, lambda: app.connected is True, timeout_s=60)
         assert "connected to" in str(app.query_one("#status", Static).render())
+        # The new server numbers its events from 1 again; they still show.
+        await until(pilot, lambda: text_of(events).count("model_ready") >= before + 2)
 
 
 FIXED: dict[str, Any] = {
@@ -170,6 +182,76 @@ async def test_unload_asks_first_and_help_opens() -> None:
         assert "reset the selected model" in str(app.screen.query_one("Label").render())
 
 
+async def test_arrows_move_in_models_from_the_start_and_confirmations_default_to_no() -> None:
+    source = FixedSource(FIXED)
+    app = Dashboard(source, interval_s=3600)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await until(pilot, lambda: app.selected_model() == "digits")
+        assert app.focused is app.query_one("#models", DataTable)
+        await pilot.press("down")
+        assert app.selected_model() == "flaky"
+        for key in ("u", "l", "r"):
+            await pilot.press(key)
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            await pilot.press("enter")  # No has the focus
+            await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        assert source.actions == []
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: source.actions == [("reset", "flaky")])
+
+
+def text_of(widget: Any) -> str:
+    return "\n".join("".join(seg.text for seg in strip) for strip in widget.lines)
+
+
+async def test_small_terminal_keeps_the_status_line_and_the_help_whole() -> None:
+    app = Dashboard(FixedSource(FIXED), interval_s=3600)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.connected is True)
+        status = app.query_one("#status", Static)
+        assert (status.region.y, status.region.height) == (22, 1)
+        assert app.screen.virtual_size.height == 24  # nothing pushed below the screen
+        await pilot.press("question_mark")
+        await pilot.pause()
+        label = app.screen.query_one("Label")
+        assert app.screen.region.contains_region(label.region)
+        assert label.region.height == len(str(label.render()).splitlines())
+
+
+async def test_plots_empty_when_idle_with_units_and_scale_otherwise() -> None:
+    idle = {**FIXED, "throughput": [{"t": i, "rps": 0, "p99_ms": 0.0} for i in range(120)]}
+    source = FixedSource(idle)
+    app = Dashboard(source, interval_s=0.1)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await until(pilot, lambda: app.connected is True)
+        assert list(app.query_one("#rps", Sparkline).data or []) == []
+        assert "no requests in the last 120 s" in str(app.query_one("#rps-label").render())
+        source.doc = FIXED
+        label = app.query_one("#rps-label")
+        await until(pilot, lambda: "top of scale" in str(label.render()))
+        assert str(label.render()).startswith("requests/s, last 2 min: now ")
+        assert str(app.query_one("#p99-label").render()).startswith("p99 ms, last 2 min")
+
+
+async def test_names_and_events_are_shown_as_written() -> None:
+    doc = {
+        **FIXED,
+        "models": [{"name": "[b]x[/b]", "state": "failed", "reason": "pip install 'a[torch]'"}],
+        "tenants": [{"name": "dig[a-z]ts", "class": "burst"}],
+        "events": [{"id": 1, "kind": "k", "model": "[/x]", "message": "[red]m", "time": 0}],
+    }
+    app = Dashboard(FixedSource(doc), interval_s=3600)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await until(pilot, lambda: app.connected is True)
+        models = app.query_one("#models", DataTable)
+        assert str(models.get_row_at(0)[0]) == "[b]x[/b]"
+        assert str(models.get_row_at(0)[10]) == "pip install 'a[torch]'"
+        assert str(app.query_one("#tenants", DataTable).get_row_at(0)[0]) == "dig[a-z]ts"
+        assert "k [/x]: [red]m" in text_of(app.query_one("#events"))
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_top_in_a_real_terminal_shows_models_quickly(
     breaker_server: ServerProcess, tmp_path: Path
@@ -208,3 +290,80 @@ def test_top_in_a_real_terminal_shows_models_quickly(
         assert shown < 2.0, f"the models took {shown:.2f} s to show"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+
+
+ADMIN, TENANT = "top-admin-key", "top-tenant-key"
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """An admin key, and a tenant held to 2 requests/s."""
+    folder = tmp_path_factory.mktemp("top")
+    make_mlp(folder / "models" / "mlp" / "1" / "model.onnx")
+    profile = f"""
+[server]
+admin_keys = ["{hash_key(ADMIN)}"]
+[tenants.slowpoke]
+rps = 2
+burst = 2
+api_keys = ["{hash_key(TENANT)}"]
+"""
+    proc = ServerProcess(folder / "models", write_profile(folder, profile), folder / "server.log")
+    yield proc.start()
+    proc.stop()
+
+
+async def test_a_refused_token_is_said_as_such(guarded_server: ServerProcess) -> None:
+    app = Dashboard(HttpSource(guarded_server.url, "wrong"), interval_s=0.2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.connected is False)
+        status = str(app.query_one("#status", Static).render())
+        assert "refused the token" in status
+        assert "INFERGATE_ADMIN_TOKEN" in status
+        assert "unreachable" not in status
+
+
+async def test_tenant_view_shows_rate_limit_p99_and_rejections(
+    guarded_server: ServerProcess,
+) -> None:
+    app = Dashboard(HttpSource(guarded_server.url, ADMIN), interval_s=0.2)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await until(pilot, lambda: app.connected is True)
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]}
+        statuses = []
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TENANT}"}) as http:
+            for _ in range(6):
+                r = await http.post(f"{guarded_server.url}/v2/models/mlp/infer", json=body)
+                statuses.append(r.status_code)
+        assert {200, 429} <= set(statuses)
+        await pilot.press("t")
+        await until(pilot, lambda: isinstance(app.screen, TenantScreen))
+        table = app.screen.query_one("#tenant-view", DataTable)
+
+        def row() -> list[str]:
+            return [str(c) for c in table.get_row("slowpoke")] if table.row_count else []
+
+        await until(pilot, lambda: bool(row()) and row()[4] == str(statuses.count(429)))
+        assert row()[1].endswith("/ 2")  # its rate against its limit
+        assert row()[3].startswith("≤ ")  # a p99 from the histogram
+        assert row()[6] == "0"  # nothing forbidden
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, TenantScreen))
+
+
+async def test_a_real_session_screenshot(server: ServerProcess, tmp_path: Path) -> None:
+    """The README's picture, from a real server with traffic: INFERGATE_SCREENSHOT=PATH
+    writes it there (docs/dashboard.svg)."""
+    app = Dashboard(HttpSource(server.url, None), interval_s=0.5)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await until(pilot, lambda: app.connected is True)
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]}
+        async with httpx.AsyncClient() as http:
+            for _ in range(40):
+                await http.post(f"{server.url}/v2/models/mlp/infer", json=body)
+        label = app.query_one("#rps-label")
+        await until(pilot, lambda: "top of scale" in str(label.render()))
+        assert app.query_one("#models", DataTable).row_count >= 5
+        target = Path(os.environ.get("INFERGATE_SCREENSHOT") or tmp_path / "dashboard.svg")
+        app.save_screenshot(filename=target.name, path=str(target.parent.resolve()))
+        assert "infergate&#160;top" in target.read_text()

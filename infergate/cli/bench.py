@@ -1,14 +1,19 @@
 """`infergate bench`: a load generator against a running server, in the manner of
-perf_analyzer."""
+perf_analyzer. Throughput and latency count successful requests only; failures are a table
+of their own, and any failure makes the exit status 1 unless --allow-errors."""
 
 from __future__ import annotations
 
+import csv
+import sys
 from dataclasses import asdict
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
+import numpy as np
+import orjson
 import typer
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.text import Text
 
 from infergate.cli.common import (
     EXIT_USAGE,
@@ -16,54 +21,253 @@ from infergate.cli.common import (
     TokenOption,
     UrlOption,
     client,
-    console,
-    err_console,
+    emit_table,
     fail,
     fail_client,
     print_json,
+    say,
 )
+from infergate.cli.common import (
+    Format as OutputFormat,
+)
+from infergate.cli.npy import load_npy, load_npz
 from infergate.client import ClientError
-from infergate.loadgen import LoadResult, prepare, run_concurrency, run_rate, sample_inputs
+from infergate.loadgen import (
+    LoadResult,
+    Mode,
+    Plan,
+    Progress,
+    Target,
+    prepare,
+    run_level,
+    sample_inputs,
+    server_split_reader,
+)
 from infergate.loadgen import run as run_load
+from infergate.tensors import Array, numpy_dtype
+
+SCHEMA_VERSION = 1
+CSV_COLUMNS = [
+    "mode",
+    "level",
+    "requests",
+    "ok",
+    "failed",
+    "seconds",
+    "throughput_rps",
+    "p50_ms",
+    "p90_ms",
+    "p95_ms",
+    "p99_ms",
+    "avg_ms",
+    "max_ms",
+    "server_queue_ms",
+    "server_compute_ms",
+    "windows",
+    "windows_measured",
+    "stable",
+]
 
 
-def _levels(text: str, what: str) -> list[float]:
+def parse_range(text: str, what: str, integer: bool) -> list[float]:
+    """perf_analyzer's START:END:STEP (END and STEP optional), or a list like 1,8,32."""
     try:
-        levels = [float(x) for x in text.split(",") if x.strip()]
+        if ":" in text:
+            parts = [float(x) for x in text.split(":")]
+            if len(parts) > 3:
+                raise ValueError
+            start, end, step = (parts + [parts[0], 1.0][len(parts) - 1 :])[:3]
+            if step <= 0 or end < start:
+                raise ValueError
+            count = int((end - start) / step + 1e-9) + 1
+            levels = [start + i * step for i in range(count)]
+        else:
+            levels = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise typer.BadParameter(
-            f"{what}: expected numbers separated by commas, got {text!r}"
+            f"{what}: expected START:END:STEP (like 1:16:4) or numbers separated by commas "
+            f"(like 1,8,32), got {text!r}"
         ) from None
     if not levels or any(x <= 0 for x in levels):
         raise typer.BadParameter(f"{what}: expected positive numbers, got {text!r}")
+    if integer and any(x != int(x) for x in levels):
+        raise typer.BadParameter(f"{what}: a concurrency is a whole number, got {text!r}")
     return levels
+
+
+def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims = item.rpartition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = tuple(int(d) for d in dims.split(",") if d.strip())
+        except ValueError:
+            raise typer.BadParameter(
+                f"--shape {item!r}: expected NAME:D1,D2,... (the dimensions after the batch "
+                "one, like input:64)"
+            ) from None
+    return shapes
+
+
+def _v2_request(path: Path) -> tuple[dict[str, Array], dict[str, Any]]:
+    """The inputs and parameters of a V2 JSON request file."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+        inputs: dict[str, Array] = {}
+        for t in doc["inputs"]:
+            if t["datatype"] == "BYTES":
+                flat = [s.encode() if isinstance(s, str) else s for s in t["data"]]
+                array = np.array(flat, dtype=object)
+            else:
+                array = np.array(t["data"], dtype=numpy_dtype(t["datatype"]))
+            inputs[t["name"]] = array.reshape(t["shape"])
+        parameters = doc.get("parameters") or {}
+        return inputs, dict(parameters) if isinstance(parameters, dict) else {}
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise typer.BadParameter(
+            f"{path}: not a V2 inference request ({type(exc).__name__}: {exc}). Hint: "
+            '{"inputs": [{"name": ..., "datatype": ..., "shape": [...], "data": [...]}]}'
+        ) from None
+
+
+def input_data(path: Path, metadata: dict[str, Any]) -> tuple[dict[str, Array], dict[str, Any]]:
+    """--input-data: a .npy (a one-input model), an .npz (arrays named as the inputs), or a
+    V2 JSON request."""
+    if not path.is_file():
+        raise typer.BadParameter(f"--input-data {path}: no such file")
+    names = [t["name"] for t in metadata.get("inputs", [])]
+    if path.suffix == ".npy":
+        if len(names) != 1:
+            raise typer.BadParameter(
+                f"--input-data {path}: a .npy feeds a one-input model; this one has "
+                f"{', '.join(names)}. Hint: an .npz with one array per input"
+            )
+        return _batched({names[0]: load_npy(path)}, metadata), {}
+    if path.suffix == ".npz":
+        return _batched(load_npz(path), metadata), {}
+    if path.suffix == ".json":
+        return _v2_request(path)
+    raise typer.BadParameter(f"--input-data {path}: expected a .npy, .npz or .json file")
+
+
+def _batched(inputs: dict[str, Array], metadata: dict[str, Any]) -> dict[str, Array]:
+    """A single sample (one dimension short of a batching model's shape) becomes a batch of
+    one, as `infergate infer` does."""
+    dims = {t["name"]: t["shape"] for t in metadata.get("inputs", [])}
+    out = {}
+    for name, array in inputs.items():
+        shape = dims.get(name)
+        if shape and shape[0] < 0 and array.ndim == len(shape) - 1:
+            array = array[np.newaxis]
+        out[name] = array
+    return out
+
+
+def _level_doc(r: LoadResult) -> dict[str, Any]:
+    doc = asdict(r)
+    doc["failures"] = [asdict(f) for f in r.failures]
+    return doc
 
 
 def bench(
     model: Annotated[str, typer.Argument(help="Model name")],
     concurrency: Annotated[
-        str, typer.Option(help="Closed loop: concurrent clients, or a sweep like 1,8,32")
+        str,
+        typer.Option(
+            "--concurrency-range",
+            "--concurrency",
+            help="Closed loop: concurrent clients, START:END:STEP or a list like 1,8,32",
+        ),
     ] = "1",
     rate: Annotated[
-        str | None, typer.Option(help="Open loop instead: requests/s, or a sweep like 100,500")
+        str | None,
+        typer.Option(
+            "--request-rate-range",
+            "--rate",
+            help="Open loop instead: requests/s, START:END:STEP or a list like 100,500",
+        ),
     ] = None,
-    duration: Annotated[float, typer.Option(help="Seconds per level")] = 5.0,
+    distribution: Annotated[
+        str, typer.Option("--request-distribution", help="Open loop arrivals: constant or poisson")
+    ] = "constant",
+    duration: Annotated[
+        float, typer.Option("--duration", "--window", help="Seconds per measurement window")
+    ] = 2.0,
+    windows: Annotated[
+        int | None,
+        typer.Option(help="Measure exactly this many windows per level (no stability check)"),
+    ] = None,
+    stability: Annotated[
+        float,
+        typer.Option(
+            "--stability-percentage",
+            help="Repeat windows until the last 3 agree within this many percent",
+        ),
+    ] = 10.0,
+    max_windows: Annotated[
+        int, typer.Option(help="Give up on stability after this many windows")
+    ] = 10,
     batch: Annotated[int, typer.Option(help="Rows per request along the batch dimension")] = 1,
+    input_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--input-data",
+            help="Inputs from a .npy (one-input model), an .npz, or a V2 JSON request",
+        ),
+    ] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME:D1,D2 the dimensions after the batch one (repeatable)"),
+    ] = None,
     binary: Annotated[bool, typer.Option(help="Binary tensors (--no-binary: JSON)")] = True,
     priority: Annotated[
         str | None,
         typer.Option(help="parameters.priority: a class name or an integer (1 is highest)"),
     ] = None,
-    version: Annotated[str | None, typer.Option("--version", "-v", help="Model version")] = None,
+    version: Annotated[str | None, typer.Option("--model-version", help="Model version")] = None,
+    max_connections: Annotated[
+        int, typer.Option(help="Open loop: connections at most; a send past them fails")
+    ] = 512,
+    allow_errors: Annotated[
+        bool, typer.Option("--allow-errors", help="Exit 0 even when some requests failed")
+    ] = False,
+    csv_file: Annotated[
+        Path | None, typer.Option("-f", "--csv", help="Also write one CSV row per level here")
+    ] = None,
+    progress: Annotated[
+        bool | None,
+        typer.Option(
+            help="A live progress line on stderr [default: when stderr is a terminal]",
+            show_default=False,
+        ),
+    ] = None,
     url: UrlOption = None,
     token: TokenOption = None,
     json: JsonOption = False,
 ) -> None:
-    """Drive load at a model and report requests/s, p50/p90/p99 and errors by status."""
-    if duration <= 0 or batch < 1:
-        fail("--duration must be positive and --batch at least 1", EXIT_USAGE, json)
-    mode = "rate" if rate is not None else "concurrency"
-    levels = _levels(rate, "--rate") if rate is not None else _levels(concurrency, "--concurrency")
+    """Drive load at a model: throughput and p50/p90/p95/p99/avg/max latency of the
+    successful requests, failures by status with the server's error text, and the
+    server's own queue and compute time."""
+    if duration <= 0 or batch < 1 or max_connections < 1 or max_windows < 3:
+        fail(
+            "--duration must be positive, --batch and --max-connections at least 1, "
+            "--max-windows at least 3",
+            EXIT_USAGE,
+            json,
+        )
+    if windows is not None and windows < 1:
+        fail("--windows must be at least 1", EXIT_USAGE, json)
+    if distribution not in ("constant", "poisson"):
+        fail(f"--request-distribution {distribution!r}: constant or poisson", EXIT_USAGE, json)
+    mode: Mode = "rate" if rate is not None else "concurrency"
+    levels = (
+        parse_range(rate, "--request-rate-range", integer=False)
+        if rate is not None
+        else parse_range(concurrency, "--concurrency-range", integer=True)
+    )
+    shapes = parse_shapes(shape or [])
     try:
         with client(url, token) as c:
             metadata = c.metadata(model, version)
@@ -71,82 +275,195 @@ def bench(
             headers_auth = dict(c.auth_headers)
     except ClientError as exc:
         fail_client(exc, json)
-    parameters: dict[str, object] = {}
+    parameters: dict[str, Any] = {}
+    if input_file is not None:
+        inputs, parameters = input_data(input_file, metadata)
+    else:
+        try:
+            inputs = sample_inputs(metadata, batch, shapes=shapes)
+        except ValueError as exc:
+            fail(str(exc), EXIT_USAGE, json)
     if priority is not None:
         parameters["priority"] = int(priority) if priority.isdigit() else priority
-    body, headers = prepare(sample_inputs(metadata, batch), binary, parameters)
+    body, headers = prepare(inputs, binary, parameters)
     headers.update(headers_auth)
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
-    results = _run_levels(base, path, body, headers, mode, levels, duration, quiet=json)
-    if json:
-        print_json([asdict(r) for r in results])
-    else:
-        _table(model, results, batch, binary)
-    if any(r.ok == 0 for r in results):
+    plan = Plan(
+        window_s=duration,
+        windows=windows,
+        stability_pct=stability,
+        max_windows=max_windows,
+        max_connections=max_connections,
+        distribution="poisson" if distribution == "poisson" else "constant",
+    )
+    show = sys.stderr.isatty() if progress is None else progress
+    results = _run_levels(Target(base, path, body, headers, model), mode, levels, plan, show)
+    rows = int(inputs[next(iter(inputs))].shape[0]) if inputs else batch
+    _report(model, version, mode, plan, rows, binary, results, json, csv_file)
+    if any(r.failed for r in results) and not allow_errors:
         raise typer.Exit(1)
 
 
 def _run_levels(
-    url: str,
-    path: str,
-    body: bytes,
-    headers: dict[str, str],
-    mode: str,
-    levels: list[float],
-    duration: float,
-    quiet: bool,
+    target: Target, mode: Mode, levels: list[float], plan: Plan, show: bool
 ) -> list[LoadResult]:
+    shown = [-1]  # off a terminal (a log file), one line a second, not one a tick
+
+    def line(p: Progress) -> None:
+        if sys.stderr.isatty():
+            sys.stderr.write("\r\033[K" + p.line())
+        elif int(p.elapsed_s) != shown[0]:
+            shown[0] = int(p.elapsed_s)
+            sys.stderr.write(p.line() + "\n")
+        sys.stderr.flush()
+
+    reader = server_split_reader(target)
     results = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        disable=quiet,
-        transient=True,
-    ) as progress:
-        for level in levels:
-            label = f"{mode} {level:g}"
-            task = progress.add_task(label, total=duration)
-
-            def tick(done: float, task: TaskID = task) -> None:
-                progress.update(task, completed=done)
-
-            if mode == "rate":
-                load = run_rate(url, path, body, headers, level, duration, tick)
-            else:
-                load = run_concurrency(url, path, body, headers, int(level), duration, tick)
-            results.append(run_load(load))
-            progress.update(task, completed=duration)
+    for level in levels:
+        results.append(
+            run_load(run_level(target, mode, level, plan, line if show else None, reader))
+        )
+        if show and sys.stderr.isatty():
+            sys.stderr.write("\r\033[K")
     return results
 
 
-def _table(model: str, results: list[LoadResult], batch: int, binary: bool) -> None:
+def _report(
+    model: str,
+    version: str | None,
+    mode: Mode,
+    plan: Plan,
+    rows: int,
+    binary: bool,
+    results: list[LoadResult],
+    json: bool,
+    csv_file: Path | None,
+) -> None:
+    if csv_file is not None:
+        _write_csv(csv_file, results)
+    if json:
+        print_json(
+            {
+                "schema": SCHEMA_VERSION,
+                "model": model,
+                "version": version,
+                "mode": mode,
+                "distribution": plan.distribution if mode == "rate" else None,
+                "rows_per_request": rows,
+                "transport": "binary" if binary else "json",
+                "window_s": plan.window_s,
+                "levels": [_level_doc(r) for r in results],
+            }
+        )
+        return
+    _tables(model, mode, rows, binary, results)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _windows(r: LoadResult) -> str:
+    if r.stable is None:
+        return str(r.windows)
+    return f"last {r.windows} of {r.windows_measured}, " + ("stable" if r.stable else "NOT stable")
+
+
+def _tables(model: str, mode: Mode, rows: int, binary: bool, results: list[LoadResult]) -> None:
     kind = "binary" if binary else "JSON"
-    table = Table(
-        f"{results[0].mode}",
-        "requests",
-        "req/s",
-        "rows/s",
-        "p50 ms",
-        "p90 ms",
-        "p99 ms",
-        "errors",
-        title=f"{model}: batch {batch}, {kind} tensors",
-    )
+    say(f"{model}: {rows} row(s) per request, {kind} tensors; successful requests only")
+    table_rows: list[list[str | Text]] = []
     for r in results:
-        errors = (
-            ", ".join(f"{'no answer' if s == 0 else s}: {n}" for s, n in sorted(r.errors.items()))
-            or "-"
+        lat = r.latency_ms
+        table_rows.append(
+            [
+                f"{r.level:g}",
+                str(r.ok),
+                Text(str(r.failed), style="red" if r.failed else ""),
+                f"{r.throughput_rps:.1f}",
+                f"{r.throughput_rps * rows:.0f}",
+                *(
+                    [_ms(lat.p50), _ms(lat.p90), _ms(lat.p95), _ms(lat.p99), _ms(lat.avg)]
+                    if lat
+                    else ["-"] * 5
+                ),
+                _ms(lat.max if lat else None),
+                _ms(r.server.queue_ms if r.server else None),
+                _ms(r.server.compute_ms if r.server else None),
+                _windows(r),
+            ]
         )
-        table.add_row(
-            f"{r.level:g}",
-            str(r.requests),
-            f"{r.rps:.0f}",
-            f"{r.rps * batch:.0f}",
-            f"{r.p50_ms:.2f}",
-            f"{r.p90_ms:.2f}",
-            f"{r.p99_ms:.2f}",
-            errors,
+    emit_table(
+        [
+            mode,
+            "ok",
+            "failed",
+            "req/s",
+            "rows/s",
+            "p50 ms",
+            "p90 ms",
+            "p95 ms",
+            "p99 ms",
+            "avg ms",
+            "max ms",
+            "server queue ms",
+            "server compute ms",
+            "windows",
+        ],
+        table_rows,
+        OutputFormat.table,
+    )
+    failures = [(r, f) for r in results for f in r.failures]
+    if failures:
+        say("failures (not counted above):")
+        emit_table(
+            [mode, "status", "count", "error"],
+            [
+                [
+                    f"{r.level:g}",
+                    str(f.status) if f.status is not None else f.kind.replace("_", " "),
+                    str(f.count),
+                    f.error,
+                ]
+                for r, f in failures
+            ],
+            OutputFormat.table,
         )
-    console.print(table)
+    unstable = [r for r in results if r.stable is False]
+    if unstable:
+        say(
+            f"note: {len(unstable)} level(s) did not settle within the windows measured; "
+            "longer windows (--duration) or more of them (--max-windows) may help",
+            err=True,
+        )
+
+
+def _write_csv(path: Path, results: list[LoadResult]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for r in results:
+            lat = r.latency_ms
+            writer.writerow(
+                [
+                    r.mode,
+                    f"{r.level:g}",
+                    r.requests,
+                    r.ok,
+                    r.failed,
+                    f"{r.seconds:.3f}",
+                    f"{r.throughput_rps:.3f}",
+                    *(
+                        [f"{x:.3f}" for x in (lat.p50, lat.p90, lat.p95, lat.p99, lat.avg, lat.max)]
+                        if lat
+                        else [""] * 6
+                    ),
+                    "" if not r.server or r.server.queue_ms is None else f"{r.server.queue_ms:.3f}",
+                    ""
+                    if not r.server or r.server.compute_ms is None
+                    else f"{r.server.compute_ms:.3f}",
+                    r.windows,
+                    r.windows_measured,
+                    "" if r.stable is None else str(r.stable).lower(),
+                ]
+            )

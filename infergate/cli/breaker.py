@@ -5,53 +5,64 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
 from infergate.cli.common import (
+    AdminTokenOption,
+    Format,
+    FormatOption,
     JsonOption,
-    TokenOption,
     UrlOption,
-    console,
+    chosen_format,
+    emit_table,
+    example,
+    make_app,
     print_json,
     request,
+    say,
 )
 from infergate.cli.settings import parse_settings
 from infergate.engine.breaker import TUNABLE
 
-app = typer.Typer(help="List, tune and reset circuit breakers.", no_args_is_help=True)
+app = make_app("List, tune and reset circuit breakers.")
+TokenOption = AdminTokenOption
 FIELDS = set(TUNABLE)
 STYLE = {"closed": "green", "half_open": "yellow", "open": "red"}
 
 
-@app.command("list")
+@app.command("list", epilog=example("infergate breaker list --format json"))
 def list_breakers(
-    url: UrlOption = None, token: TokenOption = None, json: JsonOption = False
+    url: UrlOption = None,
+    token: TokenOption = None,
+    fmt: FormatOption = Format.table,
+    json: JsonOption = False,
 ) -> None:
     """Each model version's breaker: state, why, and what its window holds."""
-    rows = request(url, token, json, lambda c: c.breakers())
-    if json:
+    fmt = chosen_format(fmt, json)
+    rows = request(url, token, fmt is Format.json, lambda c: c.breakers())
+    if fmt is Format.json:
         print_json(rows)
         return
-    table = Table(
-        "model", "version", "state", "retry in", "window reqs", "failures", "p99 ms", "reason"
+    emit_table(
+        ["model", "version", "state", "retry in", "window reqs", "failures", "p99 ms", "reason"],
+        [
+            [
+                r["model"],
+                str(r["version"]),
+                Text(r["state"], style=STYLE.get(r["state"], "")),
+                f"{r['retry_after_s']:.1f} s" if r["state"] == "open" else "-",
+                str(r["window_requests"]),
+                str(r["window_failures"]),
+                f"{r['window_p99_ms']:g}",
+                r["reason"] or "",
+            ]
+            for r in rows
+        ],
+        fmt,
     )
-    for r in rows:
-        state = f"[{STYLE.get(r['state'], 'white')}]{r['state']}[/]"
-        retry = f"{r['retry_after_s']:.1f} s" if r["state"] == "open" else "-"
-        table.add_row(
-            r["model"],
-            str(r["version"]),
-            state,
-            retry,
-            str(r["window_requests"]),
-            str(r["window_failures"]),
-            f"{r['window_p99_ms']:g}",
-            r["reason"],
-        )
-    console.print(table)
 
 
-@app.command("set")
+@app.command("set", epilog=example("infergate breaker set digits failure_rate=0.2"))
 def set_(
     model: Annotated[str, typer.Argument(help="Model name")],
     settings: Annotated[
@@ -71,10 +82,10 @@ def set_(
     if json:
         print_json(doc)
     else:
-        console.print(f"breaker of {model}: " + ", ".join(f"{k} = {v}" for k, v in values.items()))
+        say(f"breaker of {model}: " + ", ".join(f"{k} = {v}" for k, v in values.items()))
 
 
-@app.command("reset")
+@app.command("reset", epilog=example("infergate breaker reset digits"))
 def reset(
     model: Annotated[str, typer.Argument(help="Model name")],
     url: UrlOption = None,
@@ -86,4 +97,4 @@ def reset(
     if json:
         print_json({"reset": model})
     else:
-        console.print(f"breaker of {model}: closed")
+        say(f"breaker of {model}: closed")

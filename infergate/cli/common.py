@@ -1,34 +1,88 @@
-"""What every command shares: the server options, JSON output, errors and exit codes."""
+"""What every command shares: the server options, output formats, errors and exit codes.
+
+Text from the server, the user or the disk (names, reasons, paths, error messages) is never
+parsed as Rich markup: it goes out as `Text` or with `markup=False`, so `dig[a-z]ts` and
+`pip install 'infergate[torch]'` print as written. Help is plain Click help for the same
+reason (typer's Rich help eats `[default: ...]`).
+"""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import orjson
 import typer
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from infergate.client import Client, ClientError, default_url
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)  # errors stay one greppable line
+console = Console(highlight=False, soft_wrap=True)  # lines as written, not rewrapped
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)  # one greppable line
 
 UrlOption = Annotated[
     str | None,
     typer.Option(
-        "--url", envvar="INFERGATE_URL", help="Server URL [default: http://127.0.0.1:8000]"
+        "--url",
+        help="Server URL, with or without http:// [default: $INFERGATE_URL, else the port "
+        "of ./profiles/default.toml, else 127.0.0.1:8000]",
+        show_default=False,
     ),
 ]
 TokenOption = Annotated[
     str | None,
-    typer.Option("--token", envvar="INFERGATE_TOKEN", help="API key sent as a Bearer token"),
+    typer.Option(
+        "--token",
+        envvar="INFERGATE_TOKEN",
+        help="A tenant's API key, sent as a Bearer token [env: INFERGATE_TOKEN]",
+        show_envvar=False,
+    ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts")]
+AdminTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="INFERGATE_ADMIN_TOKEN",
+        help="An admin key, sent as a Bearer token [env: INFERGATE_ADMIN_TOKEN]",
+        show_envvar=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (same as --format json)")]
+
+
+class Format(str, Enum):
+    table = "table"
+    tsv = "tsv"
+    json = "json"
+
+
+FormatOption = Annotated[
+    Format,
+    typer.Option(
+        "--format",
+        help="table for people, tsv for cut/awk (a header line, then one row a line), "
+        "json for scripts",
+    ),
+]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+def make_app(help: str) -> typer.Typer:
+    return typer.Typer(
+        help=help, no_args_is_help=True, rich_markup_mode=None, context_settings=CONTEXT
+    )
+
+
+def example(*lines: str) -> str:
+    """An epilog that Click prints as written (\\b stops its rewrapping)."""
+    return "Example:\n\n\b\n" + "\n".join(f"  $ {line}" for line in lines)
 
 
 def client(url: str | None, token: str | None) -> Client:
@@ -41,11 +95,16 @@ def print_json(doc: Any) -> None:
     )
 
 
+def say(text: str | Text, *, err: bool = False) -> None:
+    """Print text as written (no markup)."""
+    (err_console if err else console).print(text, markup=False, highlight=False)
+
+
 def fail(message: str, code: int = EXIT_FAILURE, as_json: bool = False) -> NoReturn:
     if as_json:
         print_json({"error": message})
     else:
-        err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+        err_console.print(Text.assemble(("error: ", "bold red"), message))
     raise typer.Exit(code)
 
 
@@ -64,8 +123,39 @@ STATE_STYLES = {
 }
 
 
-def styled_state(state: str) -> str:
-    return f"[{STATE_STYLES.get(state, 'white')}]{state}[/]"
+def styled_state(state: str) -> Text:
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def chosen_format(fmt: Format, json: bool) -> Format:
+    return Format.json if json else fmt
+
+
+Cell = str | Text
+
+
+def emit_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Cell]], fmt: Format, title: str | None = None
+) -> None:
+    """A table for people, or TSV. Cells are shown as written; on a terminal the table fits
+    its width, elsewhere (a pipe, a file) it is whole: no cell is cut short."""
+    if fmt is Format.tsv:
+        lines = ["\t".join(headers)]
+        for row in rows:
+            lines.append("\t".join(_tsv(str(c)) for c in row))
+        sys.stdout.write("\n".join(lines) + "\n")
+        return
+    table = Table(*headers, title=title)
+    for row in rows:
+        table.add_row(*(c if isinstance(c, Text) else Text(c) for c in row))
+    if console.is_terminal:
+        console.print(table, soft_wrap=False)
+    else:  # no terminal width to fit: as wide as the widest cell needs
+        Console(width=100_000, highlight=False).print(table)
+
+
+def _tsv(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
 
 
 def request(url: str | None, token: str | None, as_json: bool, call: Callable[[Client], T]) -> T:

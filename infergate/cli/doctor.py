@@ -10,9 +10,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
-from infergate.cli.common import JsonOption, console, print_json
+from infergate.cli.common import (
+    Format,
+    FormatOption,
+    JsonOption,
+    chosen_format,
+    emit_table,
+    print_json,
+)
 
 
 @dataclass(frozen=True)
@@ -140,21 +147,24 @@ def _models(models: Path) -> list[Check]:
     return checks
 
 
-STYLES = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
+STYLES = {"ok": "green", "warn": "yellow", "fail": "red"}
 
 
 def doctor(
     models: Annotated[Path, typer.Option(help="Model repository to check")] = Path("models"),
+    fmt: FormatOption = Format.table,
     json: JsonOption = False,
 ) -> None:
     """Check Python, runtimes, GPUs and the models folder; exit 1 if something fails."""
+    fmt = chosen_format(fmt, json)
     checks = [_python(), _onnxruntime(), _torch(), _nvml(), *_devices(), *_models(models)]
-    if json:
+    if fmt is Format.json:
         print_json([asdict(c) for c in checks])
     else:
-        table = Table("check", "status", "detail")
-        for c in checks:
-            table.add_row(c.name, STYLES[c.status], c.detail)
-        console.print(table)
+        emit_table(
+            ["check", "status", "detail"],
+            [[c.name, Text(c.status, style=STYLES[c.status]), c.detail] for c in checks],
+            fmt,
+        )
     if any(c.status == "fail" for c in checks):
         raise typer.Exit(1)

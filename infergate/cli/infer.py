@@ -9,19 +9,22 @@ from typing import Annotated, Any
 import numpy as np
 import orjson
 import typer
-from rich.table import Table
+from rich.text import Text
 
 from infergate.cli.common import (
     EXIT_USAGE,
+    Format,
     JsonOption,
     TokenOption,
     UrlOption,
     client,
-    console,
+    emit_table,
     fail,
     fail_client,
     print_json,
+    say,
 )
+from infergate.cli.npy import load_npy
 from infergate.client import Client, ClientError, InferResponse
 from infergate.tensors import Array, numpy_dtype
 
@@ -30,9 +33,7 @@ def _parse_value(text: str, dtype: np.dtype[Any] | None) -> Array:
     """A .npy file, a .json file, or a JSON literal."""
     path = Path(text)
     if text.endswith(".npy"):
-        if not path.exists():
-            raise typer.BadParameter(f"{text}: no such file")
-        array: Array = np.load(path, allow_pickle=False)
+        array: Array = load_npy(path)
     else:
         raw = path.read_bytes() if text.endswith(".json") and path.exists() else text.encode()
         try:
@@ -97,15 +98,22 @@ def _show(response: InferResponse, json: bool, save: Path | None) -> None:
         ]
         print_json(doc)
         return
-    console.print(f"[bold]{response.model}[/] version {response.version}")
-    table = Table("output", "datatype", "shape", "values")
-    for out in response.raw.get("outputs", []):
-        table.add_row(
-            out["name"], out["datatype"], str(out["shape"]), _preview(response.outputs[out["name"]])
-        )
-    console.print(table)
+    say(Text.assemble((response.model, "bold"), f" version {response.version}"))
+    emit_table(
+        ["output", "datatype", "shape", "values"],
+        [
+            [
+                out["name"],
+                out["datatype"],
+                str(out["shape"]),
+                _preview(response.outputs[out["name"]]),
+            ]
+            for out in response.raw.get("outputs", [])
+        ],
+        Format.table,
+    )
     if save is not None:
-        console.print(f"saved to {save}/<output>.npy")
+        say(f"saved to {save}/<output>.npy")
 
 
 def infer(
@@ -117,7 +125,9 @@ def infer(
             "for a one-input model), or - to read a whole V2 request from stdin"
         ),
     ] = None,
-    version: Annotated[str | None, typer.Option("--version", "-v", help="Model version")] = None,
+    version: Annotated[
+        str | None, typer.Option("--model-version", help="Model version [default: the latest]")
+    ] = None,
     output: Annotated[
         list[str] | None, typer.Option("--output", "-o", help="Only this output (repeatable)")
     ] = None,

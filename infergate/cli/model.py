@@ -7,22 +7,29 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
 from infergate.cli.common import (
     EXIT_USAGE,
+    AdminTokenOption,
+    Format,
+    FormatOption,
     JsonOption,
-    TokenOption,
     UrlOption,
-    console,
+    chosen_format,
+    emit_table,
+    example,
     fail,
+    make_app,
     print_json,
     request,
+    say,
     styled_state,
 )
 from infergate.client import Client
 
-app = typer.Typer(help="List, inspect, load, unload and sign models.", no_args_is_help=True)
+app = make_app("List, inspect, load, unload, sign and verify models.")
+TokenOption = AdminTokenOption  # every model command is an admin call
 
 
 def _instances(version: dict[str, Any]) -> str:
@@ -30,33 +37,59 @@ def _instances(version: dict[str, Any]) -> str:
     return f"{ready}/{len(version['instances'])}"
 
 
-@app.command("list")
-def list_models(url: UrlOption = None, token: TokenOption = None, json: JsonOption = False) -> None:
-    """List every model in the repository with its versions and state."""
-    models = request(url, token, json, lambda c: c.models())
-    if json:
-        print_json(models)
-        return
-    table = Table("model", "version", "state", "instances", "platform", "reason")
+def model_rows(models: list[dict[str, Any]]) -> list[list[str | Text]]:
+    """A row per served version, per version that failed to load (a new version that was
+    refused leaves the old one serving: both show), and per model-wide problem (a refused
+    model.toml edit) that no version row already says."""
+    rows: list[list[str | Text]] = []
     for model in models:
-        if not model["versions"]:
-            table.add_row(
-                model["name"], "-", styled_state(model["state"]), "-", "-", model["reason"] or ""
-            )
+        shown: set[str] = set()
         for v in model["versions"]:
             marker = "*" if v["version"] == model["default_version"] else ""
-            table.add_row(
-                model["name"],
-                f"{v['version']}{marker}",
-                styled_state(v["state"]),
-                _instances(v),
-                v["platform"],
-                v["reason"] or "",
+            rows.append(
+                [
+                    model["name"],
+                    f"{v['version']}{marker}",
+                    styled_state(v["state"]),
+                    _instances(v),
+                    v["platform"],
+                    v["reason"] or "",
+                ]
             )
-    console.print(table)
+            shown.add(v["reason"] or "")
+        served = {str(v["version"]) for v in model["versions"]}
+        for version, why in (model.get("failures") or {}).items():
+            if version not in served:
+                rows.append([model["name"], version, styled_state("failed"), "-", "-", why])
+                shown.add(why)
+        reason = model["reason"] or ""
+        if not model["versions"] and not model.get("failures") or reason and reason not in shown:
+            rows.append([model["name"], "-", styled_state(model["state"]), "-", "-", reason])
+    return rows
 
 
-@app.command("status")
+@app.command(
+    "list", epilog=example("infergate model list", "infergate model list --format tsv | cut -f1,3")
+)
+def list_models(
+    url: UrlOption = None,
+    token: TokenOption = None,
+    fmt: FormatOption = Format.table,
+    json: JsonOption = False,
+) -> None:
+    """List every model in the repository with its versions and state, failed loads
+    included."""
+    fmt = chosen_format(fmt, json)
+    models = request(url, token, fmt is Format.json, lambda c: c.models())
+    if fmt is Format.json:
+        print_json(models)
+        return
+    emit_table(
+        ["model", "version", "state", "instances", "platform", "reason"], model_rows(models), fmt
+    )
+
+
+@app.command("status", epilog=example("infergate model status digits"))
 def status(
     name: Annotated[str, typer.Argument(help="Model name")],
     url: UrlOption = None,
@@ -68,44 +101,52 @@ def status(
     if json:
         print_json(model)
         return
-    console.print(
-        f"[bold]{model['name']}[/]  {styled_state(model['state'])}"
-        + (f"  default version {model['default_version']}" if model["default_version"] else "")
-    )
+    head = Text.assemble((model["name"], "bold"), "  ", styled_state(model["state"]))
+    if model["default_version"]:
+        head.append(f"  default version {model['default_version']}")
+    say(head)
     if model["reason"]:
-        console.print(f"  reason: {model['reason']}", highlight=False)
-    for version, why in model.get("failures", {}).items():
-        console.print(f"  [red]version {version} did not load:[/] {why}", highlight=False)
+        say(f"  reason: {model['reason']}")
+    for version, why in (model.get("failures") or {}).items():
+        say(Text.assemble("  ", (f"version {version} did not load:", "red"), f" {why}"))
     for v in model["versions"]:
-        console.print(
-            f"\n version {v['version']}  {styled_state(v['state'])}  {v['platform']}  "
-            f"{v['path']}\n sha256 {v['sha256']}",
-            highlight=False,
-        )
-        table = Table("instance", "state", "pid", "device", "restarts", "reason")
-        for i in v["instances"]:
-            table.add_row(
-                str(i["index"]),
-                styled_state(i["state"]),
-                str(i["pid"] or "-"),
-                i["device"] or "-",
-                str(i["restarts"]),
-                i["reason"] or "",
+        say(
+            Text.assemble(
+                f"\n version {v['version']}  ",
+                styled_state(v["state"]),
+                f"  {v['platform']}  {v['path']}\n sha256 {v['sha256']}",
             )
-        console.print(table)
-        tensors = Table("tensor", "name", "datatype", "shape")
-        for kind in ("inputs", "outputs"):
-            for t in v[kind]:
-                tensors.add_row(kind[:-1], t["name"], t["datatype"], str(t["shape"]))
-        console.print(tensors)
+        )
+        emit_table(
+            ["instance", "state", "pid", "device", "restarts", "reason"],
+            [
+                [
+                    str(i["index"]),
+                    styled_state(i["state"]),
+                    str(i["pid"] or "-"),
+                    i["device"] or "-",
+                    str(i["restarts"]),
+                    i["reason"] or "",
+                ]
+                for i in v["instances"]
+            ],
+            Format.table,
+        )
+        emit_table(
+            ["tensor", "name", "datatype", "shape"],
+            [
+                [kind[:-1], t["name"], t["datatype"], str(t["shape"])]
+                for kind in ("inputs", "outputs")
+                for t in v[kind]
+            ],
+            Format.table,
+        )
     if model.get("events"):
-        console.print("\n recent events")
+        say("\n recent events")
         for event in model["events"]:
             stamp = time.strftime("%H:%M:%S", time.localtime(event["time"]))
             version = f" v{event['version']}" if event["version"] else ""
-            console.print(
-                f"  {stamp} {event['kind']}{version}: {event['message']}", highlight=False
-            )
+            say(f"  {stamp} {event['kind']}{version}: {event['message']}")
 
 
 def _repository_call(
@@ -125,13 +166,13 @@ def _repository_call(
     done = {"load": "loaded", "reload": "reloaded", "unload": "unloaded"}[action]
     default = model["default_version"]
     suffix = f", version {default} serving" if default and action != "unload" else ""
-    console.print(f"{name}: {done}{suffix}")
+    say(f"{name}: {done}{suffix}")
 
 
 NameArgument = Annotated[str, typer.Argument(help="Model name")]
 
 
-@app.command("load")
+@app.command("load", epilog=example("infergate model load digits"))
 def load(
     name: NameArgument, url: UrlOption = None, token: TokenOption = None, json: JsonOption = False
 ) -> None:
@@ -139,7 +180,7 @@ def load(
     _repository_call("load", name, url, token, json)
 
 
-@app.command("reload")
+@app.command("reload", epilog=example("infergate model reload digits"))
 def reload(
     name: NameArgument, url: UrlOption = None, token: TokenOption = None, json: JsonOption = False
 ) -> None:
@@ -147,7 +188,7 @@ def reload(
     _repository_call("reload", name, url, token, json)
 
 
-@app.command("unload")
+@app.command("unload", epilog=example("infergate model unload digits"))
 def unload(
     name: NameArgument, url: UrlOption = None, token: TokenOption = None, json: JsonOption = False
 ) -> None:
@@ -155,7 +196,7 @@ def unload(
     _repository_call("unload", name, url, token, json)
 
 
-@app.command("keygen")
+@app.command("keygen", epilog=example("infergate model keygen signing.key"))
 def keygen(
     key: Annotated[Path, typer.Argument(help="Where to write the private key (KEY.pub beside)")],
     json: JsonOption = False,
@@ -173,13 +214,15 @@ def keygen(
     if json:
         print_json({"private_key": str(key), "public_key": str(public)})
         return
-    console.print(
+    say(
         f"private key: {key} (keep it secret)\npublic key:  {public} "
         "(list it in the profile's server.trusted_keys)"
     )
 
 
-@app.command("sign")
+@app.command(
+    "sign", epilog=example("infergate model sign models/digits/1/model.onnx --key signing.key")
+)
 def sign(
     file: Annotated[Path, typer.Argument(help="Model file to sign")],
     key: Annotated[Path, typer.Option("--key", help="Private key from infergate model keygen")],
@@ -198,10 +241,13 @@ def sign(
     if json:
         print_json({"file": str(file), "signature": str(signature), "sha256": sha256_file(file)})
         return
-    console.print(f"signed {file} -> {signature}")
+    say(f"signed {file} -> {signature}")
 
 
-@app.command("verify")
+@app.command(
+    "verify",
+    epilog=example("infergate model verify models/digits/1/model.onnx --key signing.key.pub"),
+)
 def verify(
     file: Annotated[Path, typer.Argument(help="Model file to check")],
     key: Annotated[
@@ -242,12 +288,14 @@ def verify(
         print_json(report)
     else:
         for k, v in report.items():
-            if k not in ("inputs", "outputs"):
-                console.print(f"{k}: {v}", highlight=False)
+            if k not in ("inputs", "outputs", "error"):
+                say(f"{k}: {v}")
         for kind in ("inputs", "outputs"):
             for t in report.get(kind, []):
-                console.print(f"{kind[:-1]}: {t['name']} {t['datatype']} {t['shape']}")
+                say(f"{kind[:-1]}: {t['name']} {t['datatype']} {t['shape']}")
     if "error" in report:
+        if not json:
+            fail(f"{file} is not a model infergate can serve: {report['error']}")
         raise typer.Exit(1)
 
 
@@ -257,13 +305,21 @@ def _open(file: Path) -> dict[str, Any]:
 
     runtime = runtime_for(file)
     if runtime is None:
-        return {"opens": "no", "error": f"{file.name}: no runtime opens {file.suffix!r} files"}
+        return {
+            "opens": "no",
+            "error": f"no runtime opens {file.suffix or 'extension-less'!r} files "
+            "(.onnx, .pt, or a plugin's)",
+        }
     if runtime_kind(runtime).needs_declared_tensors:
         return {"opens": f"not checked ({runtime} needs its tensors from model.toml)"}
     try:
         opened = open_runtime(runtime, file, "cpu")
     except Exception as exc:  # any failure to open is the answer here
-        return {"opens": "no", "error": f"{type(exc).__name__}: {exc}"}
+        message = " ".join(str(exc).split())  # one line
+        return {
+            "opens": "no",
+            "error": f"{runtime} cannot open it: {type(exc).__name__}: {message}",
+        }
     return {
         "opens": "yes",
         "inputs": [s.to_json() for s in opened.inputs],

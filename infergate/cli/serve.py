@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import gc
 import ipaddress
-import logging
+import socket
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from infergate.cli.common import EXIT_USAGE, fail
+from infergate.cli.common import EXIT_FAILURE, EXIT_USAGE, fail
+from infergate.cli.logs import configure as configure_logging
 from infergate.errors import ConfigError
 
 
@@ -24,16 +25,59 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(
-    models: Annotated[Path | None, typer.Option(help="Model repository [default: models/]")] = None,
-    profile: Annotated[
-        Path | None, typer.Option(help="Profile TOML [default: profiles/default.toml when present]")
+    models: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="INFERGATE_MODELS",
+            help="Model repository [default: the profile's server.models, else models/; "
+            "env: INFERGATE_MODELS]",
+        ),
     ] = None,
-    host: Annotated[str | None, typer.Option(help="Address to bind [default: 127.0.0.1]")] = None,
-    port: Annotated[int | None, typer.Option(help="Port [default: 8000]")] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
-    access_log: Annotated[bool, typer.Option(help="Log every request")] = False,
+    profile: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="INFERGATE_PROFILE",
+            help="Profile TOML [default: profiles/default.toml when present; "
+            "env: INFERGATE_PROFILE]",
+        ),
+    ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            envvar="INFERGATE_HOST",
+            help="Address to bind [default: the profile's, else 127.0.0.1; env: INFERGATE_HOST]",
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            envvar="INFERGATE_PORT",
+            help="Port, 1-65535 [default: the profile's, else 8000; env: INFERGATE_PORT]",
+        ),
+    ] = None,
+    log_level: Annotated[
+        str,
+        typer.Option(
+            envvar="INFERGATE_LOG_LEVEL",
+            help="debug, info, warning, error or critical [env: INFERGATE_LOG_LEVEL]",
+        ),
+    ] = "info",
+    log_format: Annotated[
+        str, typer.Option(help="text, or json: one JSON object a line, for log collectors")
+    ] = "text",
+    access_log: Annotated[
+        bool,
+        typer.Option(help="Log every request: status, latency, model, tenant, request id"),
+    ] = False,
 ) -> None:
     """Serve every model in the repository over the KServe V2 protocol."""
+    from infergate.cli.logs import FORMATS, LEVELS
+
+    if log_level.lower() not in LEVELS:
+        fail(f"--log-level {log_level!r}: expected one of {', '.join(LEVELS)}", EXIT_USAGE)
+    if log_format not in FORMATS:
+        fail(f"--log-format {log_format!r}: expected text or json", EXIT_USAGE)
+    log_level = log_level.lower()
     from infergate.profile import DEFAULT_PROFILE, load_profile
 
     try:
@@ -54,9 +98,11 @@ def serve(
             "server.admin_keys (and tenants' api_keys) to the profile, or bind 127.0.0.1",
             EXIT_USAGE,
         )
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s"
-    )
+    bind_port = settings.port if port is None else port
+    if not 1 <= bind_port <= 65535:
+        fail(f"port {bind_port} is out of range: give one from 1 to 65535", EXIT_USAGE)
+    sock = _bind(bind, bind_port)  # before any worker starts: a clash leaves nothing behind
+    configure_logging(log_level, log_format, access_log)
 
     import uvicorn
 
@@ -107,19 +153,38 @@ def serve(
     config = uvicorn.Config(
         app,
         host=bind,
-        port=settings.port if port is None else port,
+        port=bind_port,
         log_level=log_level,
+        log_config=None,  # our handler and format (text or JSON) for uvicorn's loggers too
         http=OneWriteHttpToolsProtocol,
         proxy_headers=False,  # no proxy in front by default; saves work on every request
         server_header=False,  # one header less to check and send on every response
-        access_log=access_log,
+        access_log=False,  # server/access_log.py writes a richer line
         timeout_graceful_shutdown=10,
     )
     server = uvicorn.Server(config)
     _tune_gc()
-    server.run()
+    server.run(sockets=[sock])
     if not server.started:
         raise typer.Exit(1)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a port in use is one clear line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        fail(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}. Hint: another server "
+            "holds the port; stop it, or pass --port (or set INFERGATE_PORT)",
+            EXIT_FAILURE,
+        )
+    sock.set_inheritable(True)
+    return sock
 
 
 def _tune_gc() -> None:

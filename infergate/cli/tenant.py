@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from infergate.cli.common import (
+    AdminTokenOption,
+    Format,
+    FormatOption,
     JsonOption,
-    TokenOption,
     UrlOption,
-    console,
-    err_console,
+    chosen_format,
+    emit_table,
+    example,
+    make_app,
     print_json,
     request,
+    say,
 )
 from infergate.cli.settings import parse_settings
 from infergate.engine.tenants import SETTABLE
 
-app = typer.Typer(
-    help="List, add, change and remove tenants (persisted in the profile).", no_args_is_help=True
-)
+app = make_app("List, add, change and remove tenants (persisted in the profile).")
+TokenOption = AdminTokenOption
 FIELDS = set(SETTABLE)
 SettingsArgument = Annotated[
     list[str] | None,
@@ -30,52 +33,78 @@ SettingsArgument = Annotated[
         "memory_mb"
     ),
 ]
+FLOATS = ("rps", "burst", "tokens")
+INTS = ("max_concurrency", "memory_mb", "keys", "in_flight", "admitted")
 
 
-@app.command("list")
+def normalized(tenant: dict[str, Any]) -> dict[str, Any]:
+    """One type per field whatever the profile wrote (rps = 50 or 50.0): numbers that can
+    be fractional are floats, counts are integers, absent values null."""
+    out = dict(tenant)
+    for k in FLOATS:
+        if isinstance(out.get(k), (int, float)):
+            out[k] = float(out[k])
+    for k in INTS:
+        if isinstance(out.get(k), (int, float)):
+            out[k] = int(out[k])
+    return out
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@app.command("list", epilog=example("infergate tenant list --format tsv"))
 def list_tenants(
-    url: UrlOption = None, token: TokenOption = None, json: JsonOption = False
+    url: UrlOption = None,
+    token: TokenOption = None,
+    fmt: FormatOption = Format.table,
+    json: JsonOption = False,
 ) -> None:
     """Tenants with their limits and what they are using now."""
-    doc = request(url, token, json, lambda c: c.tenants())
-    if json:
-        print_json(doc)
+    fmt = chosen_format(fmt, json)
+    doc = request(url, token, fmt is Format.json, lambda c: c.tenants())
+    tenants = [normalized(t) for t in doc["tenants"]]
+    if doc.get("profile_error"):  # on stderr, so --json stays one array
+        say(f"warning: the profile's last edit was rejected: {doc['profile_error']}", err=True)
+    if fmt is Format.json:
+        print_json(tenants)
         return
-    table = Table(
-        "tenant",
-        "class",
-        "rps",
-        "burst",
-        "in flight",
-        "max conc.",
-        "models",
-        "keys",
-        "admitted",
-        "429",
-        "403",
+    emit_table(
+        [
+            "tenant",
+            "class",
+            "rps",
+            "burst",
+            "in flight",
+            "max conc.",
+            "models",
+            "keys",
+            "admitted",
+            "429",
+            "403",
+        ],
+        [
+            [
+                t["name"],
+                t["class"],
+                _num(t["rps"]),
+                _num(t["burst"]),
+                str(t["in_flight"]),
+                _num(t["max_concurrency"]),
+                ",".join(t["models"]),
+                str(t["keys"]),
+                str(t["admitted"]),
+                str(t["rate_limited"] + t["over_concurrency"]),
+                str(t["forbidden"]),
+            ]
+            for t in tenants
+        ],
+        fmt,
     )
-    for t in doc["tenants"]:
-        table.add_row(
-            t["name"],
-            t["class"],
-            f"{t['rps']:g}",
-            f"{t['burst']:g}",
-            str(t["in_flight"]),
-            str(t["max_concurrency"]),
-            ",".join(t["models"]),
-            str(t["keys"]),
-            str(t["admitted"]),
-            str(t["rate_limited"] + t["over_concurrency"]),
-            str(t["forbidden"]),
-        )
-    console.print(table)
-    if doc.get("profile_error"):
-        err_console.print(
-            f"[red]the profile's last edit was rejected:[/] {doc['profile_error']}", highlight=False
-        )
 
 
-@app.command("add")
+@app.command("add", epilog=example("infergate tenant add acme rps=50 models=digits"))
 def add(
     name: Annotated[str, typer.Argument(help="Tenant name")],
     settings: SettingsArgument = None,
@@ -89,11 +118,11 @@ def add(
     if json:
         print_json(doc)
         return
-    console.print(f"tenant {name} added. API key (shown once, store it now):")
+    say(f"tenant {name} added. API key (shown once, store it now):")
     print(doc["api_key"])
 
 
-@app.command("set")
+@app.command("set", epilog=example("infergate tenant set acme rps=100 'models=[\"dig*\"]'"))
 def set_(
     name: Annotated[str, typer.Argument(help="Tenant name")],
     settings: SettingsArgument = None,
@@ -109,10 +138,10 @@ def set_(
     if json:
         print_json(doc)
         return
-    console.print(f"tenant {name}: " + ", ".join(f"{k} = {v}" for k, v in values.items()))
+    say(f"tenant {name}: " + ", ".join(f"{k} = {v}" for k, v in values.items()))
 
 
-@app.command("remove")
+@app.command("remove", epilog=example("infergate tenant remove acme"))
 def remove(
     name: Annotated[str, typer.Argument(help="Tenant name")],
     url: UrlOption = None,
@@ -124,4 +153,4 @@ def remove(
     if json:
         print_json({"removed": name})
     else:
-        console.print(f"tenant {name} removed")
+        say(f"tenant {name} removed")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from infergate.cli.common import TokenOption, UrlOption
-from infergate.client import default_url
+from infergate.cli.common import AdminTokenOption, UrlOption
+from infergate.client import default_url, normalize_url
 
 
-def top(url: UrlOption = None, token: TokenOption = None) -> None:
+def top(url: UrlOption = None, token: AdminTokenOption = None) -> None:
     """Watch a server live: devices, models, breakers, queues, latencies, tenants, events."""
     from infergate.tui.app import Dashboard
     from infergate.tui.source import HttpSource
 
-    Dashboard(HttpSource(url or default_url(), token)).run()
+    Dashboard(HttpSource(normalize_url(url) if url else default_url(), token)).run()

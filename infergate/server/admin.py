@@ -35,7 +35,7 @@ def admin_guard(engine: Engine) -> Any:
         if key is None:
             raise Unauthorized(
                 "this endpoint needs the admin key (Authorization: Bearer "
-                "<key>). Hint: set INFERGATE_TOKEN for the CLI"
+                "<key>). Hint: set INFERGATE_ADMIN_TOKEN for the CLI"
             )
         raise Forbidden(
             "this key is not an admin key; /admin and the repository API need "

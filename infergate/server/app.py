@@ -19,6 +19,7 @@ from infergate.engine.engine import Engine
 from infergate.engine.shared_memory import SYSTEM_SHM
 from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
+from infergate.server.access_log import AccessLog
 from infergate.server.admin import admin_guard, admin_router
 from infergate.server.errors import error_response, install_error_handlers
 from infergate.server.infer_route import InferRoute, version_number
@@ -138,4 +139,4 @@ def create_app(
         )
 
     app.include_router(admin_router(engine, store))
-    return InferRoute(engine, app, max_request_bytes)
+    return AccessLog(InferRoute(engine, app, max_request_bytes))

@@ -153,8 +153,9 @@ class InferRoute:
             status, headers = 500, error_headers(None)
             body = error_body(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
         model = name if self._engine.registry.has(name) else "unknown"  # bounded labels
-        context.metrics.request_done(model, tenant, status)
         now = context.clock.now()
+        context.metrics.request_done(model, tenant, status, now - started)
+        scope["infergate.tenant"] = tenant  # for the access log (server/access_log.py)
         context.stats.record(
             model, status < 500, now - started, None if tenant == "-" else tenant, now
         )

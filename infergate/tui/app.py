@@ -1,10 +1,12 @@
 """The dashboard: devices, models (state, breaker, queues, rates, latencies), tenants,
 throughput and p99 over the last minutes, and the event log. Keys: q quit, r reset the
-selected model's breaker, l/u load or unload it (after a confirmation), ? help.
+selected model's breaker, l/u load or unload it (each after a confirmation that defaults to
+No), t the per-tenant view, ? help. The models table has the focus from the start.
 
-It polls /admin/stats once a second in a worker; when the server goes away it says so,
-keeps the last picture, and reconnects by itself. Every field is read with a default, so a
-server that lacks one is shown, not crashed on.
+It polls /admin/stats once a second in a worker; when the server goes away it says so
+(a refused token is said as such), keeps the last picture, and reconnects by itself. Every
+field is read with a default, so a server that lacks one is shown, not crashed on. Names,
+reasons and events are shown as written: nothing from the server is parsed as markup.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Header, Label, RichLog, Sparkline, Static
 
 from infergate.tui.source import SourceError, StatsSource
+from infergate.tui.tenants import TenantLatency, TenantScreen, tenant_rows
 
 STATE_STYLE = {
     "ready": "green",
@@ -47,19 +50,45 @@ def _num(value: Any, fmt: str = "{:.1f}") -> str:
 
 
 class ConfirmScreen(ModalScreen[bool]):
+    """Yes or No, with No focused: Enter on its own never changes anything."""
+
+    BINDINGS = [
+        Binding("escape,n", "answer(False)", "No"),
+        Binding("y", "answer(True)", "Yes"),
+    ]
+
     def __init__(self, question: str) -> None:
         super().__init__()
         self._question = question
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(self._question)
+            yield Label(self._question, markup=False)
             with Horizontal():
-                yield Button("Yes", variant="warning", id="yes")
                 yield Button("No", variant="primary", id="no")
+                yield Button("Yes", variant="warning", id="yes")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+HELP = (
+    "infergate top\n\n"
+    "  q   quit\n"
+    "  r   reset the selected model's circuit breaker\n"
+    "  l   load (or reload) the selected model\n"
+    "  u   unload the selected model\n"
+    "  t   tenants: rate against limit, in flight, p99, rejections\n"
+    "  ?   this help\n\n"
+    "Arrow keys select a model; r, l and u ask first (No is the default).\n"
+    "Data refreshes every second."
+)
 
 
 class HelpScreen(ModalScreen[None]):
@@ -67,15 +96,7 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(
-                "infergate top\n\n"
-                "  q   quit\n"
-                "  r   reset the selected model's circuit breaker\n"
-                "  l   load (or reload) the selected model\n"
-                "  u   unload the selected model\n"
-                "  ?   this help\n\n"
-                "Select a model with the arrow keys. Data refreshes every second."
-            )
+            yield Label(HELP, markup=False)
             yield Button("Close", id="close")
 
     def on_button_pressed(self, _: Button.Pressed) -> None:
@@ -90,6 +111,7 @@ class Dashboard(App[None]):
         Binding("r", "reset_breaker", "Reset breaker"),
         Binding("l", "load", "Load"),
         Binding("u", "unload", "Unload"),
+        Binding("t", "tenants", "Tenants"),
         Binding("question_mark", "help", "Help"),
     ]
 
@@ -105,24 +127,27 @@ class Dashboard(App[None]):
         self.interval_s = interval_s
         self.connected: bool | None = None
         self.stats: dict[str, Any] = {}
-        self._last_event = 0
+        self._seen_events: set[tuple[int, float]] = set()  # (id, time): ids restart with the server
+        self.tenant_latency = TenantLatency()
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with Horizontal(id="top"):
-            yield Static("devices: waiting for data", id="devices")
-            yield DataTable(id="tenants", cursor_type="none", zebra_stripes=True)
-        yield DataTable(id="models", cursor_type="row", zebra_stripes=True)
-        with Horizontal(id="plots"):
-            with Vertical(classes="plot"):
-                yield Label("requests/s, last 2 minutes", id="rps-label")
-                yield Sparkline([0], id="rps")
-            with Vertical(classes="plot"):
-                yield Label("p99 ms, last 2 minutes", id="p99-label")
-                yield Sparkline([0], id="p99")
-        yield RichLog(id="events", markup=False, wrap=False, max_lines=500)
-        yield Static(f"connecting to {self.source.label}", id="status")
-        yield Footer()
+        with Vertical(id="main"):
+            with Horizontal(id="top"):
+                yield Static("devices: waiting for data", id="devices", markup=False)
+                yield DataTable(id="tenants", cursor_type="none", zebra_stripes=True)
+            yield DataTable(id="models", cursor_type="row", zebra_stripes=True)
+            with Horizontal(id="plots"):
+                with Vertical(classes="plot"):
+                    yield Label("requests/s: no data yet", id="rps-label", markup=False)
+                    yield Sparkline([], id="rps")
+                with Vertical(classes="plot"):
+                    yield Label("p99 ms: no data yet", id="p99-label", markup=False)
+                    yield Sparkline([], id="p99")
+            yield RichLog(id="events", markup=False, wrap=False, max_lines=500)
+        with Vertical(id="bottom"):
+            yield Static(f"connecting to {self.source.label}", id="status", markup=False)
+            yield Footer()
 
     def on_mount(self) -> None:
         models = self.query_one("#models", DataTable)
@@ -143,6 +168,8 @@ class Dashboard(App[None]):
         tenants.add_columns(
             "tenant", "class", "req/s of limit", "in flight", "memory MB", "admitted", "rejected"
         )
+        tenants.can_focus = False  # the arrow keys belong to the models table
+        models.focus()
         self.poll()
         self.set_interval(self.interval_s, self.poll)
 
@@ -154,7 +181,7 @@ class Dashboard(App[None]):
         try:
             stats = await self.source.fetch()
         except SourceError as exc:
-            self._disconnected(str(exc))
+            self._disconnected(exc)
             return
         try:
             self._connected(stats)
@@ -169,15 +196,21 @@ class Dashboard(App[None]):
         status.update(f"connected to {self.source.label} · updated {self._clock()} · ? for help")
         self._show(stats)
 
-    def _disconnected(self, why: str) -> None:
+    def _disconnected(self, error: SourceError) -> None:
         self.connected = False
         try:
             status = self.query_one("#status", Static)
         except NoMatches:
             return  # the app is closing
         status.add_class("down")
+        if error.status in (401, 403):
+            status.update(
+                f"the server refused the token ({error}). Hint: give an admin key with "
+                f"--token or INFERGATE_ADMIN_TOKEN; retrying every {self.interval_s:g} s"
+            )
+            return
         status.update(
-            f"server unreachable ({why}); showing the last data, retrying every "
+            f"server unreachable ({error}); showing the last data, retrying every "
             f"{self.interval_s:g} s"
         )
 
@@ -186,17 +219,29 @@ class Dashboard(App[None]):
         self._show_models(stats.get("models") or [])
         self._show_tenants(stats.get("tenants") or [])
         history = stats.get("throughput") or []
-        self.query_one("#rps", Sparkline).data = [h.get("rps", 0) for h in history] or [0]
-        self.query_one("#p99", Sparkline).data = [h.get("p99_ms", 0) for h in history] or [0]
-        if history:
-            last = history[-1]
-            self.query_one("#rps-label", Label).update(
-                f"requests/s, last 2 minutes (now {_num(last.get('rps'), '{:.0f}')})"
-            )
-            self.query_one("#p99-label", Label).update(
-                f"p99 ms, last 2 minutes (now {_num(last.get('p99_ms'))})"
-            )
+        self._show_plot("rps", "requests/s", [h.get("rps", 0) for h in history], "{:.0f}")
+        self._show_plot("p99", "p99 ms", [h.get("p99_ms", 0) for h in history], "{:.1f}")
+        if "tenant_latency" in stats:
+            self.tenant_latency.add(stats["tenant_latency"])
+        if isinstance(self.screen, TenantScreen):
+            self.screen.update_rows(tenant_rows(stats, self.tenant_latency))
         self._show_events(stats.get("events") or [])
+
+    def _show_plot(self, name: str, what: str, values: list[float], fmt: str) -> None:
+        """A sparkline has no axis: its label gives the unit, the span, the scale (the
+        highest point) and the latest value. No traffic draws nothing, not a bar."""
+        plot = self.query_one(f"#{name}", Sparkline)
+        label = self.query_one(f"#{name}-label", Label)
+        if not any(values):
+            plot.data = []
+            label.update(f"{what}: no requests in the last {len(values) or 120} s")
+            return
+        plot.data = values
+        span = len(values) // 60
+        label.update(
+            f"{what}, last {span} min: now {fmt.format(values[-1])}, "
+            f"top of scale {fmt.format(max(values))}"
+        )
 
     def _show_devices(self, devices: list[dict[str, Any]], workers: list[dict[str, Any]]) -> None:
         lines = []
@@ -226,7 +271,7 @@ class Dashboard(App[None]):
             queued = " ".join(f"{k[:2]}:{v}" for k, v in sorted(queue.items())) or "0"
             versions = m.get("versions") or []
             table.add_row(
-                m.get("name", "?"),
+                Text(str(m.get("name", "?"))),
                 ",".join(map(str, versions)) or "-",
                 Text(state, style=STATE_STYLE.get(state, "")),
                 f"{m.get('instances_ready', 0)}/{m.get('instances', 0)}",
@@ -236,7 +281,7 @@ class Dashboard(App[None]):
                 _num(m.get("p50_ms"), "{:.2f}"),
                 _num(m.get("p99_ms"), "{:.2f}"),
                 str(m.get("errors", 0)),
-                (m.get("reason") or "")[:60],
+                Text((m.get("reason") or "")[:60]),
                 key=m.get("name"),
             )
         if selected is not None and selected in {m.get("name") for m in models}:
@@ -247,8 +292,8 @@ class Dashboard(App[None]):
         table.clear()
         for t in tenants:
             table.add_row(
-                t.get("name", "?"),
-                t.get("class", "-"),
+                Text(str(t.get("name", "?"))),
+                Text(str(t.get("class", "-"))),
                 f"{_num(t.get('rps'))} / {_num(t.get('rps_limit'), '{:g}')}",
                 f"{t.get('in_flight', 0)}/{t.get('max_concurrency', '-')}",
                 f"{_num(t.get('reserved_mb'), '{:.0f}')} / {_num(t.get('memory_mb'), '{:.0f}')}",
@@ -257,11 +302,14 @@ class Dashboard(App[None]):
             )
 
     def _show_events(self, events: list[dict[str, Any]]) -> None:
+        """New events, in order. An event is known by its id and time together: a restarted
+        server numbers its events from 1 again."""
         log = self.query_one("#events", RichLog)
-        for e in events:
-            if e.get("id", 0) <= self._last_event:
+        for e in sorted(events, key=lambda e: (e.get("time", 0), e.get("id", 0))):
+            key = (e.get("id", 0), e.get("time", 0.0))
+            if key in self._seen_events:
                 continue
-            self._last_event = e.get("id", 0)
+            self._seen_events.add(key)
             stamp = time.strftime("%H:%M:%S", time.localtime(e.get("time", 0)))
             version = f" v{e['version']}" if e.get("version") else ""
             kind = e.get("kind", "?")
@@ -272,6 +320,8 @@ class Dashboard(App[None]):
                     style=style,
                 )
             )
+        if len(self._seen_events) > 5000:  # the server sends its last 30; forget old ones
+            self._seen_events = {(e.get("id", 0), e.get("time", 0.0)) for e in events}
 
     def selected_model(self) -> str | None:
         table = self.query_one("#models", DataTable)
@@ -292,15 +342,15 @@ class Dashboard(App[None]):
             else:
                 await self.source.unload(model)
         except SourceError as exc:
-            self.notify(f"{what} {model} failed: {exc}", severity="error")
+            self.notify(f"{what} {model} failed: {exc}", severity="error", markup=False)
             return
-        self.notify(f"{what} {model}: done")
+        self.notify(f"{what} {model}: done", markup=False)
         self.poll()
 
     @work(group="actions")
     async def action_reset_breaker(self) -> None:
         model = self.selected_model()
-        if model:
+        if model and await self._confirm(f"Reset the circuit breaker of {model}?"):
             await self._act("reset", model)
 
     async def _confirm(self, question: str) -> bool:
@@ -321,3 +371,6 @@ class Dashboard(App[None]):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    def action_tenants(self) -> None:
+        self.push_screen(TenantScreen(tenant_rows(self.stats, self.tenant_latency)))

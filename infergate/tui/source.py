@@ -1,4 +1,8 @@
-"""Where the dashboard's data comes from: a server over HTTP, or a fixed document (tests)."""
+"""Where the dashboard's data comes from: a server over HTTP, or a fixed document (tests).
+
+Besides /admin/stats, the HTTP source reads /admin/tenants (rejections by reason) and the
+request duration histogram on /metrics (each tenant's latency), and puts them in the
+document as `tenant_details` and `tenant_latency`."""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ from typing import Any, Protocol
 
 import httpx
 import orjson
+
+REQUEST_SECONDS = "infergate_request_duration_seconds_bucket"
 
 
 class StatsSource(Protocol):
@@ -23,7 +29,28 @@ class StatsSource(Protocol):
 
 
 class SourceError(Exception):
-    """The server could not be reached or refused; the message is for the status line."""
+    """The server could not be reached (status 0) or refused; the message is for the status
+    line."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def tenant_buckets(metrics_text: str) -> dict[str, dict[float, float]]:
+    """Per tenant, the cumulative request duration histogram (le -> count), summed over
+    models."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == REQUEST_SECONDS:
+                tenant = sample.labels.get("tenant", "-")
+                le = float(sample.labels.get("le", "inf"))
+                buckets = out.setdefault(tenant, {})
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return out
 
 
 class HttpSource:
@@ -33,6 +60,10 @@ class HttpSource:
         self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=5.0)
 
     async def _call(self, method: str, path: str, timeout: float | None = 5.0) -> Any:
+        response = await self._raw(method, path, timeout)
+        return orjson.loads(response.content) if response.content else None
+
+    async def _raw(self, method: str, path: str, timeout: float | None = 5.0) -> httpx.Response:
         try:
             response = await self._http.request(method, path, timeout=timeout)
         except httpx.HTTPError as exc:
@@ -42,12 +73,20 @@ class HttpSource:
                 message = response.json().get("error", response.text)
             except ValueError:
                 message = response.text
-            raise SourceError(f"{response.status_code}: {message}")
-        return orjson.loads(response.content) if response.content else None
+            raise SourceError(f"{response.status_code}: {message}", response.status_code)
+        return response
 
     async def fetch(self) -> dict[str, Any]:
         doc = await self._call("GET", "/admin/stats")
-        return doc if isinstance(doc, dict) else {}
+        doc = doc if isinstance(doc, dict) else {}
+        try:  # extras: a server without them still shows everything else
+            tenants = await self._call("GET", "/admin/tenants")
+            doc["tenant_details"] = tenants.get("tenants", []) if isinstance(tenants, dict) else []
+            metrics = await self._raw("GET", "/metrics")
+            doc["tenant_latency"] = tenant_buckets(metrics.text)
+        except (SourceError, ValueError):
+            pass
+        return doc
 
     async def reset_breaker(self, model: str) -> None:
         await self._call("POST", f"/admin/breakers/{model}/reset")

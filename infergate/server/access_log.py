@@ -1,0 +1,83 @@
+"""An access log and request ids, as a small ASGI middleware around the whole app.
+
+Every HTTP response carries `X-Request-ID`: the client's (when it sent a sane one) or a new
+one. With the `infergate.access` logger at INFO (`infergate serve --access-log`), each
+request is one line: method, path, status, latency, model, version, tenant, request id;
+with --log-format json these are fields of their own. The tenant is the one the infer route
+authenticated (it leaves it in the ASGI scope); other routes show "-".
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("infergate.access")
+MODEL_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?")
+SANE_ID = re.compile(rb"^[\w.:@/+=-]{1,128}$")  # printable, no spaces: safe in a log line
+TENANT_KEY = "infergate.tenant"
+
+
+def request_id(scope: Scope) -> bytes:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id" and SANE_ID.match(value):
+            return bytes(value)
+    return uuid.uuid4().hex.encode()
+
+
+class AccessLog:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = request_id(scope)
+        started = time.perf_counter()
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid)]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if log.isEnabledFor(logging.INFO):
+                self._log(scope, rid.decode(), status, time.perf_counter() - started)
+
+    @staticmethod
+    def _log(scope: Scope, rid: str, status: int, seconds: float) -> None:
+        match = MODEL_PATH.match(scope["path"])
+        model, version = (match.group(1), match.group(2) or "-") if match else ("-", "-")
+        tenant = scope.get(TENANT_KEY, "-")
+        latency_ms = round(seconds * 1000, 3)
+        log.info(
+            "%s %s %s %.2f ms model=%s version=%s tenant=%s request_id=%s",
+            scope["method"],
+            scope["path"],
+            status,
+            latency_ms,
+            model,
+            version,
+            tenant,
+            rid,
+            extra={
+                "method": scope["method"],
+                "path": scope["path"],
+                "status": status,
+                "latency_ms": latency_ms,
+                "model": model,
+                "version": version,
+                "tenant": tenant,
+                "request_id": rid,
+            },
+        )

@@ -1,0 +1,161 @@
+"""The server as a service, through a real `infergate serve` configured only by its
+environment: JSON logs, warnings at WARNING, an access log line per request with its
+request id (the client's or a new one, returned in X-Request-ID), and the end-to-end
+duration histogram per model and tenant on /metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import write_profile
+from tests.onnx_models import make_mlp
+from tests.server import free_port
+
+BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+
+
+class EnvServer:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.profile = write_profile(folder)
+        self.log = folder / "server.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INFERGATE_")}
+        env.update(
+            INFERGATE_RUNTIME_PLUGINS=os.environ.get("INFERGATE_RUNTIME_PLUGINS", ""),
+            INFERGATE_HOST="127.0.0.1",
+            INFERGATE_PORT=str(self.port),
+            INFERGATE_MODELS=str(folder / "models"),
+            INFERGATE_PROFILE=str(self.profile),
+            INFERGATE_LOG_LEVEL="warning",
+        )
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "infergate", "serve", "--log-format", "json",
+                 "--access-log"],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def wait_ready(self) -> EnvServer:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()
+            try:
+                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(self.log.read_text())
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def env_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnvServer]:
+    folder = tmp_path_factory.mktemp("ops")
+    make_mlp(folder / "models" / "mlp" / "1" / "model.onnx")
+    server = EnvServer(folder)
+    yield server.wait_ready()
+    server.stop()
+
+
+def wait_for(check: Any, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {check}")
+        time.sleep(0.1)
+
+
+def test_configured_by_environment_with_json_logs_at_warning(env_server: EnvServer) -> None:
+    # INFERGATE_PORT and INFERGATE_MODELS: it serves mlp on that port.
+    assert httpx.post(f"{env_server.url}/v2/models/mlp/infer", json=BODY).status_code == 200
+    records = env_server.records()
+    assert records, "JSON lines"
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    # INFERGATE_LOG_LEVEL=warning: no INFO from the engine (the model_ready event)...
+    assert not [r for r in records if r["level"] == "INFO" and r["logger"] != "infergate.access"]
+    # ...but a rejected profile edit is a WARNING.
+    good = env_server.profile.read_text()
+    env_server.profile.write_text(good + "\n[tenants.bad]\nrps = 'fast'\n")
+    try:
+        wait_for(
+            lambda: any(
+                r["level"] == "WARNING" and "profile_rejected" in r["message"]
+                for r in env_server.records()
+            )
+        )
+    finally:
+        env_server.profile.write_text(good)
+
+
+def test_access_log_and_request_ids(env_server: EnvServer) -> None:
+    mine = httpx.post(
+        f"{env_server.url}/v2/models/mlp/infer", json=BODY, headers={"X-Request-ID": "abc-123"}
+    )
+    assert mine.headers["x-request-id"] == "abc-123"
+    made = httpx.post(f"{env_server.url}/v2/models/mlp/versions/1/infer", json=BODY)
+    generated = made.headers["x-request-id"]
+    assert len(generated) == 32
+    missing = httpx.post(f"{env_server.url}/v2/models/nope/infer", json=BODY)
+    assert missing.status_code == 404
+    assert missing.headers["x-request-id"]
+
+    def access(rid: str) -> dict[str, Any] | None:
+        found = [r for r in env_server.records() if r.get("request_id") == rid]
+        return found[0] if found else None
+
+    wait_for(lambda: access(missing.headers["x-request-id"]) is not None)
+    line = access("abc-123")
+    assert line is not None
+    assert line["logger"] == "infergate.access"
+    assert line["level"] == "INFO"  # --access-log, whatever the level
+    assert (line["model"], line["version"], line["tenant"], line["status"]) == (
+        "mlp",
+        "-",
+        "default",
+        200,
+    )
+    assert line["latency_ms"] > 0
+    assert line["method"] == "POST"
+    assert access(generated)["version"] == "1"  # type: ignore[index]
+    assert access(missing.headers["x-request-id"])["status"] == 404  # type: ignore[index]
+
+
+def test_duration_histogram_per_model_and_tenant(env_server: EnvServer) -> None:
+    for _ in range(3):
+        httpx.post(f"{env_server.url}/v2/models/mlp/infer", json=BODY)
+    text = httpx.get(f"{env_server.url}/metrics").text
+    count = [
+        line
+        for line in text.splitlines()
+        if line.startswith("infergate_request_duration_seconds_count")
+        and 'model="mlp"' in line
+        and 'tenant="default"' in line
+    ]
+    assert count
+    assert float(count[0].split()[-1]) >= 3
+    assert 'infergate_request_duration_seconds_bucket{le="0.001",model="mlp"' in text
