@@ -27,7 +27,7 @@ from infergate.engine.scheduling.batching import (
 )
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Job, JobQueue, QueueFull, QueuePolicy
-from infergate.engine.workers.handle import WorkerHandle
+from infergate.engine.workers.protocol import Worker
 from infergate.errors import (
     DeadlineExceeded,
     InfergateError,
@@ -108,7 +108,7 @@ class _Batch:
     """One batch on an instance, from leaving the queue to its callers' answers."""
 
     instance: Instance
-    handle: WorkerHandle
+    handle: Worker
     jobs: list[Job[_Work]]
     rows: list[int]
     started: float  # when it left the queue
