@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from infergate.engine.runtimes import PLUGINS_ENV
-from tests.onnx_models import make_echo, make_fails_on_demand, make_loop, make_mlp
+from tests.onnx_models import make_echo, make_fails_on_demand, make_mlp
+from tests.scripted_runtime import make_scripted
 from tests.server import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,14 +60,22 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     proc.stop()
 
 
+# The worker_server's scripted models: instances, and the execution timeout in ms.
+WORKER_MODELS = {"pair": (2, 60_000), "solo": (1, 60_000), "hang": (1, 1_000)}
+
+
 @pytest.fixture
-def slow_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server of its own (tests here kill its workers): a Loop model with a 1.5 s
-    execution timeout in two instances (loop) and in one (solo), and an MLP."""
-    models = tmp_path / "models"
-    for name, instances in (("loop", 2), ("solo", 1)):
-        make_loop(models / name / "1" / "model.onnx")
-        (models / name / "model.toml").write_text(f"timeout_ms = 1500\ninstances = {instances}\n")
+def worker_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of its own (tests here kill its workers): scripted models whose calls hold
+    until the test releases them (gate files in `tmp_path / "gates"`), in two instances
+    (pair), in one (solo), and in one with a 1 s execution timeout (hang); and an MLP."""
+    models, gates = tmp_path / "models", tmp_path / "gates"
+    gates.mkdir()
+    for name, (instances, timeout_ms) in WORKER_MODELS.items():
+        make_scripted(models / name / "1" / "model.scripted", ("hold",), gate_dir=gates)
+        (models / name / "model.toml").write_text(
+            f"timeout_ms = {timeout_ms}\ninstances = {instances}\n"
+        )
     make_mlp(models / "mlp" / "1" / "model.onnx")
     proc = ServerProcess(models, write_profile(tmp_path), tmp_path / "server.log").start()
     yield proc
