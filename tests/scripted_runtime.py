@@ -13,7 +13,7 @@ TOML file (write one with `make_scripted`):
 
 Inputs with these names steer each batch (the largest value in the batch counts):
 `sleep_ms` sleeps that long; `fail` != 0 raises; `crash` != 0 ends the worker process;
-`alloc_mb` allocates and touches that much for the call (`keep_mb`: for good);
+`alloc_mb` allocates and touches that much for the call (`keep_mb`: for good), first;
 `hold` = N writes `gate_dir/holding-N-<pid>` (so a test can see which worker holds it;
 `holding`) and waits until the file `gate_dir/release-N` exists. While the file
 `gate_dir/hold-loads` exists, loading (a restart's too) waits for it to go. Outputs: `y` is `x`
@@ -91,15 +91,15 @@ class ScriptedRuntime:
             raise ValueError("scripted model: x is all zeros, which this model rejects")
         if _largest(inputs, "crash"):
             os._exit(3)
-        gate = _largest(inputs, "hold")
+        held = _touch(_largest(inputs, "alloc_mb")) if _largest(inputs, "alloc_mb") else None
+        if _largest(inputs, "keep_mb"):
+            _kept.append(_touch(_largest(inputs, "keep_mb")))
+        gate = _largest(inputs, "hold")  # after allocating: a held call holds its memory
         if gate:
             release = self._gates / f"release-{gate}"
             (self._gates / f"holding-{gate}-{os.getpid()}").touch()
             while not release.exists():  # the worker polls; the test never sleeps
                 time.sleep(0.002)
-        held = _touch(_largest(inputs, "alloc_mb")) if _largest(inputs, "alloc_mb") else None
-        if _largest(inputs, "keep_mb"):
-            _kept.append(_touch(_largest(inputs, "keep_mb")))
         time.sleep(_largest(inputs, "sleep_ms") / 1000)
         del held
         if _largest(inputs, "fail"):
