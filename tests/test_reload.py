@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -16,21 +15,11 @@ import pytest
 
 from tests.conftest import write_profile
 from tests.onnx_models import make_fails_on_single_rows, make_mlp
+from tests.polling import wait_until
 from tests.server import ServerProcess
 
 PROFILE = "[server]\nfile_stable_s = 0.3\ndrain_timeout_s = 5\n"
 X = [1.0, 2.0, 3.0, 4.0]
-
-
-def wait_until(check: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.05)
 
 
 def place(model: Path, build: Callable[[Path], Path]) -> None:
