@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], timeout_s: float = 30.0, what: str = "") -> T:
+def wait_until(
+    check: Callable[[], T | Literal[False] | None], timeout_s: float = 30.0, what: str = ""
+) -> T:
     """`check()`'s first truthy value; AssertionError naming `what` if none comes in time
     (the timeout only bounds a broken run, it is never what a test measures)."""
     deadline = time.monotonic() + timeout_s
@@ -24,7 +26,9 @@ def wait_until(check: Callable[[], T], timeout_s: float = 30.0, what: str = "") 
         time.sleep(0.02)
 
 
-async def eventually(check: Callable[[], T], timeout_s: float = 10.0, what: str = "") -> T:
+async def eventually(
+    check: Callable[[], T | Literal[False] | None], timeout_s: float = 10.0, what: str = ""
+) -> T:
     """wait_until inside an event loop: yields to the loop between looks."""
     deadline = time.monotonic() + timeout_s
     while True:
