@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -19,28 +22,33 @@ from tests.test_reload import place
 
 
 class EventReader:
-    """Reads /admin/events (server-sent events) in a thread."""
+    """Reads /admin/events (server-sent events) in a thread, on a plain socket: close()
+    shuts the socket down, which ends a blocked read at once (closing an httpx stream from
+    another thread does not, and the server then waits out its shutdown grace period)."""
 
     def __init__(self, url: str) -> None:
         self.events: list[dict[str, Any]] = []
         self.connected = threading.Event()
-        self._thread = threading.Thread(target=self._read, args=(url,), daemon=True)
+        parts = urlsplit(url)
+        self._sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+        self._sock.sendall(f"GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode())
+        self._sock.settimeout(None)
+        self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
-    def _read(self, url: str) -> None:
-        try:
-            with httpx.Client(timeout=None) as http, http.stream("GET", url) as response:
-                self._response = response
-                for line in response.iter_lines():
-                    self.connected.set()
-                    if line.startswith("data: "):
-                        self.events.append(orjson.loads(line[6:]))
-        except (httpx.HTTPError, RuntimeError):
-            return  # closed by the test, or the server stopped
+    def _read(self) -> None:
+        with contextlib.suppress(OSError), self._sock.makefile("rb") as stream:
+            for line in stream:  # chunked framing lines are skipped: they are not data
+                self.connected.set()
+                if line.startswith(b"data: "):
+                    self.events.append(orjson.loads(line[6:]))
 
     def close(self) -> None:
-        self._response.close()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(5)
+        assert not self._thread.is_alive(), "the event reader did not stop"
+        self._sock.close()
 
     def kinds(self, model: str) -> list[str]:
         return [e["kind"] for e in self.events if e["model"] == model]
