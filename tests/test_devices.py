@@ -133,7 +133,7 @@ burst = 100000
 def test_a_load_past_the_tenant_quota_is_refused(tmp_path: Path) -> None:
     models = tmp_path / "models"
     for name in ("a", "b"):
-        make_mlp(models / name / "1" / "model.onnx")
+        make_scripted(models / name / "1" / "model.scripted", ())
         (models / name / "model.toml").write_text("memory_mb = 600\n")
     server = ServerProcess(
         models, write_profile(tmp_path, QUOTA_PROFILE), tmp_path / "server.log"
@@ -179,8 +179,9 @@ def test_simulated_gpus_placement_environment_and_kills(tmp_path: Path) -> None:
         ("big", "memory_mb = 900\ninstances = 2\n"),
         ("small", 'memory_mb = 400\ntenant = "teamb"\n'),
         ("tight", "memory_mb = 20\n"),
-    ):  # less than any worker's RSS
-        make_mlp(models / name / "1" / "model.onnx")
+    ):  # tight: less than any worker's RSS. Scripted workers start fast (no onnxruntime),
+        # and each big one holds 40 MB from loading on.
+        make_scripted(models / name / "1" / "model.scripted", (), load_alloc_mb=40)
         (models / name / "model.toml").write_text(toml)
     server = ServerProcess(
         models, write_profile(tmp_path, SIM_PROFILE), tmp_path / "server.log"

@@ -45,7 +45,7 @@ def sched_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     gates.mkdir()
     for name in ("held", "gated"):  # hold: a call runs until the test releases it
         make_scripted(models / name / "1" / "model.scripted", ("hold",), gate_dir=gates)
-    make_mlp(models / "multi" / "1" / "model.onnx")
+    make_scripted(models / "multi" / "1" / "model.scripted", ())
     (models / "multi" / "model.toml").write_text("instances = 3\n")
     make_mlp(models / "unbatched" / "1" / "model.onnx")
     (models / "unbatched" / "model.toml").write_text("[batching]\nmax_batch_size = 0\n")

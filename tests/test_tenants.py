@@ -203,13 +203,13 @@ def test_a_flooding_tenant_does_not_hurt_another(tenant_server: ServerProcess) -
     codes: list[int] = []
     try:
         wait_until(lambda: len(flood) >= 4, what="the flood to start")
-        for _ in range(60):
+        for _ in range(30):
             codes.append(call(tenant_server, "mlp", BOB).status_code)
     finally:
         stop.set()
         for t in threads:
             t.join()
-    assert codes == [200] * 60  # none was refused, shed or late for its queue deadline
+    assert codes == [200] * 30  # none was refused, shed or late for its queue deadline
     assert flood.count(429) > flood.count(200)  # alice was held to her 5 requests/s
 
 
