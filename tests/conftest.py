@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from infergate.engine.runtimes import PLUGINS_ENV
-from tests.onnx_models import make_echo, make_fails_on_demand, make_mlp
-from tests.scripted_runtime import make_scripted
+from tests.onnx_models import make_echo, make_mlp
+from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -82,6 +82,8 @@ def worker_server(tmp_path: Path) -> Iterator[ServerProcess]:
     proc.stop()
 
 
+BAD_REQUEST = scripted_inputs(fail=1)  # for the breaker_server's flaky model
+
 BREAKER_PROFILE = """
 [server]
 file_stable_s = 0.2
@@ -96,11 +98,12 @@ backoff_initial_s = 30
 
 @pytest.fixture
 def breaker_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """An MLP and a model that fails on demand, behind a breaker that opens within a
-    second of failures and stays open for 30 s."""
+    """Two scripted models, mlp (x [-1, 4] in, y out) and flaky (fails when its `fail`
+    input is 1: BAD_REQUEST), behind a breaker that opens within a second of failures and
+    stays open for 30 s."""
     models = tmp_path / "models"
-    make_mlp(models / "mlp" / "1" / "model.onnx")
-    make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
+    make_scripted(models / "mlp" / "1" / "model.scripted", ())
+    make_scripted(models / "flaky" / "1" / "model.scripted", ("fail",))
     proc = ServerProcess(models, write_profile(tmp_path, BREAKER_PROFILE), tmp_path / "server.log")
     yield proc.start()
     proc.stop()

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import threading
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,9 +15,10 @@ import httpx
 import orjson
 import pytest
 
-from tests.onnx_models import make_mlp
+from tests.conftest import BAD_REQUEST
 from tests.polling import wait_until
 from tests.scrape import metric
+from tests.scripted_runtime import make_scripted
 from tests.server import ServerProcess
 from tests.test_reload import place
 
@@ -62,10 +64,13 @@ def fails_fast(server: ServerProcess, body: dict[str, Any]) -> bool:
 def test_events_stream_a_reload_and_a_breaker_trip(breaker_server: ServerProcess) -> None:
     reader = EventReader(f"{breaker_server.url}/admin/events")
     assert reader.connected.wait(10)
-    place(breaker_server.models / "mlp" / "1" / "model.onnx", lambda p: make_mlp(p, offset=1.0))
+    place(
+        breaker_server.models / "mlp" / "1" / "model.scripted",
+        partial(make_scripted, controls=(), load_ms=1),
+    )
     wait_until(lambda: "model_ready" in reader.kinds("mlp"), what="the reload event")
     assert reader.kinds("mlp")[:2] == ["model_loading", "model_ready"]
-    bad = {"inputs": [{"name": "mode", "datatype": "INT64", "shape": [1], "data": [1]}]}
+    bad = BAD_REQUEST
     wait_until(lambda: fails_fast(breaker_server, bad), what="the breaker to open")
     wait_until(lambda: "breaker_open" in reader.kinds("flaky"), what="the breaker event")
     opened = next(e for e in reader.events if e["kind"] == "breaker_open")
@@ -77,7 +82,7 @@ def test_a_scrape_after_traffic(breaker_server: ServerProcess) -> None:
     ok = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
     for _ in range(20):
         assert httpx.post(f"{breaker_server.url}/v2/models/mlp/infer", json=ok).status_code == 200
-    bad = {"inputs": [{"name": "mode", "datatype": "INT64", "shape": [1], "data": [1]}]}
+    bad = BAD_REQUEST
     wait_until(lambda: fails_fast(breaker_server, bad), what="the breaker to open")
     pid = breaker_server.worker_pids("mlp")[0]
     os.kill(pid, signal.SIGKILL)
