@@ -60,28 +60,6 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     proc.stop()
 
 
-# The worker_server's scripted models: instances, and the execution timeout in ms.
-WORKER_MODELS = {"pair": (2, 60_000), "solo": (1, 60_000), "hang": (1, 1_000)}
-
-
-@pytest.fixture
-def worker_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server of its own (tests here kill its workers): scripted models whose calls hold
-    until the test releases them (gate files in `tmp_path / "gates"`), in two instances
-    (pair), in one (solo), and in one with a 1 s execution timeout (hang); and an MLP."""
-    models, gates = tmp_path / "models", tmp_path / "gates"
-    gates.mkdir()
-    for name, (instances, timeout_ms) in WORKER_MODELS.items():
-        make_scripted(models / name / "1" / "model.scripted", ("hold",), gate_dir=gates)
-        (models / name / "model.toml").write_text(
-            f"timeout_ms = {timeout_ms}\ninstances = {instances}\n"
-        )
-    make_mlp(models / "mlp" / "1" / "model.onnx")
-    proc = ServerProcess(models, write_profile(tmp_path), tmp_path / "server.log").start()
-    yield proc
-    proc.stop()
-
-
 BAD_REQUEST = scripted_inputs(fail=1)  # for the breaker_server's flaky model
 
 BREAKER_PROFILE = """

@@ -9,15 +9,57 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+import pytest
 
+from tests.conftest import write_profile
+from tests.onnx_models import make_mlp
 from tests.polling import wait_until
-from tests.scripted_runtime import holding, scripted_inputs
+from tests.scripted_runtime import holding, make_scripted, scripted_inputs
 from tests.server import ServerProcess
+
+# The scripted models: instances, and the execution timeout in ms.
+WORKER_MODELS = {"pair": (2, 60_000), "solo": (1, 60_000), "hang": (1, 1_000)}
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for this module: scripted models whose calls hold until the test releases
+    them (gate files in `gates`, a number per test), in two instances (pair), in one (solo),
+    and in one with a 1 s execution timeout (hang); and an MLP (onnxruntime)."""
+    root = tmp_path_factory.mktemp("workers")
+    models, gates = root / "models", root / "gates"
+    gates.mkdir()
+    for name, (instances, timeout_ms) in WORKER_MODELS.items():
+        make_scripted(models / name / "1" / "model.scripted", ("hold",), gate_dir=gates)
+        (models / name / "model.toml").write_text(
+            f"timeout_ms = {timeout_ms}\ninstances = {instances}\n"
+        )
+    make_mlp(models / "mlp" / "1" / "model.onnx")
+    proc = ServerProcess(models, write_profile(root), root / "server.log").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def worker_server(shared_server: ServerProcess) -> ServerProcess:
+    """The shared server once every worker a test before killed is back."""
+    wait_until(partial(all_ready, shared_server), what="every worker to be ready")
+    return shared_server
+
+
+def all_ready(server: ServerProcess) -> bool:
+    return all(
+        i["state"] == "ready" and i["pid"]
+        for name in WORKER_MODELS
+        for i in server.model(name)["versions"][0]["instances"]
+    )
 
 
 def mlp_request() -> dict[str, Any]:
@@ -94,24 +136,26 @@ def test_sigkill_mid_request_fails_fast_and_the_worker_restarts(
 ) -> None:
     url = f"{worker_server.url}/v2/models/solo/infer"
     old = instance_pid(worker_server, "solo", 0)
+    restarts = worker_server.model("solo")["versions"][0]["instances"][0]["restarts"]
     hanging = Background(url, scripted_inputs(hold=1))  # runs until released (never)
     assert held_by(worker_server, 1) == [old]
-    (gates(worker_server) / "hold-loads").touch()  # the restart waits until we look
-    os.kill(old, signal.SIGKILL)
-    response = hanging.result()
-    assert response.status_code == 503  # not the 60 s execution timeout's 504
-    assert "killed by signal 9" in response.json()["error"]
-    assert response.headers["Retry-After"] == "1"
-    # Ready tells the truth while the worker restarts; the other models keep serving.
-    assert httpx.get(f"{worker_server.url}/v2/models/solo/ready").status_code == 503
-    assert (
-        httpx.post(f"{worker_server.url}/v2/models/mlp/infer", json=mlp_request()).status_code
-        == 200
-    )
-    (gates(worker_server) / "hold-loads").unlink()
+    loads = gates(worker_server) / "hold-loads"
+    loads.touch()  # the restart waits until we have looked
+    try:
+        os.kill(old, signal.SIGKILL)
+        response = hanging.result()
+        assert response.status_code == 503  # not the 60 s execution timeout's 504
+        assert "killed by signal 9" in response.json()["error"]
+        assert response.headers["Retry-After"] == "1"
+        # Ready tells the truth while the worker restarts; the other models keep serving.
+        assert httpx.get(f"{worker_server.url}/v2/models/solo/ready").status_code == 503
+        mlp = httpx.post(f"{worker_server.url}/v2/models/mlp/infer", json=mlp_request())
+        assert mlp.status_code == 200
+    finally:
+        loads.unlink()
     model = worker_server.wait_model_state("solo", "ready")
     instance = model["versions"][0]["instances"][0]
-    assert instance["restarts"] == 1
+    assert instance["restarts"] == restarts + 1
     assert instance["pid"] != old
     answer = httpx.post(url, json=scripted_inputs(hold=0))
     assert answer.json()["outputs"][1]["data"] == [instance["pid"]]
