@@ -22,6 +22,7 @@ from tests.polling import eventually
 from tests.scripted_runtime import ScriptedRuntime
 
 _pids = itertools.count(900_001)  # no real process has these (pid_max is far below on CI)
+_sent = itertools.count()  # calls in the order they were sent, over all workers
 
 
 @dataclass(eq=False)
@@ -32,6 +33,7 @@ class FakeCall:
     future: asyncio.Future[dict[str, Array]]
     on_reply: Callable[[], None] | None
     timeout_s: float | None = None  # what the scheduler gave `wait`: its execution timeout
+    seq: int = field(default_factory=lambda: next(_sent))
 
     @property
     def rows(self) -> int:
@@ -147,7 +149,8 @@ class FakeWorkers:
         return worker
 
     def pending(self) -> list[FakeCall]:
-        return [c for w in self.made for c in w.pending]
+        """Unanswered calls on every worker, oldest first."""
+        return sorted((c for w in self.made for c in w.pending), key=lambda c: c.seq)
 
     async def next_call(self, what: str = "a call to reach a worker") -> FakeCall:
         """The oldest unanswered call, once there is one."""
