@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from infergate.engine.runtimes import PLUGINS_ENV
-from tests.onnx_models import make_echo, make_fails_on_demand, make_loop, make_mlp
+from tests.onnx_models import make_echo, make_mlp
+from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,19 +60,7 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     proc.stop()
 
 
-@pytest.fixture
-def slow_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server of its own (tests here kill its workers): a Loop model with a 1.5 s
-    execution timeout in two instances (loop) and in one (solo), and an MLP."""
-    models = tmp_path / "models"
-    for name, instances in (("loop", 2), ("solo", 1)):
-        make_loop(models / name / "1" / "model.onnx")
-        (models / name / "model.toml").write_text(f"timeout_ms = 1500\ninstances = {instances}\n")
-    make_mlp(models / "mlp" / "1" / "model.onnx")
-    proc = ServerProcess(models, write_profile(tmp_path), tmp_path / "server.log").start()
-    yield proc
-    proc.stop()
-
+BAD_REQUEST = scripted_inputs(fail=1)  # for the breaker_server's flaky model
 
 BREAKER_PROFILE = """
 [server]
@@ -87,11 +76,12 @@ backoff_initial_s = 30
 
 @pytest.fixture
 def breaker_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """An MLP and a model that fails on demand, behind a breaker that opens within a
-    second of failures and stays open for 30 s."""
+    """Two scripted models, mlp (x [-1, 4] in, y out) and flaky (fails when its `fail`
+    input is 1: BAD_REQUEST), behind a breaker that opens within a second of failures and
+    stays open for 30 s."""
     models = tmp_path / "models"
-    make_mlp(models / "mlp" / "1" / "model.onnx")
-    make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
+    make_scripted(models / "mlp" / "1" / "model.scripted", ())
+    make_scripted(models / "flaky" / "1" / "model.scripted", ("fail",))
     proc = ServerProcess(models, write_profile(tmp_path, BREAKER_PROFILE), tmp_path / "server.log")
     yield proc.start()
     proc.stop()

@@ -1,5 +1,6 @@
-"""Small real ONNX models the tests generate: an MLP, an echo of every datatype, and a
-Loop whose trip count is an input (slow on demand)."""
+"""Small real ONNX models the tests generate: an MLP, an echo of every datatype, and models
+that fail inside onnxruntime. A slow, blocking or memory-hungry model is a scripted one
+(tests/scripted_runtime.py): its behaviour is set by its input, not by the CPU."""
 
 from __future__ import annotations
 
@@ -86,46 +87,6 @@ def make_echo(path: Path) -> Path:
     return _save(helper.make_model(graph, opset_imports=OPSET), path)
 
 
-def _counting_body() -> onnx.GraphProto:
-    """A Loop body that adds 1.0 to its carried value each iteration."""
-    return helper.make_graph(
-        [
-            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-            helper.make_node("Add", ["acc_in", "one"], ["acc_out"]),
-        ],
-        "body",
-        [
-            helper.make_tensor_value_info("iter", TensorProto.INT64, []),
-            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1]),
-        ],
-        [
-            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1]),
-        ],
-        [numpy_helper.from_array(np.array([1.0], dtype=np.float32), "one")],
-    )
-
-
-def make_loop(path: Path) -> Path:
-    """n INT64 [1] -> y FP32 [1]: adds 1.0 n times in an ONNX Loop, so n sets the latency."""
-    body = _counting_body()
-    graph = helper.make_graph(
-        [
-            helper.make_node("Squeeze", ["n"], ["trip"]),
-            helper.make_node("Loop", ["trip", "cond", "zero"], ["y"], body=body),
-        ],
-        "loop",
-        [helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-        [
-            numpy_helper.from_array(np.array(True), "cond"),
-            numpy_helper.from_array(np.array([0.0], dtype=np.float32), "zero"),
-        ],
-    )
-    return _save(helper.make_model(graph, opset_imports=OPSET), path)
-
-
 def make_fails_on_single_rows(path: Path) -> Path:
     """x [-1, 4] -> y [2, 4]: reshapes to exactly two rows, so a batch of one (as the
     warm-up sends) fails inside onnxruntime while a batch of two works."""
@@ -153,33 +114,6 @@ def make_fails_on_demand(path: Path) -> Path:
         [
             numpy_helper.from_array(np.array([4], dtype=np.int64), "four"),
             numpy_helper.from_array(np.arange(4, dtype=np.float32), "data"),
-        ],
-    )
-    return _save(helper.make_model(graph, opset_imports=OPSET), path)
-
-
-def make_memory_hog(path: Path) -> Path:
-    """n INT64 [1], m INT64 [1] -> y FP32 [1]: holds n floats (4n bytes) while an ONNX Loop
-    runs m times, so n sets the memory and m how long it is held."""
-    body = _counting_body()
-    ones = helper.make_tensor("value", TensorProto.FLOAT, [1], [1.0])
-    graph = helper.make_graph(
-        [
-            helper.make_node("ConstantOfShape", ["n"], ["big"], value=ones),
-            helper.make_node("Squeeze", ["m"], ["trip"]),
-            helper.make_node("Loop", ["trip", "cond", "zero"], ["acc"], body=body),
-            helper.make_node("ReduceSum", ["big"], ["total"], keepdims=1),
-            helper.make_node("Add", ["total", "acc"], ["y"]),
-        ],
-        "memory_hog",
-        [
-            helper.make_tensor_value_info("n", TensorProto.INT64, [1]),
-            helper.make_tensor_value_info("m", TensorProto.INT64, [1]),
-        ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-        [
-            numpy_helper.from_array(np.array(True), "cond"),
-            numpy_helper.from_array(np.array([0.0], dtype=np.float32), "zero"),
         ],
     )
     return _save(helper.make_model(graph, opset_imports=OPSET), path)

@@ -13,8 +13,10 @@ TOML file (write one with `make_scripted`):
 
 Inputs with these names steer each batch (the largest value in the batch counts):
 `sleep_ms` sleeps that long; `fail` != 0 raises; `crash` != 0 ends the worker process;
-`alloc_mb` allocates and touches that much for the call (`keep_mb`: for good);
-`hold` = N waits until the file `gate_dir/release-N` exists. Outputs: `y` is `x`
+`alloc_mb` allocates and touches that much for the call (`keep_mb`: for good), first;
+`hold` = N writes `gate_dir/holding-N-<pid>` (so a test can see which worker holds it;
+`holding`) and waits until the file `gate_dir/release-N` exists. While the file
+`gate_dir/hold-loads` exists, loading (a restart's too) waits for it to go. Outputs: `y` is `x`
 unchanged, `pid` the worker's pid per row, `rows` the rows in the batch per row, and
 any other output is zeros of its declared shape (free dimensions: the batch's rows).
 """
@@ -63,6 +65,8 @@ class ScriptedRuntime:
         self._outputs = _specs(script.get("outputs", []))
         self._gates = Path(script.get("gate_dir", path.parent))
         self._reject_zeros = bool(script.get("reject_zeros", False))
+        while (self._gates / "hold-loads").exists():  # a test keeps a restart from finishing
+            time.sleep(0.002)
         if script.get("load_fail"):
             raise RuntimeError(script["load_fail"])
         if script.get("load_alloc_mb"):
@@ -87,14 +91,15 @@ class ScriptedRuntime:
             raise ValueError("scripted model: x is all zeros, which this model rejects")
         if _largest(inputs, "crash"):
             os._exit(3)
-        gate = _largest(inputs, "hold")
-        if gate:
-            release = self._gates / f"release-{gate}"
-            while not release.exists():  # the worker polls; the test never sleeps
-                time.sleep(0.002)
         held = _touch(_largest(inputs, "alloc_mb")) if _largest(inputs, "alloc_mb") else None
         if _largest(inputs, "keep_mb"):
             _kept.append(_touch(_largest(inputs, "keep_mb")))
+        gate = _largest(inputs, "hold")  # after allocating: a held call holds its memory
+        if gate:
+            release = self._gates / f"release-{gate}"
+            (self._gates / f"holding-{gate}-{os.getpid()}").touch()
+            while not release.exists():  # the worker polls; the test never sleeps
+                time.sleep(0.002)
         time.sleep(_largest(inputs, "sleep_ms") / 1000)
         del held
         if _largest(inputs, "fail"):
@@ -167,6 +172,12 @@ def make_scripted(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomlkit.dumps(script))
     return path
+
+
+def holding(gate_dir: Path, gate: int) -> list[int]:
+    """The pids of the workers that have held a call at gate `gate`, oldest first."""
+    marks = sorted(gate_dir.glob(f"holding-{gate}-*"), key=lambda p: p.stat().st_mtime_ns)
+    return [int(p.name.rsplit("-", 1)[1]) for p in marks]
 
 
 def scripted_inputs(rows: int = 1, width: int = 4, **controls: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from infergate.engine.tenants import hash_key
 from infergate.tui.app import ConfirmScreen, Dashboard
 from infergate.tui.source import FixedSource, HttpSource
 from infergate.tui.tenants import TenantScreen
-from tests.conftest import write_profile
+from tests.conftest import BAD_REQUEST, write_profile
 from tests.onnx_models import make_mlp
 from tests.server import ServerProcess
 
@@ -45,10 +45,9 @@ async def test_lists_models_and_shows_a_breaker_opening(breaker_server: ServerPr
         assert cell(app, "mlp", 2) == "ready"
         assert cell(app, "flaky", 4) == "closed"
         async with httpx.AsyncClient() as http:
-            bad = {"inputs": [{"name": "mode", "datatype": "INT64", "shape": [1], "data": [1]}]}
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                r = await http.post(f"{breaker_server.url}/v2/models/flaky/infer", json=bad)
+                r = await http.post(f"{breaker_server.url}/v2/models/flaky/infer", json=BAD_REQUEST)
                 if r.status_code == 503:
                     break
                 await pilot.pause(0.05)

@@ -16,9 +16,10 @@ from infergate.engine.devices import SimulatedGpuBackend
 from infergate.engine.placement import PlacementRefused, Placer
 from infergate.engine.tenants import Tenant
 from tests.conftest import write_profile
-from tests.onnx_models import make_memory_hog, make_mlp
+from tests.onnx_models import make_mlp
+from tests.polling import wait_until
+from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
-from tests.test_reload import wait_until
 
 
 def test_placement_picks_the_most_free_device_the_tenant_may_use() -> None:
@@ -78,7 +79,9 @@ kill_window_s = 60
 @pytest.fixture
 def hog_server(tmp_path: Path) -> Iterator[ServerProcess]:
     models = tmp_path / "models"
-    make_memory_hog(models / "hog" / "1" / "model.onnx")
+    (tmp_path / "gates").mkdir()
+    hog = models / "hog" / "1" / "model.scripted"
+    make_scripted(hog, ("alloc_mb", "hold"), gate_dir=tmp_path / "gates")
     (models / "hog" / "model.toml").write_text("memory_mb = 300\n")
     make_mlp(models / "mlp" / "1" / "model.onnx")
     proc = ServerProcess(models, write_profile(tmp_path, HOG_PROFILE), tmp_path / "server.log")
@@ -86,13 +89,9 @@ def hog_server(tmp_path: Path) -> Iterator[ServerProcess]:
     proc.stop()
 
 
-def hog(n: int, m: int) -> dict[str, Any]:
-    return {
-        "inputs": [
-            {"name": "n", "datatype": "INT64", "shape": [1], "data": [n]},
-            {"name": "m", "datatype": "INT64", "shape": [1], "data": [m]},
-        ]
-    }
+def hog(mb: int, hold: int = 0) -> dict[str, Any]:
+    """Allocate `mb` for the call; with `hold`, keep it until released (never, here)."""
+    return scripted_inputs(alloc_mb=mb, hold=hold)
 
 
 def mlp_ok(server: ServerProcess) -> bool:
@@ -102,9 +101,9 @@ def mlp_ok(server: ServerProcess) -> bool:
 
 def test_a_worker_over_its_memory_is_killed_and_restarted(hog_server: ServerProcess) -> None:
     url = f"{hog_server.url}/v2/models/hog/infer"
-    assert httpx.post(url, json=hog(1000, 10)).status_code == 200  # small: fine
+    assert httpx.post(url, json=hog(10)).status_code == 200  # small: fine
     old = hog_server.worker_pids("hog")
-    response = httpx.post(url, json=hog(100_000_000, 2_000_000), timeout=60)  # 400 MB
+    response = httpx.post(url, json=hog(400, hold=1), timeout=60)  # held until killed
     assert response.status_code == 503
     error = response.json()["error"]
     assert "over its memory limit of 300 MB" in error
@@ -115,9 +114,9 @@ def test_a_worker_over_its_memory_is_killed_and_restarted(hog_server: ServerProc
     assert instance["restarts"] == 1
     assert instance["memory_limit_mb"] == 300
     assert [instance["pid"]] != old
-    assert httpx.post(url, json=hog(1000, 10)).status_code == 200
+    assert httpx.post(url, json=hog(10)).status_code == 200
     # A second kill within the window: the model is failed, with the reason, not looped.
-    assert httpx.post(url, json=hog(100_000_000, 2_000_000), timeout=60).status_code == 503
+    assert httpx.post(url, json=hog(400, hold=1), timeout=60).status_code == 503
     failed = hog_server.wait_model_state("hog", "failed")
     assert "killed 2 times within 60 s" in failed["reason"]
     assert mlp_ok(hog_server)
@@ -134,7 +133,7 @@ burst = 100000
 def test_a_load_past_the_tenant_quota_is_refused(tmp_path: Path) -> None:
     models = tmp_path / "models"
     for name in ("a", "b"):
-        make_mlp(models / name / "1" / "model.onnx")
+        make_scripted(models / name / "1" / "model.scripted", ())
         (models / name / "model.toml").write_text("memory_mb = 600\n")
     server = ServerProcess(
         models, write_profile(tmp_path, QUOTA_PROFILE), tmp_path / "server.log"
@@ -180,8 +179,9 @@ def test_simulated_gpus_placement_environment_and_kills(tmp_path: Path) -> None:
         ("big", "memory_mb = 900\ninstances = 2\n"),
         ("small", 'memory_mb = 400\ntenant = "teamb"\n'),
         ("tight", "memory_mb = 20\n"),
-    ):  # less than any worker's RSS
-        make_mlp(models / name / "1" / "model.onnx")
+    ):  # tight: less than any worker's RSS. Scripted workers start fast (no onnxruntime),
+        # and each big one holds 40 MB from loading on.
+        make_scripted(models / name / "1" / "model.scripted", (), load_alloc_mb=40)
         (models / name / "model.toml").write_text(toml)
     server = ServerProcess(
         models, write_profile(tmp_path, SIM_PROFILE), tmp_path / "server.log"

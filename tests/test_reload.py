@@ -7,8 +7,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -16,24 +16,14 @@ import pytest
 
 from tests.conftest import write_profile
 from tests.onnx_models import make_fails_on_single_rows, make_mlp
+from tests.polling import wait_until
 from tests.server import ServerProcess
 
 PROFILE = "[server]\nfile_stable_s = 0.3\ndrain_timeout_s = 5\n"
 X = [1.0, 2.0, 3.0, 4.0]
 
 
-def wait_until(check: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.05)
-
-
-def place(model: Path, build: Callable[[Path], Path]) -> None:
+def place(model: Path, build: Callable[[Path], object]) -> None:
     """Write a model beside its final name, then rename it into place (atomic)."""
     tmp = model.with_name(f".{model.name}.tmp")
     build(tmp)
@@ -48,7 +38,15 @@ def infer(url: str, model: str = "mlp", version: str | None = None) -> httpx.Res
 
 def offset_of(response: httpx.Response, base: list[float]) -> int:
     y = response.json()["outputs"][0]["data"]
-    return round(y[0] - base[0])
+    return round(float(y[0]) - base[0])
+
+
+def gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid)
+
+
+def answered_with(results: list[tuple[float, float, int]], offset: int) -> bool:
+    return any(r[2] == offset for r in results[-20:])
 
 
 @pytest.fixture
@@ -95,8 +93,8 @@ def test_five_swaps_under_load_fail_nothing_and_never_go_back(
     old_pids = set(server.worker_pids("mlp"))
     try:
         for k in range(1, 6):
-            place(models / "mlp" / "1" / "model.onnx", lambda p, k=k: make_mlp(p, offset=100.0 * k))
-            wait_until(lambda k=k: any(r[2] == 100 * k for r in results[-20:]), what=f"swap {k}")
+            place(models / "mlp" / "1" / "model.onnx", partial(make_mlp, offset=100.0 * k))
+            wait_until(partial(answered_with, results, 100 * k), what=f"swap {k}")
     finally:
         stop.set()
         for t in threads:
@@ -104,7 +102,7 @@ def test_five_swaps_under_load_fail_nothing_and_never_go_back(
     assert errors == []
     assert len(results) > 100
     # Once version k answered, no request sent after that came back from an older one.
-    first_answer = {}
+    first_answer: dict[int, float] = {}
     for _, answered, offset in sorted(results, key=lambda r: r[1]):
         first_answer.setdefault(offset, answered)
     for sent, _, offset in results:
@@ -112,11 +110,11 @@ def test_five_swaps_under_load_fail_nothing_and_never_go_back(
         assert offset >= max(newer_seen, default=0), (sent, offset, newer_seen)
     # The old workers were drained and stopped.
     for pid in old_pids:
-        wait_until(lambda pid=pid: not psutil.pid_exists(pid), what=f"pid {pid} to exit")
+        wait_until(partial(gone, pid), what=f"pid {pid} to exit")
     assert server.model("mlp")["state"] == "ready"
 
 
-BAD_FILES: dict[str, Callable[[Path], None]] = {
+BAD_FILES: dict[str, Callable[[Path], object]] = {
     "corrupt": lambda p: p.write_bytes(os.urandom(3000)),
     "truncated": lambda p: p.write_bytes(make_mlp(p, offset=7.0).read_bytes()[:200]),
     "inputs differ from model.toml": lambda p: make_mlp(p, sizes=(5, 8, 3)),
@@ -190,7 +188,7 @@ def test_new_version_folder_takes_over_and_the_old_version_goes(
     wait_until(lambda: infer(server.url).json()["model_version"] == "2", what="version 2")
     wait_until(lambda: infer(server.url, version="1").status_code == 404, what="v1 to go")
     for pid in old_pids:
-        wait_until(lambda pid=pid: not psutil.pid_exists(pid), what="old workers to exit")
+        wait_until(partial(gone, pid), what="old workers to exit")
     # model.toml asks for both: version 1 comes back, by number.
     (models / "mlp" / "model.toml").write_text("[version_policy]\nall = true\n")
     wait_until(lambda: infer(server.url, version="1").status_code == 200, what="v1 back")
@@ -207,5 +205,5 @@ def test_removing_a_model_stops_its_workers(server: ServerProcess, models: Path)
         what="the model to go",
     )
     for pid in pids:
-        wait_until(lambda pid=pid: not psutil.pid_exists(pid), what="its workers to exit")
+        wait_until(partial(gone, pid), what="its workers to exit")
     assert infer(server.url).status_code == 200

@@ -14,8 +14,9 @@ from tritonclient.utils import InferenceServerException
 from infergate.engine.verify import generate_key, load_private_key, sign_file
 from tests.conftest import write_profile
 from tests.onnx_models import make_mlp
+from tests.polling import wait_until
 from tests.server import ServerProcess
-from tests.test_reload import failures, infer, offset_of, place, wait_until
+from tests.test_reload import failures, infer, offset_of, place
 
 
 def start(tmp_path: Path, profile: str) -> ServerProcess:

@@ -62,3 +62,48 @@ def test_the_input_sets_what_the_worker_does(
     (tmp_path / "gates" / "release-7").touch()
     waiter.join(timeout=30)
     assert held[0].status_code == 200
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG in infergate/engine/runtimes/__init__.py: _all() sets _plugins_loaded before "
+    "importing the plugins, so a second thread sees the registry without them; tests/server.py "
+    "imports the test plugin first to work around it",
+)
+def test_a_thread_never_sees_the_registry_half_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from infergate.engine import runtimes
+
+    # A plugin whose import waits until told, so the second thread surely looks meanwhile.
+    (tmp_path / "gate_plugin.py").write_text(
+        "import threading\nimporting = threading.Event()\nproceed = threading.Event()\n"
+    )
+    (tmp_path / "slow_plugin.py").write_text(
+        "from gate_plugin import importing, proceed\n"
+        "from infergate.engine.runtimes import RuntimeKind, register\n"
+        "importing.set()\n"
+        "proceed.wait(10)\n"
+        "register(RuntimeKind('slow', ('.slow',), 'slow', 'numpy', 'none', 'x:y'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(runtimes.PLUGINS_ENV, "slow_plugin")
+    monkeypatch.setattr(runtimes, "_plugins_loaded", False)
+    monkeypatch.setattr(runtimes, "_kinds", dict(runtimes._kinds))
+    import gate_plugin  # type: ignore[import-not-found]
+
+    first = threading.Thread(target=runtimes.runtime_names)
+    first.start()
+    assert gate_plugin.importing.wait(10)
+    seen: list[str | None] = []
+    second = threading.Thread(target=lambda: seen.append(runtimes.runtime_for(Path("m.slow"))))
+    second.start()
+    second.join(0.5)  # with a lock it waits for the import; the bug answers at once
+    gate_plugin.proceed.set()
+    first.join(10)
+    second.join(10)
+    sys.modules.pop("slow_plugin", None)
+    sys.modules.pop("gate_plugin", None)
+    assert seen == ["slow"]

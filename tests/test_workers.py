@@ -1,5 +1,7 @@
 """Worker processes die, hang and come back; the gateway and the other models do not notice
-beyond a clear error for the requests that were on the dead worker."""
+beyond a clear error for the requests that were on the dead worker. The models are
+scripted: a call holds until the test releases it, so "still running" never depends on how
+fast this machine is (the same rules on the FakeClock: test_timing_rules.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +9,57 @@ import contextlib
 import os
 import signal
 import threading
-import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+import pytest
 
+from tests.conftest import write_profile
+from tests.onnx_models import make_mlp
+from tests.polling import wait_until
+from tests.scripted_runtime import holding, make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
+# The scripted models: instances, and the execution timeout in ms.
+WORKER_MODELS = {"pair": (2, 60_000), "solo": (1, 60_000), "hang": (1, 1_000)}
 
-def loop_request(n: int) -> dict[str, Any]:
-    return {"inputs": [{"name": "n", "datatype": "INT64", "shape": [1], "data": [n]}]}
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for this module: scripted models whose calls hold until the test releases
+    them (gate files in `gates`, a number per test), in two instances (pair), in one (solo),
+    and in one with a 1 s execution timeout (hang); and an MLP (onnxruntime)."""
+    root = tmp_path_factory.mktemp("workers")
+    models, gates = root / "models", root / "gates"
+    gates.mkdir()
+    for name, (instances, timeout_ms) in WORKER_MODELS.items():
+        make_scripted(models / name / "1" / "model.scripted", ("hold",), gate_dir=gates)
+        (models / name / "model.toml").write_text(
+            f"timeout_ms = {timeout_ms}\ninstances = {instances}\n"
+        )
+    make_mlp(models / "mlp" / "1" / "model.onnx")
+    proc = ServerProcess(models, write_profile(root), root / "server.log").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def worker_server(shared_server: ServerProcess) -> ServerProcess:
+    """The shared server once every worker a test before killed is back."""
+    wait_until(partial(all_ready, shared_server), what="every worker to be ready")
+    return shared_server
+
+
+def all_ready(server: ServerProcess) -> bool:
+    return all(
+        i["state"] == "ready" and i["pid"]
+        for name in WORKER_MODELS
+        for i in server.model(name)["versions"][0]["instances"]
+    )
 
 
 def mlp_request() -> dict[str, Any]:
@@ -25,21 +67,21 @@ def mlp_request() -> dict[str, Any]:
 
 
 class Background:
-    """One request in a thread, timed."""
+    """One request in a thread."""
 
     def __init__(self, url: str, body: dict[str, Any]) -> None:
         self.response: httpx.Response | None = None
-        self.elapsed = 0.0
         self._thread = threading.Thread(target=self._run, args=(url, body))
         self._thread.start()
 
     def _run(self, url: str, body: dict[str, Any]) -> None:
-        started = time.monotonic()
-        self.response = httpx.post(url, json=body, timeout=30)
-        self.elapsed = time.monotonic() - started
+        self.response = httpx.post(url, json=body, timeout=60)
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
 
     def result(self) -> httpx.Response:
-        self._thread.join(30)
+        self._thread.join(60)
         assert self.response is not None
         return self.response
 
@@ -51,18 +93,35 @@ def instance_pid(server: ServerProcess, model: str, index: int) -> int:
     return int(pid)
 
 
+def gates(server: ServerProcess) -> Path:
+    return server.models.parent / "gates"
+
+
+def held_by(server: ServerProcess, gate: int, count: int = 1) -> list[int]:
+    """The pids of the first `count` workers to hold a call at `gate`, once they have."""
+    return wait_until(
+        lambda: (pids := holding(gates(server), gate)) and len(pids) >= count and pids,
+        what=f"{count} worker(s) to hold gate {gate}",
+    )
+
+
+def release(server: ServerProcess, gate: int) -> None:
+    (gates(server) / f"release-{gate}").touch()
+
+
 def test_workers_are_separate_processes_and_gateway_imports_no_runtime(
-    slow_server: ServerProcess,
+    worker_server: ServerProcess,
 ) -> None:
-    assert slow_server.process is not None
-    gateway = psutil.Process(slow_server.process.pid)
+    assert worker_server.process is not None
+    gateway = psutil.Process(worker_server.process.pid)
     children = {c.pid for c in gateway.children(recursive=True)}
-    pids = [p for m in ("loop", "solo", "mlp") for p in slow_server.worker_pids(m)]
-    assert len(set(pids)) == 4
+    names = ("pair", "solo", "hang", "mlp")
+    pids = [p for m in names for p in worker_server.worker_pids(m)]
+    assert len(set(pids)) == 5
     assert set(pids) <= children
     # Each CPU worker runs on its share of the cores, with as many threads.
-    for name in ("loop", "solo", "mlp"):
-        for instance in slow_server.model(name)["versions"][0]["instances"]:
+    for name in names:
+        for instance in worker_server.model(name)["versions"][0]["instances"]:
             assert psutil.Process(instance["pid"]).cpu_affinity() == instance["cpus"]
             assert len(instance["cpus"]) == instance["threads"]
             # ...and nicer than the gateway ([devices] worker_nice, 10 by default), so the
@@ -73,70 +132,90 @@ def test_workers_are_separate_processes_and_gateway_imports_no_runtime(
 
 
 def test_sigkill_mid_request_fails_fast_and_the_worker_restarts(
-    slow_server: ServerProcess,
+    worker_server: ServerProcess,
 ) -> None:
-    url = f"{slow_server.url}/v2/models/solo/infer"
-    old = instance_pid(slow_server, "solo", 0)
-    hanging = Background(url, loop_request(10**9))  # would run for half an hour
-    time.sleep(0.3)  # let it reach the worker (a real process; no clock to inject)
-    os.kill(old, signal.SIGKILL)
-    response = hanging.result()
-    assert response.status_code == 503
-    assert "killed by signal 9" in response.json()["error"]
-    assert response.headers["Retry-After"] == "1"
-    assert hanging.elapsed < 1.4  # well before the 1.5 s execution timeout
-    # Ready tells the truth while the worker restarts; the other models keep serving.
-    assert httpx.get(f"{slow_server.url}/v2/models/solo/ready").status_code == 503
-    assert (
-        httpx.post(f"{slow_server.url}/v2/models/mlp/infer", json=mlp_request()).status_code == 200
-    )
-    model = slow_server.wait_model_state("solo", "ready")
+    url = f"{worker_server.url}/v2/models/solo/infer"
+    old = instance_pid(worker_server, "solo", 0)
+    restarts = worker_server.model("solo")["versions"][0]["instances"][0]["restarts"]
+    hanging = Background(url, scripted_inputs(hold=1))  # runs until released (never)
+    assert held_by(worker_server, 1) == [old]
+    loads = gates(worker_server) / "hold-loads"
+    loads.touch()  # the restart waits until we have looked
+    try:
+        os.kill(old, signal.SIGKILL)
+        response = hanging.result()
+        assert response.status_code == 503  # not the 60 s execution timeout's 504
+        assert "killed by signal 9" in response.json()["error"]
+        assert response.headers["Retry-After"] == "1"
+        # Ready tells the truth while the worker restarts; the other models keep serving.
+        assert httpx.get(f"{worker_server.url}/v2/models/solo/ready").status_code == 503
+        mlp = httpx.post(f"{worker_server.url}/v2/models/mlp/infer", json=mlp_request())
+        assert mlp.status_code == 200
+    finally:
+        loads.unlink()
+    model = worker_server.wait_model_state("solo", "ready")
     instance = model["versions"][0]["instances"][0]
-    assert instance["restarts"] == 1
+    assert instance["restarts"] == restarts + 1
     assert instance["pid"] != old
-    assert httpx.post(url, json=loop_request(5)).json()["outputs"][0]["data"] == [5.0]
+    answer = httpx.post(url, json=scripted_inputs(hold=0))
+    assert answer.json()["outputs"][1]["data"] == [instance["pid"]]
 
 
 def test_a_request_on_a_killed_worker_is_retried_on_a_sibling(
-    slow_server: ServerProcess,
+    worker_server: ServerProcess,
 ) -> None:
-    url = f"{slow_server.url}/v2/models/loop/infer"
-    running = Background(url, loop_request(200_000))  # about 0.4 s of work, well inside 1.5 s
-    time.sleep(0.1)
-    os.kill(instance_pid(slow_server, "loop", 0), signal.SIGKILL)
+    running = Background(f"{worker_server.url}/v2/models/pair/infer", scripted_inputs(hold=2))
+    [first] = held_by(worker_server, 2)
+    os.kill(first, signal.SIGKILL)  # mid-call: it holds until released
+    # Retried on the sibling, which holds it in turn (without a retry: a 503 here).
+    wait_until(
+        lambda: len(holding(gates(worker_server), 2)) == 2 or running.done(),
+        what="the retry to reach the sibling",
+    )
+    assert not running.done(), running.result().text
+    [second] = [p for p in holding(gates(worker_server), 2) if p != first]
+    release(worker_server, 2)
     response = running.result()
     assert response.status_code == 200, response.text
-    assert response.json()["outputs"][0]["data"] == [200_000.0]
+    outputs = {o["name"]: o["data"] for o in response.json()["outputs"]}
+    assert outputs["pid"] == [second]  # the sibling answered
+    assert outputs["y"] == [0.0, 1.0, 2.0, 3.0]
 
 
-def test_a_hung_worker_is_killed_at_the_execution_timeout(slow_server: ServerProcess) -> None:
-    url = f"{slow_server.url}/v2/models/loop/infer"
-    old = instance_pid(slow_server, "loop", 0)
-    hanging = Background(url, loop_request(10**9))
-    # Meanwhile the gateway answers health, metadata and other models at once.
+def test_a_hung_worker_is_killed_at_the_execution_timeout(worker_server: ServerProcess) -> None:
+    url = f"{worker_server.url}/v2/models/hang/infer"
+    old = instance_pid(worker_server, "hang", 0)
+    hanging = Background(url, scripted_inputs(hold=3))
+    held_by(worker_server, 3)
+    # Meanwhile the gateway answers health, metadata and other models.
     for _ in range(5):
-        assert httpx.get(f"{slow_server.url}/v2/health/live", timeout=1).status_code == 200
+        assert httpx.get(f"{worker_server.url}/v2/health/live", timeout=10).status_code == 200
         assert (
             httpx.post(
-                f"{slow_server.url}/v2/models/mlp/infer", json=mlp_request(), timeout=1
+                f"{worker_server.url}/v2/models/mlp/infer", json=mlp_request(), timeout=10
             ).status_code
             == 200
         )
     response = hanging.result()
     assert response.status_code == 504
-    assert "did not answer within 1500 ms" in response.json()["error"]
-    assert 1.4 < hanging.elapsed < 5
+    assert "did not answer within 1000 ms" in response.json()["error"]
     with contextlib.suppress(psutil.NoSuchProcess):
         psutil.Process(old).wait(timeout=10)  # killed and reaped; raises if it lingers
-    slow_server.wait_model_state("loop", "ready")
-    assert httpx.post(url, json=loop_request(3)).json()["outputs"][0]["data"] == [3.0]
+    model = worker_server.wait_model_state("hang", "ready")
+    assert model["versions"][0]["instances"][0]["pid"] != old
+    release(worker_server, 3)  # the new worker may run a held call again
+    answer = httpx.post(url, json=scripted_inputs(hold=3))
+    assert answer.status_code == 200
 
 
-def test_a_client_timeout_bounds_only_its_queue_wait(slow_server: ServerProcess) -> None:
+def test_a_client_timeout_bounds_only_its_queue_wait(worker_server: ServerProcess) -> None:
     """As in Triton: `timeout` (microseconds, as tritonclient sends it) is how long the
     request may wait to start. Once it runs, only the model's timeout_ms bounds it."""
-    body = loop_request(10**9)
+    old = instance_pid(worker_server, "hang", 0)
+    body = scripted_inputs(hold=5)  # held for good: only the model's 1 s timeout ends it
     body["parameters"] = {"timeout": 300_000}
-    response = httpx.post(f"{slow_server.url}/v2/models/loop/infer", json=body, timeout=30)
-    assert response.status_code == 504
-    assert "did not answer within 1500 ms" in response.json()["error"]
+    response = httpx.post(f"{worker_server.url}/v2/models/hang/infer", json=body, timeout=30)
+    assert response.status_code == 504, response.text
+    assert "did not answer within 1000 ms" in response.json()["error"]
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(old).wait(timeout=10)

@@ -17,6 +17,8 @@ from infergate.engine.spec import ModelConfig
 from infergate.engine.stats import RequestStats
 from infergate.engine.tenants import Tenant, Tenants
 from infergate.engine.verify import VerifyPolicy
+from infergate.engine.workers.handle import WorkerHandle
+from infergate.engine.workers.protocol import WorkerFactory
 from infergate.metrics import Metrics
 
 
@@ -42,6 +44,7 @@ class EngineContext:
     max_kills: int = 3  # memory kills within kill_window_s before an instance is failed
     kill_window_s: float = 60.0
     worker_nice: int = 10  # how much nicer than the gateway workers run ([devices])
+    worker_factory: WorkerFactory = WorkerHandle  # tests pass in-process fakes
     stats: RequestStats = field(init=False)
     placer: Placer = field(init=False)
 

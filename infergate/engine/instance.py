@@ -14,8 +14,9 @@ from typing import Literal
 
 from infergate.engine.context import EngineContext
 from infergate.engine.placement import Placement
-from infergate.engine.workers.handle import WorkerHandle, WorkerLoadError
+from infergate.engine.workers.handle import WorkerLoadError
 from infergate.engine.workers.messages import Ready, WorkerSpec
+from infergate.engine.workers.protocol import Worker
 
 InstanceState = Literal["loading", "ready", "restarting", "failed", "stopped"]
 
@@ -36,7 +37,7 @@ class Instance:
         self.reason: str | None = None
         self.restarts = 0
         self.batches = 0  # batches run, for the dashboard and for affinity checks
-        self.handle: WorkerHandle | None = None
+        self.handle: Worker | None = None
         self.ready_info: Ready | None = None
         self._context = context
         self._clock = context.clock
@@ -80,7 +81,7 @@ class Instance:
         backoff = self._backoff_initial_s
         ever_ready = False
         while not self._stopping:
-            handle = WorkerHandle(self.spec)
+            handle = self._context.worker_factory(self.spec)
             self.handle = handle
             try:
                 self.ready_info = await handle.start(self._load_timeout_s)

@@ -87,6 +87,8 @@ class ServedVersion:
             on_change=self._breaker_changed,
         )
         self._context = context
+        # Closed from the start: a scrape can tell a quiet breaker from a missing version.
+        context.metrics.breaker_state.labels(self.name, str(self.version)).set(0)
         self._known: Ready | None = None
         self._batchable: bool | None = None
         # input signature (names, dtypes, shapes) -> its batch key, for inputs found valid

@@ -38,7 +38,7 @@ from infergate.engine.scheduling.queue import (
     QueuePolicy,
 )
 from infergate.engine.triton_stats import VersionStats
-from infergate.engine.workers.handle import WorkerHandle
+from infergate.engine.workers.protocol import Worker
 from infergate.errors import (
     InfergateError,
     ModelExecutionError,
@@ -126,7 +126,7 @@ class _Batch:
     """One batch on an instance, from leaving the queue to its callers' answers."""
 
     instance: Instance
-    handle: WorkerHandle
+    handle: Worker
     jobs: list[Job[_Work]]
     rows: list[int]
     started: float  # when it left the queue

@@ -1,0 +1,162 @@
+"""In-process workers for timing-rule tests: the worker seam (infergate.engine.workers.
+protocol.Worker) implemented without a process, whose calls finish when the test says.
+
+Pass a `FakeWorkers` as EngineContext(worker_factory=...): every worker an Instance starts
+is a FakeWorker kept in `made`. A call the scheduler sends waits in `pending` until the
+test replies, fails it, or ends the worker, so time passes only on the FakeClock."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infergate.engine.workers.handle import WorkerLoadError
+from infergate.engine.workers.messages import Ready, WorkerSpec
+from infergate.errors import ModelExecutionError, WorkerFailed, WorkerOverMemory
+from infergate.tensors import Array
+from tests.polling import eventually
+from tests.scripted_runtime import ScriptedRuntime
+
+_pids = itertools.count(900_001)  # no real process has these (pid_max is far below on CI)
+_sent = itertools.count()  # calls in the order they were sent, over all workers
+
+
+@dataclass(eq=False)
+class FakeCall:
+    worker: FakeWorker
+    inputs: dict[str, Array]
+    outputs: list[str]
+    future: asyncio.Future[dict[str, Array]]
+    on_reply: Callable[[], None] | None
+    timeout_s: float | None = None  # what the scheduler gave `wait`: its execution timeout
+    seq: int = field(default_factory=lambda: next(_sent))
+
+    @property
+    def rows(self) -> int:
+        return int(next(iter(self.inputs.values())).shape[0])
+
+    def reply(self, outputs: dict[str, Array] | None = None) -> None:
+        """Answer as the scripted runtime would (y = x, pid, rows), or with `outputs`."""
+        if outputs is None:
+            rows = self.rows
+            made = {
+                "y": np.array(self.inputs.get("x", np.zeros((rows, 1), np.float32)), copy=True),
+                "pid": np.full((rows, 1), self.worker.pid, np.int64),
+                "rows": np.full((rows, 1), rows, np.int64),
+            }
+            outputs = {n: made[n] for n in self.outputs}
+        self._answer(outputs)
+
+    def fail(self, reason: str = "scripted failure") -> None:
+        self._answer(ModelExecutionError(f"model {self.worker.spec.model!r} failed: {reason}"))
+
+    def _answer(self, result: dict[str, Array] | Exception) -> None:
+        self.worker.pending.remove(self)
+        if isinstance(result, Exception):
+            self.future.set_exception(result)
+        else:
+            self.future.set_result(result)
+        if self.on_reply is not None:  # as the real handle: inside the reader, at once
+            self.on_reply()
+
+
+class FakeWorker:
+    def __init__(self, spec: WorkerSpec, load_error: str | None) -> None:
+        self.spec = spec
+        self._pid = next(_pids)
+        self._load_error = load_error
+        self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.death_reason = "the worker exited"
+        self.over_memory = False
+        self.pending: list[FakeCall] = []
+        self.calls: list[FakeCall] = []  # every call it was sent, in order
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def alive(self) -> bool:
+        return not self.exited.done()
+
+    async def start(self, timeout_s: float) -> Ready:
+        if self._load_error is not None:
+            self.end(self._load_error)
+            raise WorkerLoadError(self._load_error)
+        inputs, outputs = self.spec.inputs, self.spec.outputs
+        if self.spec.path.suffix == ".scripted" and self.spec.path.exists():
+            script = ScriptedRuntime(self.spec.path)  # what a real worker would report
+            inputs, outputs = script.inputs, script.outputs
+        return Ready(self._pid, "cpu", inputs, outputs, 0.0)
+
+    def begin(
+        self,
+        inputs: dict[str, Array],
+        outputs: list[str],
+        on_reply: Callable[[], None] | None = None,
+    ) -> asyncio.Future[dict[str, Array]]:
+        if not self.alive:
+            raise WorkerFailed(f"{self.death_reason}; it is being restarted. Hint: retry shortly")
+        future: asyncio.Future[dict[str, Array]] = asyncio.get_running_loop().create_future()
+        call = FakeCall(self, inputs, outputs, future, on_reply)
+        self.pending.append(call)
+        self.calls.append(call)
+        return future
+
+    async def wait(
+        self, future: asyncio.Future[dict[str, Array]], timeout_s: float
+    ) -> dict[str, Array]:
+        # The scheduler may hand over a shield of the call's future (a caller that gives up
+        # must not cancel the batch): then it is the newest call not yet waited for.
+        waited = [c for c in self.calls if c.future is future] or [
+            c for c in reversed(self.calls) if c.timeout_s is None
+        ][:1]
+        for call in waited:
+            call.timeout_s = timeout_s
+        return await future
+
+    def end(self, reason: str, over_memory: bool = False) -> None:
+        """The worker dies (crash, SIGKILL): its calls fail, as the real handle's do."""
+        if not self.alive:
+            return
+        self.death_reason = f"worker pid {self._pid} {reason}"
+        self.over_memory = over_memory
+        kind = WorkerOverMemory if over_memory else WorkerFailed
+        for call in self.pending:
+            call.future.set_exception(
+                kind(f"model {self.spec.model!r}: {self.death_reason} while running this request")
+            )
+        self.pending.clear()
+        self.exited.set_result(None)
+
+    def kill_over_memory(self, why: str) -> None:
+        self.end(f"was killed: {why}", over_memory=True)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        self.end("was stopped")
+
+
+@dataclass
+class FakeWorkers:
+    """The factory: makes FakeWorkers and remembers them, newest last."""
+
+    load_error: str | None = None  # set it to make the next workers fail to load
+    made: list[FakeWorker] = field(default_factory=list)
+
+    def __call__(self, spec: WorkerSpec) -> FakeWorker:
+        worker = FakeWorker(spec, self.load_error)
+        self.made.append(worker)
+        return worker
+
+    def pending(self) -> list[FakeCall]:
+        """Unanswered calls on every worker, oldest first."""
+        return sorted((c for w in self.made for c in w.pending), key=lambda c: c.seq)
+
+    async def next_call(self, what: str = "a call to reach a worker") -> FakeCall:
+        """The oldest unanswered call, once there is one."""
+        calls = await eventually(self.pending, what=what)
+        return calls[0]

@@ -1,0 +1,40 @@
+"""Waiting for observable state instead of sleeping: the verdict is the same on a fast
+machine and a busy one; only how long the wait takes changes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Literal, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(
+    check: Callable[[], T | Literal[False] | None], timeout_s: float = 30.0, what: str = ""
+) -> T:
+    """`check()`'s first truthy value; AssertionError naming `what` if none comes in time
+    (the timeout only bounds a broken run, it is never what a test measures)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what or check}")
+        time.sleep(0.02)
+
+
+async def eventually(
+    check: Callable[[], T | Literal[False] | None], timeout_s: float = 10.0, what: str = ""
+) -> T:
+    """wait_until inside an event loop: yields to the loop between looks."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what or check}")
+        await asyncio.sleep(0.001)

@@ -1,0 +1,439 @@
+"""Timing rules in-process, on the FakeClock, through the worker seam: deadlines, a full
+queue and shedding, retries on a sibling, restart backoff, memory kills and breakers. Real
+Instances, Scheduler and Engine; in-process fake workers (tests/fake_workers.py) that
+answer when the test says, so time moves only when the test advances the clock, and the
+verdict is the same on any machine. End-to-end smoke tests of the same rules, on real
+processes, live in test_scheduler.py, test_workers.py and test_tenants.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infergate.clock import FakeClock
+from infergate.engine.breaker import BreakerPolicy
+from infergate.engine.context import EngineContext
+from infergate.engine.engine import Engine, EngineSettings
+from infergate.engine.inference import InferenceRequest
+from infergate.engine.instance import Instance
+from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
+from infergate.engine.scheduling.queue import QueuePolicy
+from infergate.engine.scheduling.scheduler import Scheduler, Timing
+from infergate.engine.spec import TensorSpec
+from infergate.engine.workers.messages import WorkerSpec
+from infergate.errors import (
+    CircuitOpen,
+    DeadlineExceeded,
+    ModelExecutionError,
+    Overloaded,
+    WorkerFailed,
+    WorkerOverMemory,
+)
+from infergate.metrics import Metrics
+from infergate.tensors import Array
+from tests.fake_workers import FakeCall, FakeWorker, FakeWorkers
+from tests.polling import eventually
+from tests.scripted_runtime import make_scripted
+
+REALTIME, BURST, BATCH = DEFAULT_CLASSES  # deadlines 50 ms, 200 ms, 30 s
+SPEC = WorkerSpec(
+    model="m",
+    version=1,
+    path=Path("m.scripted"),
+    runtime="scripted",
+    device="cpu",
+    inputs=(TensorSpec("x", "FP32", (-1, 4)),),
+    outputs=(TensorSpec("y", "FP32", (-1, 4)), TensorSpec("pid", "INT64", (-1, 1))),
+)
+Answer = tuple[dict[str, Array], Timing]
+
+
+class Served:
+    """Instances on fake workers and their scheduler, as one ServedVersion holds them."""
+
+    def __init__(self, instances: int, policy: QueuePolicy, **instance_settings: float) -> None:
+        self.clock = FakeClock()
+        self.workers = FakeWorkers()
+        self.context = EngineContext(clock=self.clock, worker_factory=self.workers)
+        self.instances = [
+            Instance(SPEC, i, self.context, **instance_settings) for i in range(instances)
+        ]
+        self.scheduler = Scheduler("m", 1, self.instances, policy, self.clock, self.context.metrics)
+
+    async def start(self) -> Served:
+        for instance in self.instances:
+            instance.start()
+        await asyncio.gather(*(i.wait_settled() for i in self.instances))
+        return self
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+        await asyncio.gather(*(i.stop() for i in self.instances))
+
+    async def submit(
+        self, cls: PriorityClass, rows: int = 1, timeout_s: float = 10.0
+    ) -> asyncio.Task[Answer]:
+        """Send a request that runs alone; returns once the scheduler has admitted it (and
+        started it, when an instance was free): submit does both before its first await."""
+        x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+        task = asyncio.create_task(
+            self.scheduler.submit({"x": x}, None, ("y", "pid"), cls, cls.deadline_s, timeout_s)
+        )
+        await asyncio.sleep(0)
+        return task
+
+    def worker(self, index: int) -> FakeWorker:
+        handle = self.instances[index].handle
+        assert isinstance(handle, FakeWorker)
+        return handle
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    """One series' value; a missing series fails the test (it is not a zero)."""
+    value = metrics.registry.get_sample_value(name, labels)
+    assert value is not None, f"no series {name}{labels}"
+    return value
+
+
+@pytest.fixture
+async def one() -> AsyncIterator[Served]:
+    served = await Served(1, QueuePolicy(max_batch_size=1), backoff_initial_s=1000).start()
+    yield served
+    await served.stop()
+
+
+@pytest.fixture
+async def three() -> AsyncIterator[Served]:
+    served = await Served(3, QueuePolicy(max_batch_size=1), backoff_initial_s=1000).start()
+    yield served
+    await served.stop()
+
+
+async def test_a_request_that_cannot_start_by_its_deadline_gets_504_and_never_runs(
+    one: Served,
+) -> None:
+    holder = await one.submit(BATCH)
+    running = await one.workers.next_call()
+    late = await one.submit(REALTIME, rows=3)  # 50 ms to start; the only worker is busy
+    one.clock.advance(0.049)
+    await one.submit(BATCH)  # each submit looks at the queue: the realtime one may still start
+    assert not late.done()
+    one.clock.advance(0.002)
+    await one.submit(BATCH)
+    with pytest.raises(DeadlineExceeded) as expired:
+        await late
+    message = str(expired.value)
+    assert "waited 51 ms in the queue, past its deadline of 50 ms (realtime class)" in message
+    assert "it was not run" in message
+    assert (
+        sample(
+            one.context.metrics,
+            "infergate_requests_shed_total",
+            model="m",
+            reason="deadline",
+            **{"class": "realtime"},
+        )
+        == 1
+    )  # noqa: E501
+    running.reply()
+    await holder
+    while one.workers.pending():  # the two batch-class requests run; the late one never
+        (await one.workers.next_call()).reply()
+    assert [c.rows for c in one.worker(0).calls] == [1, 1, 1]
+
+
+async def test_a_request_that_started_is_never_expired_by_its_deadline(one: Served) -> None:
+    task = await one.submit(REALTIME)
+    call = await one.workers.next_call()
+    one.clock.advance(3600)  # far past its 50 ms: it started, so it finishes
+    call.reply()
+    outputs, timing = await task
+    assert outputs["pid"].tolist() == [[one.worker(0).pid]]
+    assert timing.compute_s == 3600
+
+
+@pytest.fixture
+async def short_queue() -> AsyncIterator[Served]:
+    served = await Served(
+        1, QueuePolicy(max_batch_size=1, max_queue_size=2), backoff_initial_s=1000
+    ).start()
+    yield served
+    await served.stop()
+
+
+async def test_a_full_queue_refuses_and_a_higher_class_sheds_a_lower_one(
+    short_queue: Served,
+) -> None:
+    one = short_queue
+    holder = await one.submit(BATCH)
+    running = await one.workers.next_call()
+    first, second = await one.submit(BATCH, rows=2), await one.submit(BATCH, rows=2)
+    refused = await one.submit(BATCH)  # max_queue_size = 2, nothing lower to shed
+    with pytest.raises(Overloaded, match=r"max_queue_size = 2"):
+        await refused
+    urgent = await one.submit(REALTIME, rows=3)
+    shed = await eventually(lambda: [t for t in (first, second) if t.done()], what="a shed")
+    assert len(shed) == 1  # exactly one batch-class request made room
+    with pytest.raises(Overloaded, match="was shed to make room for a realtime one"):
+        await shed[0]
+    running.reply()
+    await holder
+    nxt = await one.workers.next_call()
+    assert nxt.rows == 3  # the realtime request goes before the batch one queued earlier
+    nxt.reply()
+    await urgent
+    (await one.workers.next_call()).reply()
+    kept = first if shed[0] is second else second
+    await kept
+    metrics = one.context.metrics
+    assert (
+        sample(
+            metrics,
+            "infergate_requests_shed_total",
+            model="m",
+            reason="queue_full",
+            **{"class": "batch"},
+        )
+        == 1
+    )  # noqa: E501
+    assert (
+        sample(
+            metrics, "infergate_requests_shed_total", model="m", reason="shed", **{"class": "batch"}
+        )
+        == 1
+    )  # noqa: E501
+
+
+def worker_of(call: FakeCall) -> FakeWorker:
+    return call.worker
+
+
+async def test_a_request_on_a_dead_worker_is_retried_once_on_a_sibling(three: Served) -> None:
+    task = await three.submit(BURST)
+    first = await three.workers.next_call()
+    first.worker.end("was killed by signal 9")
+    retry = await three.workers.next_call(what="the retry on a sibling")
+    assert retry.worker is not first.worker
+    retry.reply()
+    outputs, _ = await task
+    assert outputs["pid"].tolist() == [[retry.worker.pid]]  # the sibling answered
+    # One retry only: when the sibling dies too, the request fails though a third is ready.
+    again = await three.submit(BURST)
+    on = await three.workers.next_call()
+    on.worker.end("exited with code 3")
+    second = await three.workers.next_call(what="the retry")
+    assert three.instances[2].ready
+    second.worker.end("exited with code 3")
+    with pytest.raises(WorkerFailed, match="exited with code 3"):
+        await again
+    assert not three.workers.pending()
+
+
+async def test_no_retry_after_a_memory_kill_or_without_a_sibling(three: Served) -> None:
+    task = await three.submit(BURST)
+    call = await three.workers.next_call()
+    call.worker.kill_over_memory("it used 500 MB, over its memory limit of 300 MB")
+    with pytest.raises(WorkerOverMemory, match="over its memory limit"):
+        await task  # the sibling would die the same way
+    assert sum(len(w.calls) for w in three.workers.made) == 1
+    for index in range(3):
+        if three.instances[index].ready and three.worker(index) is not call.worker:
+            three.worker(index).end("was killed by signal 9")
+    assert not any(i.ready for i in three.instances)
+
+
+async def test_the_only_instance_dying_fails_its_request(one: Served) -> None:
+    task = await one.submit(BURST)
+    (await one.workers.next_call()).worker.end("was killed by signal 9")
+    with pytest.raises(WorkerFailed, match="killed by signal 9"):
+        await task
+    assert len(one.workers.made) == 1  # not restarted yet: its backoff is 1000 s
+
+
+async def crash_and_wait_restart(served: Served, instance: Instance) -> None:
+    old = instance.handle
+    assert isinstance(old, FakeWorker)
+    old.end("exited with code 3")
+    await eventually(lambda: instance.ready and instance.handle is not old, what="the restart")
+
+
+async def test_restarts_back_off_doubling_to_a_cap_and_reset_once_stable() -> None:
+    served = Served(1, QueuePolicy(max_batch_size=1), backoff_initial_s=0.01, backoff_max_s=0.04)
+    await served.start()
+    instance = served.instances[0]
+    try:
+        for _ in range(4):
+            await crash_and_wait_restart(served, instance)
+        served.clock.advance(60)  # up for stable_after_s (60 s): the backoff starts over
+        await crash_and_wait_restart(served, instance)
+    finally:
+        await served.stop()
+    waits = [
+        e.message.rsplit("restarting in ", 1)[1]
+        for e in served.context.events.recent("m")
+        if e.kind == "worker_restarting"
+    ]
+    assert waits == ["0.01 s", "0.02 s", "0.04 s", "0.04 s", "0.01 s"]
+    assert instance.restarts == 5
+    assert sample(served.context.metrics, "infergate_worker_restarts_total", model="m") == 5
+
+
+@pytest.mark.parametrize(("apart_s", "failed"), [(0.0, True), (61.0, False)])
+async def test_repeated_memory_kills_within_the_window_fail_the_instance(
+    apart_s: float, failed: bool
+) -> None:
+    served = Served(1, QueuePolicy(max_batch_size=1), backoff_initial_s=0.001)
+    served.context.max_kills, served.context.kill_window_s = 3, 60.0
+    await served.start()
+    instance = served.instances[0]
+    try:
+        for kill in range(3):
+            old = instance.handle
+            instance.kill_over_memory(500, 300)
+            if kill < 2 or not failed:
+                await eventually(
+                    lambda old=old: instance.ready and instance.handle is not old,  # type: ignore[misc]
+                    what="the restart",
+                )
+            served.clock.advance(apart_s)
+        if failed:
+            await eventually(lambda: instance.state == "failed", what="the instance to fail")
+            assert instance.reason is not None
+            assert "killed 3 times within 60 s" in instance.reason
+            assert "Hint: raise memory_mb in model.toml" in instance.reason
+        else:
+            assert instance.state == "ready"  # kills a minute apart never add up
+    finally:
+        await served.stop()
+
+
+# ---- the engine: breakers and the client's timeout, on the FakeClock ----
+
+BREAKER = BreakerPolicy(
+    window_seconds=2,
+    failure_rate=0.5,
+    latency_p99_ms=150,
+    consecutive_windows=2,
+    min_requests=4,
+    backoff_initial_s=1,
+    backoff_max_s=4,
+    probes=2,
+)
+
+
+class Gateway:
+    def __init__(self, engine: Engine, clock: FakeClock, workers: FakeWorkers) -> None:
+        self.engine, self.clock, self.workers = engine, clock, workers
+
+    async def call(
+        self, latency_s: float = 0.01, fail: bool = False, timeout_s: float | None = None
+    ) -> tuple[asyncio.Task[object], FakeCall | None]:
+        """One request to `m`: it takes `latency_s` on the clock, and fails if asked. The
+        call is None when the engine refused it before any worker saw it."""
+        x = np.ones((1, 4), np.float32)
+        request = InferenceRequest("m", {"x": x}, timeout_s=timeout_s)
+        task: asyncio.Task[object] = asyncio.create_task(self.engine.infer(request))
+        await asyncio.sleep(0)
+        if task.done():
+            return task, None
+        call = await self.workers.next_call()
+        self.clock.advance(latency_s)
+        if fail:
+            call.fail()
+        else:
+            call.reply()
+        await asyncio.gather(task, return_exceptions=True)
+        return task, call
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    make_scripted(tmp_path / "models" / "m" / "1" / "model.scripted", controls=())
+    (tmp_path / "models" / "m" / "model.toml").write_text("timeout_ms = 5000\n")
+    clock, workers = FakeClock(), FakeWorkers()
+    context = EngineContext(clock=clock, worker_factory=workers, breaker=BREAKER)
+    engine = Engine(EngineSettings(tmp_path / "models", "explicit"), context)
+    await engine.start()
+    await eventually(lambda: engine.ready and engine.version("m").ready, what="m to load")
+    yield Gateway(engine, clock, workers)
+    await engine.stop()
+
+
+async def test_slow_answers_trip_the_breaker_and_good_probes_close_it(gateway: Gateway) -> None:
+    outcomes = []
+    for _ in range(20):
+        task, call = await gateway.call(latency_s=0.2)  # 200 ms each, over the 150 ms p99
+        if call is None:
+            break
+        outcomes.append(task.result() is not None)
+    assert len(outcomes) >= 4  # min_requests answered first
+    assert all(outcomes)  # they all succeeded, just too slowly
+    with pytest.raises(CircuitOpen) as refused:
+        await task
+    assert "p99 latency 200 ms (limit 150 ms)" in str(refused.value)
+    assert refused.value.retry_after_s == 1
+    breaker = gateway.engine.version("m").breaker
+    gateway.clock.advance(0.999)
+    states = [breaker.state]
+    gateway.clock.advance(0.001)  # the backoff is over: two fast probes close it
+    for _ in range(2):
+        task, call = await gateway.call(latency_s=0.01)
+        assert call is not None
+        await task
+    states.append(breaker.state)
+    assert states == ["open", "closed"]
+
+
+async def test_failures_trip_the_breaker_and_a_failed_probe_doubles_its_backoff(
+    gateway: Gateway,
+) -> None:
+    failures = 0
+    while True:
+        task, call = await gateway.call(latency_s=0.1, fail=True)
+        if call is None:
+            break
+        failures += 1
+        with pytest.raises(ModelExecutionError):
+            await task
+    assert 4 <= failures <= 10  # min_requests, then two bad evaluations 0.2 s apart
+    with pytest.raises(CircuitOpen, match="failure rate 100%"):
+        await task
+    gateway.clock.advance(1)
+    task, call = await gateway.call(fail=True)  # a probe, and it fails
+    assert call is not None
+    task, call = await gateway.call()
+    assert call is None
+    with pytest.raises(CircuitOpen) as refused:
+        await task
+    assert refused.value.retry_after_s == 2  # doubled from 1 s
+
+
+async def test_the_model_s_timeout_bounds_a_started_call(gateway: Gateway) -> None:
+    _, call = await gateway.call()
+    assert call is not None
+    assert call.timeout_s == 5.0  # model.toml's timeout_ms: past it, the worker is killed
+
+
+async def test_the_client_s_timeout_bounds_its_queue_wait(gateway: Gateway) -> None:
+    x = np.ones((1, 4), np.float32)
+    holder = asyncio.create_task(gateway.engine.infer(InferenceRequest("m", {"x": x})))
+    running = await gateway.workers.next_call()
+    request = InferenceRequest("m", {"x": x}, timeout_s=0.1)  # burst class: 200 ms
+    waiting = asyncio.create_task(gateway.engine.infer(request))
+    await asyncio.sleep(0)
+    gateway.clock.advance(0.101)
+    with pytest.raises(DeadlineExceeded, match="past its deadline of 100 ms"):
+        await asyncio.wait_for(waiting, 10)  # the scheduler notices on its own
+    running.reply()
+    await holder
+    assert len(gateway.workers.made[0].calls) == 1  # the late one never ran
+
+
+async def test_the_client_s_timeout_never_kills_a_started_call(gateway: Gateway) -> None:
+    _, call = await gateway.call(timeout_s=0.3)
+    assert call is not None
+    assert call.timeout_s == 5.0
