@@ -16,6 +16,7 @@ from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.inference import InferenceRequest, InferenceResult
 from infergate.engine.served import ServedVersion
+from infergate.tensors import Array
 from tests.scripted_runtime import make_scripted
 
 
@@ -35,7 +36,7 @@ async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
 
 
 def request(x: float, hold: int) -> InferenceRequest:
-    inputs = {
+    inputs: dict[str, Array] = {
         "x": np.full((1, 4), x, np.float32),
         "hold": np.full((1, 1), hold, np.int64),
     }

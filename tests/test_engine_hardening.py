@@ -19,10 +19,10 @@ import pytest
 import tritonclient.http as triton
 
 from infergate.engine.tenants import hash_key
+from tests.polling import wait_until
+from tests.scrape import metric
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
-from tests.test_reload import wait_until
-from tests.test_scheduler import metric
 
 LIGHT, FLOOD, PIRATE, FROZEN = "light-key", "flood-key", "pirate-key", "frozen-key"
 
@@ -174,7 +174,7 @@ def test_a_client_timeout_bounds_its_queue_wait_and_never_kills_a_worker(
     holder.join()
     assert answer[0].status_code == 200
     assert server.worker_pids("held") == pids
-    assert metric(server, "infergate_worker_restarts_total", model="held") == 0
+    assert metric(server, "infergate_worker_restarts_total", absent=0.0, model="held") == 0
     assert metric(server, "infergate_breaker_state", model="held") == 0
 
 
@@ -310,9 +310,9 @@ def test_rejections_carry_a_reason_code_not_message_text(
     holder.join()
     assert answer[0].status_code == 200
     # "pirate" contains "rate": the reason comes from the exception, not its text.
-    assert metric(server, "infergate_rate_limited_total", tenant="pirate", reason="rate") == 0
-    labels = {"tenant": "pirate", "reason": "concurrency"}
-    assert metric(server, "infergate_rate_limited_total", **labels) == 1
+    rejected = "infergate_rate_limited_total"
+    assert metric(server, rejected, absent=0.0, tenant="pirate", reason="rate") == 0
+    assert metric(server, rejected, tenant="pirate", reason="concurrency") == 1
 
 
 def test_a_tenant_with_rps_0_gets_429_with_a_finite_retry_after(server: ServerProcess) -> None:

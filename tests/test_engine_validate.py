@@ -9,6 +9,7 @@ import pytest
 from infergate.engine.spec import TensorSpec
 from infergate.engine.validate import check_inputs
 from infergate.errors import BadRequest
+from infergate.tensors import Array
 
 SPECS = (TensorSpec("a", "FP32", (-1, -1)), TensorSpec("b", "INT64", (-1, 1)))
 
@@ -18,6 +19,6 @@ def test_an_empty_batch_passes() -> None:
 
 
 def test_an_empty_tensor_that_is_not_an_empty_batch_is_refused() -> None:
-    inputs = {"a": np.zeros((2, 0), np.float32), "b": np.zeros((2, 1), np.int64)}
+    inputs: dict[str, Array] = {"a": np.zeros((2, 0), np.float32), "b": np.zeros((2, 1), np.int64)}
     with pytest.raises(BadRequest, match=r"input 'a' has shape \[2, 0\], which holds no"):
         check_inputs("m", SPECS, inputs)

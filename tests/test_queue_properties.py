@@ -210,18 +210,18 @@ def test_tenants_of_a_class_share_fairly(
     served = [0.0] * 4
     largest = [max((r for t, r in backlog if t == k), default=0) for k in range(4)]
     while True:
-        waiting = {j.fair.tenant for j in queue.waiting()}
+        waiting = {int(j.fair.tenant) for j in queue.waiting()}  # type: ignore[call-overload]
         for a in waiting:
             for b in waiting:
-                gap = served[a] / weights[a] - served[b] / weights[b]  # type: ignore[index]
-                bound = largest[a] / weights[a] + largest[b] / weights[b]  # type: ignore[index]
+                gap = served[a] / weights[a] - served[b] / weights[b]
+                bound = largest[a] / weights[a] + largest[b] / weights[b]
                 assert gap <= bound + 1e-9, (a, b, served)
         taken = queue.take(0.0, may_wait=False)
         if taken is None:
             break
         assert isinstance(taken, list)
         [job] = taken
-        served[job.fair.tenant] += job.rows  # type: ignore[index]
+        served[int(job.fair.tenant)] += job.rows  # type: ignore[call-overload]
 
 
 def test_a_light_tenant_goes_before_a_flooders_backlog() -> None:
