@@ -142,7 +142,7 @@ def in_background(call: Any) -> tuple[threading.Thread, list[Any]]:
 
 
 def queued(server: ServerProcess, model: str) -> float:
-    return metric(server, "infergate_queue_depth", model=model)
+    return metric(server, "infergate_queue_depth", absent=0.0, model=model)
 
 
 def running(server: ServerProcess, model: str) -> bool:
