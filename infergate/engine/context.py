@@ -5,6 +5,7 @@ arguments; a live profile change replaces its settings in place (Engine.apply_pr
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from infergate.clock import Clock, MonotonicClock
 from infergate.engine.breaker import BreakerPolicy
@@ -42,6 +43,7 @@ class EngineContext:
     max_kills: int = 3  # memory kills within kill_window_s before an instance is failed
     kill_window_s: float = 60.0
     worker_nice: int = 10  # how much nicer than the gateway workers run ([devices])
+    store_dir: Path | None = None  # verified copies of model files; None: a temp folder
     stats: RequestStats = field(init=False)
     placer: Placer = field(init=False)
 

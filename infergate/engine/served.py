@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
+from pathlib import Path
 
 from infergate.engine.breaker import Breaker
 from infergate.engine.context import EngineContext
@@ -54,12 +55,18 @@ _MAX_SIGNATURES = 256  # distinct input signatures remembered per version
 
 class ServedVersion:
     def __init__(
-        self, entry: ModelEntry, file: ModelVersionFile, sha256: str, context: EngineContext
+        self,
+        entry: ModelEntry,
+        file: ModelVersionFile,
+        sha256: str,
+        context: EngineContext,
+        stored_path: Path | None = None,
     ) -> None:
         self.name = entry.name
         self.version = file.version
         self.file = file
         self.sha256 = sha256
+        self.stored_path = stored_path  # the verified copy workers load (VerifiedStore)
         self.config: ModelConfig = entry.config
         self.platform = runtime_kind(file.runtime).platform
         self.unavailable = unavailable_reason(file.runtime)
@@ -70,7 +77,7 @@ class ServedVersion:
         spec = WorkerSpec(
             model=entry.name,
             version=file.version,
-            path=file.path,
+            path=stored_path or file.path,
             runtime=file.runtime,
             device=entry.config.device,
             inputs=entry.config.inputs,
