@@ -33,6 +33,7 @@ class ServerSettings:
     trusted_keys: tuple[Path, ...] = ()
     admin_keys: tuple[str, ...] = ()
     allow_anonymous: bool = True
+    max_concurrent_loads: int = 4  # worker processes loading a model at once
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,9 @@ def load_profile(path: Path | None) -> Profile:
         trusted_keys=_key_paths(server, path.parent),
         admin_keys=_key_hashes(server, "admin_keys"),
         allow_anonymous=server.boolean("allow_anonymous", defaults.allow_anonymous),
+        max_concurrent_loads=server.integer(
+            "max_concurrent_loads", defaults.max_concurrent_loads, minimum=1, maximum=256
+        ),
     )
     if settings.require_signed_models and not settings.trusted_keys:
         raise ConfigError(
