@@ -7,7 +7,6 @@ import os
 import resource
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,9 +24,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("faults")
     models = root / "models"
     make_scripted(models / "script" / "1" / "model.scripted", controls=("crash",))
-    make_scripted(
-        models / "wide" / "1" / "model.scripted", controls=(), width=-1, outputs=("y",)
-    )
+    make_scripted(models / "wide" / "1" / "model.scripted", controls=(), width=-1, outputs=("y",))
     profile = write_profile(root, "[server]\nmax_request_mb = 64\n")
     proc = ServerProcess(models, profile, root / "server.log").start()
     yield proc
@@ -48,8 +45,10 @@ def crash(client: httpx.Client, server: ServerProcess) -> None:
     body = scripted_inputs(crash=1)
     assert client.post(f"{server.url}/v2/models/script/infer", json=body).status_code == 503
     wait_for(
-        lambda: server.model("script")["state"] == "ready"
-        and server.worker_pids("script") not in ([], before),
+        lambda: (
+            server.model("script")["state"] == "ready"
+            and server.worker_pids("script") not in ([], before)
+        ),
         "a new worker",
     )
 
@@ -86,8 +85,7 @@ def test_a_worker_that_cannot_start_is_retried_and_health_says_so(
             response = client.post(f"{server.url}/v2/models/script/infer", json=crash_body)
             assert response.status_code == 503
             ready = wait_for(
-                lambda: (r := client.get(f"{server.url}/v2/health/ready")).status_code == 503
-                and r,
+                lambda: (r := client.get(f"{server.url}/v2/health/ready")).status_code == 503 and r,
                 "ready to say 503",
             )
             assert "could not start a worker process" in ready.json()["error"]

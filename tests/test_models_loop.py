@@ -66,9 +66,7 @@ def test_health_stays_fast_while_models_reload_and_workers_die(tmp_path: Path) -
         while True:
             most_workers = max(most_workers, spawned_workers(pid))
             states = {server.model(f"m{i}")["state"] for i in range(MODELS)}
-            events = [
-                e for i in range(MODELS) for e in server.model(f"m{i}")["events"]
-            ]
+            events = [e for i in range(MODELS) for e in server.model(f"m{i}")["events"]]
             reloaded = sum(e["kind"] == "model_ready" for e in events)
             if states == {"ready"} and reloaded >= 2 * MODELS:
                 break
