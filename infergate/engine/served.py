@@ -84,6 +84,7 @@ class ServedVersion:
             outputs=entry.config.outputs,
             threads=entry.config.threads,
             nice=context.worker_nice,
+            warmup=entry.config.warmup,
         )
         self.instances = [Instance(spec, i, context) for i in range(entry.config.instances)]
         self.breaker = Breaker(
