@@ -130,6 +130,11 @@ class Metrics:
             "1 while the models folder is watched for changes, 0 when watching failed",
             registry=self.registry,
         )
+        self.watch_failures = Counter(
+            "infergate_repository_watch_failures",
+            "Attempts to watch the models folder that failed (each is retried)",
+            registry=self.registry,
+        )
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
 
     def child(self, metric: Counter | Histogram, *labels: str) -> Any:
