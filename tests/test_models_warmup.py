@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from infergate.engine.modelconfig import parse_model_config
+from infergate.errors import ConfigError
 from tests.conftest import write_profile
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
@@ -68,3 +71,26 @@ def test_memory_mb_holds_while_a_version_loads(server: ServerProcess) -> None:
     assert "over its memory limit of 100 MB" in model["reason"]
     assert "used" in model["reason"]
     assert not any(e["kind"] == "model_ready" for e in model["events"])
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('[warmup]\ndata = "file"\n', 'data = "file" needs file'),
+        ('[warmup]\ndata = "random"\nlow = 3\nhigh = 1\n', "expected low <= high"),
+        ('[warmup]\nfile = "sample.csv"\n', "expected a .npy, .npz or .json"),
+        ('[warmup]\ndata = "ones"\n', "zeros"),
+    ],
+)
+def test_warmup_mistakes_are_named(tmp_path: Path, table: str, message: str) -> None:
+    path = tmp_path / "model.toml"
+    path.write_text(table)
+    with pytest.raises(ConfigError, match=message):
+        parse_model_config(path)
+
+
+def test_a_sample_file_is_found_beside_model_toml(tmp_path: Path) -> None:
+    path = tmp_path / "model.toml"
+    path.write_text('[warmup]\nfile = "sample.npz"\n')
+    warmup = parse_model_config(path).warmup
+    assert (warmup.data, warmup.file) == ("file", tmp_path / "sample.npz")
