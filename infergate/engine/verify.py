@@ -196,6 +196,23 @@ def check_digest(
         check_signature(model_file, sha, list(policy.trusted_keys))
 
 
+_STORE_PREFIX = "infergate-verified-"
+
+
+def _remove_orphans() -> None:
+    """Stores of gateways that were killed (so never removed theirs): their pid is gone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_STORE_PREFIX}*-*"):
+        pid = folder.name[len(_STORE_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            continue  # alive, or not ours to signal
+
+
 class VerifiedStore:
     """Read-only copies of verified model files, by content: `root/<sha256>/<file name>`.
 
@@ -213,7 +230,9 @@ class VerifiedStore:
     def root(self) -> Path:
         with self._lock:
             if self._root is None:
-                self._root = Path(tempfile.mkdtemp(prefix="infergate-verified-"))
+                _remove_orphans()
+                prefix = f"{_STORE_PREFIX}{os.getpid()}-"
+                self._root = Path(tempfile.mkdtemp(prefix=prefix))
             return self._root
 
     def admit(
