@@ -194,12 +194,7 @@ class RepositoryWatcher:
             return
         self._next_check = now + CHECK_S
         identity = await asyncio.to_thread(self._identity)
-        observer = self._observer
-        alive = (
-            observer is not None
-            and observer.is_alive()
-            and all(e.is_alive() for e in observer.emitters)
-        )
+        alive = self._observer_alive()
         if identity is None or (alive and identity == self._watched):
             return  # gone (its models' files were reported removed), or all is well
         rewatch = self._watched is not None or self._failures > 0
@@ -217,6 +212,15 @@ class RepositoryWatcher:
             names = set(await asyncio.to_thread(self._names))
             for name in names | {r.name for r in self._registry.records()}:
                 self._settler.touched(name)
+
+    def _observer_alive(self) -> bool:
+        observer = self._observer
+        if observer is None or not observer.is_alive():
+            return False
+        try:  # its thread may change the set meanwhile
+            return all(e.is_alive() for e in list(observer.emitters))
+        except RuntimeError:
+            return True  # look again at the next check
 
     def _names(self) -> list[str]:
         try:
