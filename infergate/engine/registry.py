@@ -6,10 +6,13 @@ drain the old, stop it. A failure leaves what serves untouched and says why.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
@@ -18,6 +21,8 @@ from infergate.engine.served import ServedVersion
 from infergate.engine.spec import ModelConfig, ModelEntry, ModelVersionFile
 from infergate.engine.verify import VerificationFailed, VerifiedStore, verify_file
 from infergate.errors import ModelNotFound
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -76,6 +81,13 @@ class Registry:
         self._retiring: set[asyncio.Task[None]] = set()
         self._loading: set[ServedVersion] = set()  # candidates not yet swapped in
         self.store = VerifiedStore(context.store_dir)
+        # Disk work (scans, hashing, copies) runs here, off the loop; two threads, so that
+        # hundreds of models loading at once do not crowd the event loop out of the GIL.
+        self._disk = ThreadPoolExecutor(2, thread_name_prefix="infergate-disk")
+
+    async def _off_loop(self, fn: Callable[..., _T], *args: object) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._disk, functools.partial(fn, *args))
 
     def instances(self) -> Iterator[Instance]:
         """Every instance with (or about to have) a worker: serving and still loading, so
@@ -102,7 +114,7 @@ class Registry:
             ) from None
 
     async def sync_all(self) -> None:
-        names = await asyncio.to_thread(model_names, self.root)
+        names = await self._off_loop(model_names, self.root)
         await asyncio.gather(*(self.sync(name) for name in names))
 
     async def sync(self, name: str, explicit: bool = False) -> ModelRecord | None:
@@ -112,7 +124,7 @@ class Registry:
             record = self._records.get(name)
             if record is not None and record.unloaded and not explicit:
                 return record  # unloaded stays unloaded until someone loads it
-            entry = await asyncio.to_thread(scan_model, self.root, name)
+            entry = await self._off_loop(scan_model, self.root, name)
             if entry is None:
                 if record is not None:
                     self._retire(record, list(record.versions), "its files were removed")
@@ -172,7 +184,7 @@ class Registry:
         pin, policy = entry.config.sha256, self._context.verify
         for file in desired:
             try:
-                sha = await asyncio.to_thread(verify_file, file.path, pin, policy)
+                sha = await self._off_loop(verify_file, file.path, pin, policy)
                 current = record.versions.get(file.version)
                 if not explicit:
                     if current is not None and current.same_as(file, sha, entry.config):
@@ -180,7 +192,7 @@ class Registry:
                     if record.failed_files.get(file.version) == (sha, entry.config):
                         continue  # the same bad file: wait for it to change
                 # Hashed again while copying: the copy's digest is the one that counts.
-                sha, stored = await asyncio.to_thread(self.store.admit, file.path, pin, policy)
+                sha, stored = await self._off_loop(self.store.admit, file.path, pin, policy)
             except (VerificationFailed, OSError) as exc:
                 self._failed(record, file.version, f"verification failed: {exc}")
                 continue
@@ -271,11 +283,12 @@ class Registry:
             await served.stop()
         finally:
             if served.stored_path is not None:
-                await asyncio.to_thread(self.store.release, served.stored_path)
+                await self._off_loop(self.store.release, served.stored_path)
 
     async def stop(self) -> None:
         versions = [v for r in self._records.values() for v in r.versions.values()]
         versions += list(self._loading)
         await asyncio.gather(*(v.stop() for v in versions))
         await asyncio.gather(*self._retiring, return_exceptions=True)
-        await asyncio.to_thread(self.store.close)
+        await self._off_loop(self.store.close)
+        self._disk.shutdown(wait=False)
