@@ -120,6 +120,35 @@ class Metrics:
             ["model"],
             registry=self.registry,
         )
+        # The hardening series (issue 13): the loop's responsiveness, workers that could
+        # not start, and whether the repository is being watched.
+        self.loop_lag = Gauge(
+            "infergate_event_loop_lag_seconds",
+            "How late the gateway's event loop ran a timer, last sample (every 0.25 s)",
+            registry=self.registry,
+        )
+        self.loop_lag_seconds = Histogram(
+            "infergate_event_loop_lag",
+            "How late the gateway's event loop ran a timer, every 0.25 s",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+            registry=self.registry,
+        )
+        self.worker_start_failures = Counter(
+            "infergate_worker_start_failures",
+            "Worker processes that could not be started (out of fds, memory...); retried",
+            ["model"],
+            registry=self.registry,
+        )
+        self.watching = Gauge(
+            "infergate_repository_watching",
+            "1 while the models folder is watched for changes, 0 when watching failed",
+            registry=self.registry,
+        )
+        self.watch_failures = Counter(
+            "infergate_repository_watch_failures",
+            "Attempts to watch the models folder that failed (each is retried)",
+            registry=self.registry,
+        )
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
 
     def child(self, metric: Counter | Histogram, *labels: str) -> Any:

@@ -37,6 +37,7 @@ class ServerSettings:
     # serves many tenants: one tenant's broken model must not pull the whole pod out of
     # its load balancer, so here readiness means "the gateway serves" unless asked.
     strict_readiness: bool = False
+    max_concurrent_loads: int = 4  # worker processes loading a model at once
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,9 @@ def load_profile(path: Path | None) -> Profile:
         admin_keys=_key_hashes(server, "admin_keys"),
         allow_anonymous=server.boolean("allow_anonymous", defaults.allow_anonymous),
         strict_readiness=server.boolean("strict_readiness", defaults.strict_readiness),
+        max_concurrent_loads=server.integer(
+            "max_concurrent_loads", defaults.max_concurrent_loads, minimum=1, maximum=256
+        ),
     )
     if settings.require_signed_models and not settings.trusted_keys:
         raise ConfigError(

@@ -5,6 +5,12 @@ reason (log, event stream, `infergate tenant list` shows the last error) and the
 profile keeps serving. Changes through the admin API are written with tomlkit, which keeps
 the file's comments and layout, to a temporary file that is checked, fsync'd and renamed
 into place: a crash at any moment leaves either the old file or the new one, whole.
+
+A live edit can close doors, never open them: an empty or missing file is rejected, a file
+is applied only once it has stopped changing (half a write is not a profile), and the
+settings that guard access (`admin_keys`, `allow_anonymous`) change live only when they
+tighten access; otherwise they wait for the next start, as the bind address does. File
+reads, writes and fsyncs run in a thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -12,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
+import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import tomlkit
@@ -22,9 +31,50 @@ from infergate.engine.engine import Engine
 from infergate.errors import BadRequest, ConfigError, InfergateError
 from infergate.profile import Profile, load_profile
 
+# (mtime, size, inode) of the file; None when it is missing
+Stamp = tuple[int, int, int] | None
+
 
 class NoProfileFile(InfergateError):
     status = 409
+
+
+def _is_empty(path: Path) -> bool:
+    """Nothing but blank lines and comments: an emptied file, not a profile."""
+    with path.open() as f:
+        return all(not line.strip() or line.lstrip().startswith("#") for line in f)
+
+
+def read_profile(path: Path) -> Profile:
+    """A profile for a live reload; an empty or missing file is refused (ConfigError)."""
+    if not path.exists():
+        raise ConfigError(f"profile {path} is missing")
+    if _is_empty(path):
+        raise ConfigError(f"profile {path} is empty")
+    return load_profile(path)
+
+
+def _tightens(old: tuple[str, ...], new: tuple[str, ...]) -> bool:
+    """Do admin keys `new` let in no one that `old` did not? No keys at all lets everyone
+    in (on a loopback bind), so going from none to some tightens."""
+    return set(new) == set(old) or (bool(new) and (not old or set(new) <= set(old)))
+
+
+def guard_access(current: Profile, new: Profile) -> tuple[Profile, list[str]]:
+    """`new`, with the access settings that would loosen access kept as they are; and
+    the names of those held back until the next start."""
+    now, asked = current.server, new.server
+    held = []
+    keys = asked.admin_keys
+    if not _tightens(now.admin_keys, asked.admin_keys):
+        keys = now.admin_keys
+        held.append("admin_keys")
+    anonymous = asked.allow_anonymous
+    if asked.allow_anonymous and not now.allow_anonymous:
+        anonymous = False
+        held.append("allow_anonymous")
+    server = replace(asked, admin_keys=keys, allow_anonymous=anonymous)
+    return replace(new, server=server), held
 
 
 class ProfileStore:
@@ -37,18 +87,26 @@ class ProfileStore:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
-    def _stat(self) -> tuple[int, int] | None:
+    def _stat(self) -> Stamp:
         if self.path is None:
             return None
         try:
             st = self.path.stat()
         except FileNotFoundError:
             return None
-        return (st.st_mtime_ns, st.st_size)
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def start(self, poll_s: float = 0.5) -> None:
         if self.path is not None:
+            self._clean_temporaries()
             self._task = asyncio.create_task(self._watch(poll_s), name="profile-watcher")
+
+    def _clean_temporaries(self) -> None:
+        """Temporary files an edit left when the process was killed mid-write."""
+        assert self.path is not None
+        with contextlib.suppress(OSError):
+            for tmp in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+                tmp.unlink(missing_ok=True)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -57,32 +115,58 @@ class ProfileStore:
                 await self._task
 
     async def _watch(self, poll_s: float) -> None:
+        seen = self._stamp  # what the last look saw; applied once two looks agree
         while True:
             await asyncio.sleep(poll_s)
-            stamp = self._stat()
-            if stamp != self._stamp and stamp is not None:
-                self._stamp = stamp
-                async with self._lock:
-                    self.reload()
+            stamp = await asyncio.to_thread(self._stat)
+            changed, settled = stamp != self._stamp, stamp == seen
+            seen = stamp
+            if not changed or not settled:
+                continue  # unchanged, or still being written: look again
+            self._stamp = stamp
+            async with self._lock:
+                assert self.path is not None
+                try:
+                    profile = await asyncio.to_thread(read_profile, self.path)
+                except ConfigError as exc:
+                    self._rejected(exc)
+                else:
+                    self._accept(profile)
 
     def reload(self) -> bool:
         """Read the file again; apply it, or keep the last good profile and say why."""
         assert self.path is not None
-        events = self._engine.context.events
         try:
-            profile = load_profile(self.path)
+            profile = read_profile(self.path)
         except ConfigError as exc:
-            self.last_error = str(exc)
-            events.publish("profile_rejected", "", f"{exc}; the last good profile keeps serving")
+            self._rejected(exc)
             return False
-        self._apply(profile)
-        events.publish("profile_applied", "", f"{self.path} applied")
+        self._accept(profile)
         return True
 
+    def _rejected(self, exc: ConfigError) -> None:
+        self.last_error = str(exc)
+        self._engine.context.events.publish(
+            "profile_rejected", "", f"{exc}; the last good profile keeps serving"
+        )
+
+    def _accept(self, profile: Profile) -> None:
+        self._apply(profile)
+        self._engine.context.events.publish("profile_applied", "", f"{self.path} applied")
+
     def _apply(self, profile: Profile) -> None:
+        profile, held = guard_access(self.profile, profile)
+        events = self._engine.context.events
+        if held:
+            events.publish(
+                "profile_restart_needed",
+                "",
+                f"server.{' and server.'.join(held)} changed in a way that opens access; "
+                "that applies at the next start (infergate serve), not live",
+            )
         for table in ("server", "devices"):
             if getattr(profile, table) != getattr(self.profile, table):
-                self._engine.context.events.publish(
+                events.publish(
                     "profile_restart_needed",
                     "",
                     f"[{table}] settings changed; they apply at the next start (infergate serve)",
@@ -100,27 +184,48 @@ class ProfileStore:
                 "start it with --profile FILE (or create profiles/default.toml)"
             )
         async with self._lock:
-            document = (
-                tomlkit.parse(self.path.read_text()) if self.path.exists() else (tomlkit.document())
-            )
-            change(document)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            try:
-                with tmp.open("w") as f:
-                    f.write(tomlkit.dumps(document))
-                    f.flush()
-                    os.fsync(f.fileno())
-                try:
-                    profile = load_profile(tmp)
-                except ConfigError as exc:
-                    raise BadRequest(str(exc).replace(str(tmp), str(self.path))) from None
-                os.replace(tmp, self.path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
+            profile = await asyncio.to_thread(self._write, change)
             self._stamp = self._stat()
             self._apply(profile)
             self._engine.context.events.publish(
                 "profile_applied", "", f"{self.path} changed through the admin API"
             )
             return profile
+
+    def _write(self, change: Callable[[TOMLDocument], None]) -> Profile:
+        """In a thread: read, change, check, write beside, fsync, rename, fsync the folder.
+        The new file keeps the old one's permissions."""
+        path = self.path
+        assert path is not None
+        try:
+            text = path.read_text()
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            raise NoProfileFile(
+                f"the profile file {path} is missing, so this change was not made (writing "
+                "it now would drop every setting and key it held). Hint: restore the file "
+                "(the server keeps serving the last good profile), then try again"
+            ) from None
+        document = tomlkit.parse(text)
+        change(document)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = Path(name)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(tomlkit.dumps(document))
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+                os.fsync(f.fileno())
+            try:
+                profile = load_profile(tmp)
+            except ConfigError as exc:
+                raise BadRequest(str(exc).replace(str(tmp), str(path))) from None
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself survives a power cut
+        finally:
+            os.close(folder)
+        return replace(profile, source=path)

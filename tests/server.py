@@ -20,13 +20,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# `python -m infergate`, with the test runtime imported first. BUG workaround: the runtime
-# registry marks its plugins loaded before importing them, so a thread that looks while
-# another imports sees no scripted runtime ("no model file found"); see
-# test_scripted_runtime.py::test_a_thread_never_sees_the_registry_half_loaded.
-LAUNCH = "import tests.scripted_runtime; from infergate.cli.main import main; main()"
-
-
 class ServerProcess:
     def __init__(
         self, models: Path, profile: Path, log: Path, env: dict[str, str] | None = None
@@ -44,8 +37,8 @@ class ServerProcess:
             self.process = subprocess.Popen(
                 [
                     sys.executable,
-                    "-c",
-                    LAUNCH,
+                    "-m",
+                    "infergate",
                     "serve",
                     "--models",
                     str(self.models),

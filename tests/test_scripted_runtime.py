@@ -64,12 +64,6 @@ def test_the_input_sets_what_the_worker_does(
     assert held[0].status_code == 200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG in infergate/engine/runtimes/__init__.py: _all() sets _plugins_loaded before "
-    "importing the plugins, so a second thread sees the registry without them; tests/server.py "
-    "imports the test plugin first to work around it",
-)
 def test_a_thread_never_sees_the_registry_half_loaded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -147,6 +147,32 @@ def _models(models: Path) -> list[Check]:
     return checks
 
 
+def _watching(models: Path) -> Check:
+    """Can the gateway watch the folder for changes (inotify watches, open files)?"""
+    from watchdog.events import FileSystemEventHandler
+    from watchdog.observers import Observer
+
+    if not models.is_dir():
+        return Check("watching", "fail", f"{models} does not exist, so it cannot be watched")
+    observer = Observer()
+    try:
+        observer.schedule(FileSystemEventHandler(), str(models), recursive=True)
+        observer.start()
+    except Exception as exc:
+        return Check(
+            "watching",
+            "fail",
+            f"cannot watch {models} for changes ({type(exc).__name__}: {exc}): models would "
+            "not reload when their files change. Hint: raise fs.inotify.max_user_watches and "
+            "max_user_instances (sysctl) or the open file limit (ulimit -n)",
+        )
+    finally:
+        observer.stop()
+        if observer.is_alive():
+            observer.join(5)
+    return Check("watching", "ok", f"{models} can be watched for changes")
+
+
 STYLES = {"ok": "green", "warn": "yellow", "fail": "red"}
 
 
@@ -157,7 +183,15 @@ def doctor(
 ) -> None:
     """Check Python, runtimes, GPUs and the models folder; exit 1 if something fails."""
     fmt = chosen_format(fmt, json)
-    checks = [_python(), _onnxruntime(), _torch(), _nvml(), *_devices(), *_models(models)]
+    checks = [
+        _python(),
+        _onnxruntime(),
+        _torch(),
+        _nvml(),
+        *_devices(),
+        *_models(models),
+        _watching(models),
+    ]
     if fmt is Format.json:
         print_json([asdict(c) for c in checks])
     else:

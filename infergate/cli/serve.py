@@ -137,6 +137,7 @@ def serve(
         max_kills=devices.max_kills,
         kill_window_s=devices.kill_window_s,
         worker_nice=devices.worker_nice,
+        max_concurrent_loads=settings.max_concurrent_loads,
     )
     context.tenants = Tenants(
         list(loaded.tenants), settings.admin_keys, settings.allow_anonymous, context.clock

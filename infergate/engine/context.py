@@ -4,7 +4,9 @@ arguments; a live profile change replaces its settings in place (Engine.apply_pr
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from infergate.clock import Clock, MonotonicClock
 from infergate.engine.breaker import BreakerPolicy
@@ -45,12 +47,18 @@ class EngineContext:
     kill_window_s: float = 60.0
     worker_nice: int = 10  # how much nicer than the gateway workers run ([devices])
     worker_factory: WorkerFactory = WorkerHandle  # tests pass in-process fakes
+    store_dir: Path | None = None  # verified copies of model files; None: a temp folder
+    max_concurrent_loads: int = 4  # workers loading at once ([server])
+    load_slots: asyncio.Semaphore = field(init=False)
+    # instance -> why its worker process cannot be started now (/v2/health/ready says so)
+    start_failing: dict[object, str] = field(init=False, default_factory=dict)
     stats: RequestStats = field(init=False)
     placer: Placer = field(init=False)
 
     def __post_init__(self) -> None:
         self.stats = RequestStats(self.clock)
         self.placer = Placer(self.devices)
+        self.load_slots = asyncio.Semaphore(self.max_concurrent_loads)
 
     def breaker_policy(self, model: str, config: ModelConfig) -> BreakerPolicy:
         """Profile defaults, then model.toml's [breaker], then the profile's

@@ -2,21 +2,28 @@
 
 A worker that dies (crash, kill, timeout) is restarted with exponential backoff; the
 backoff resets after the worker has stayed up for a while. A file that never loaded is
-not retried in a loop: the instance is marked failed with the reason.
+not retried in a loop: the instance is marked failed with the reason. A process that could
+not even be started (out of fds, memory, processes: the machine's fault, not the model's)
+is retried with backoff and jitter, each failure an event; a first load gives up after the
+load timeout. At most `max_concurrent_loads` workers load at once, gateway-wide.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import random
 from dataclasses import replace
 from typing import Literal
 
 from infergate.engine.context import EngineContext
 from infergate.engine.placement import Placement
-from infergate.engine.workers.handle import WorkerLoadError
+from infergate.engine.workers.handle import WorkerLoadError, WorkerStartError
 from infergate.engine.workers.messages import Ready, WorkerSpec
 from infergate.engine.workers.protocol import Worker
+
+log = logging.getLogger("infergate.instance")
 
 InstanceState = Literal["loading", "ready", "restarting", "failed", "stopped"]
 
@@ -77,23 +84,78 @@ class Instance:
     async def wait_settled(self) -> None:
         await self._settled.wait()
 
+    @property
+    def _key(self) -> tuple[str, int, int]:
+        return (self.spec.model, self.spec.version, id(self))
+
     async def _supervise(self) -> None:
-        backoff = self._backoff_initial_s
-        ever_ready = False
-        while not self._stopping:
+        try:
+            await self._keep_alive()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must not leave the instance loading for good
+            log.exception("instance %s:%s supervisor failed", self.spec.model, self.index)
+            self._fail(f"internal error supervising the worker: {type(exc).__name__}: {exc}")
+            self._context.events.publish(
+                "model_load_failed", self.spec.model, self.reason or "", self.spec.version
+            )
+        finally:
+            self._context.start_failing.pop(self._key, None)
+
+    async def _start(self) -> tuple[Worker, Ready]:
+        """A started worker, loaded and warm; waits for a load slot first."""
+        async with self._context.load_slots:
             handle = self._context.worker_factory(self.spec)
             self.handle = handle
+            ready = await handle.start(self._load_timeout_s)
+        self._context.start_failing.pop(self._key, None)
+        return handle, ready
+
+    def _start_failed(self, exc: WorkerStartError, backoff: float) -> None:
+        why = f"could not start a worker process ({exc})"
+        self._context.start_failing[self._key] = f"model {self.spec.model!r}: {why}"
+        self._context.metrics.worker_start_failures.labels(self.spec.model).inc()
+        self._context.events.publish(
+            "worker_start_failed",
+            self.spec.model,
+            f"instance {self.index}: {why}; retrying in {backoff:.2f} s",
+            self.spec.version,
+            instance=self.index,
+        )
+        self.reason = f"{why}; retrying"
+
+    async def _keep_alive(self) -> None:
+        backoff = self._backoff_initial_s
+        ever_ready = False
+        first_try = self._clock.now()
+        while not self._stopping:
             try:
-                self.ready_info = await handle.start(self._load_timeout_s)
+                handle, ready = await self._start()
+            except WorkerStartError as exc:
+                self._start_failed(exc, backoff)
+                if not ever_ready and self._clock.now() - first_try >= self._load_timeout_s:
+                    self._fail(
+                        f"no worker process could be started within the load timeout "
+                        f"({self._load_timeout_s:.0f} s): {exc}. Hint: the machine is short of "
+                        "file descriptors, memory or processes; fix that, then infergate model "
+                        f"load {self.spec.model}"
+                    )
+                    return
+                await self._pause(backoff, "restarting" if ever_ready else "loading")
+                backoff = min(backoff * 2, self._backoff_max_s)
+                continue
             except WorkerLoadError as exc:
-                await handle.exited
+                failed = self.handle
+                assert failed is not None
+                await failed.exited
                 if not ever_ready or self._stopping:
                     self._fail(f"load failed: {exc}")
                     return
                 self.reason = f"reload after a crash failed: {exc}"
-                if handle.over_memory and self._too_many_kills():
+                if failed.over_memory and self._too_many_kills():
                     return
             else:
+                self.ready_info = ready
                 ever_ready = True
                 self.state, self.reason = "ready", None
                 if self.placement is not None:
@@ -116,11 +178,16 @@ class Instance:
                     self.spec.version,
                     instance=self.index,
                 )
-            self.state = "restarting"
             self.restarts += 1
-            await asyncio.sleep(backoff)
+            await self._pause(backoff, "restarting")
             backoff = min(backoff * 2, self._backoff_max_s)
         self.state = "stopped"
+
+    async def _pause(self, backoff: float, state: InstanceState) -> None:
+        """Wait before the next try; the jitter keeps many instances that failed together
+        (a shortage hits them all) from retrying in step."""
+        self.state = state
+        await asyncio.sleep(backoff * random.uniform(0.75, 1.25))
 
     def kill_over_memory(self, used_mb: float, limit_mb: int) -> None:
         """The monitor saw this worker past its limit: kill it (its requests get 503)."""

@@ -7,10 +7,12 @@ from pathlib import Path
 from infergate.engine.breaker import TUNABLE
 from infergate.engine.runtimes import runtime_names
 from infergate.engine.spec import (
+    WARMUP_DATA,
     BatchingOverrides,
     ModelConfig,
     TensorSpec,
     VersionPolicy,
+    Warmup,
 )
 from infergate.engine.tomltable import Table, load_toml
 from infergate.errors import ConfigError
@@ -65,6 +67,32 @@ def _breaker(table: Table) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
+def _warmup(table: Table, folder: Path) -> Warmup:
+    """[warmup]: data = "zeros" | "random" | "file" | "none"; low, high; file (beside
+    model.toml, or absolute). A file alone means data = "file"."""
+    file = table.string("file", None)
+    data = table.string("data", "file" if file else "zeros", choices=WARMUP_DATA)
+    low = table.number("low", 0.0)
+    high = table.number("high", 1.0)
+    if low is None or high is None or low > high:
+        raise ConfigError(f"{table.where('low')}: expected low <= high, got {low} > {high}")
+    path = None
+    if data == "file":
+        if file is None:
+            raise ConfigError(
+                f'{table.where("file")}: data = "file" needs file = "sample.npz" (a .npy, '
+                ".npz or V2 JSON request file beside model.toml)"
+            )
+        path = Path(file) if Path(file).is_absolute() else folder / file
+        if path.suffix not in (".npy", ".npz", ".json"):
+            raise ConfigError(
+                f"{table.where('file')}: expected a .npy, .npz or .json (V2 request) file, "
+                f"got {file!r}"
+            )
+    table.reject_unknown()
+    return Warmup(data=data, low=low, high=high, file=path)
+
+
 def parse_model_config(path: Path) -> ModelConfig:
     table = Table(load_toml(path), path)
     runtime = table.string("runtime", None, choices=runtime_names())
@@ -82,6 +110,7 @@ def parse_model_config(path: Path) -> ModelConfig:
         memory_mb=table.integer("memory_mb", None, minimum=1),
         sha256=table.string("sha256", None),
         tenant=table.string("tenant", "default"),
+        warmup=_warmup(table.table("warmup"), path.parent),
     )
     table.reject_unknown()
     return config

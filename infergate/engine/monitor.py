@@ -1,45 +1,81 @@
-"""The memory monitor: samples each worker's memory on its device and kills a worker past
-its limit (the instance restarts it with backoff, or gives up after repeated kills)."""
+"""The monitors: each worker's memory on its device (a worker past its limit is killed, and
+the instance restarts it with backoff, or gives up after repeated kills), from the moment
+it starts loading; and the event loop's own lag, exported as a metric.
+
+Sampling reads /proc or NVML, which can stall, so it runs in a thread; only the kills,
+which touch the instances, run on the loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from infergate.engine.context import EngineContext
+from infergate.engine.instance import Instance
 from infergate.engine.registry import Registry
+
+LAG_INTERVAL_S = 0.25
 
 
 class MemoryMonitor:
     def __init__(self, registry: Registry, context: EngineContext) -> None:
         self._registry = registry
         self._context = context
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="memory-monitor")
+        self._tasks = [
+            asyncio.create_task(self._run(), name="memory-monitor"),
+            asyncio.create_task(self._lag(), name="loop-lag"),
+        ]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
-    def sample(self) -> None:
-        """One look at every worker that has a memory limit."""
+    def _watched(self) -> list[tuple[Instance, int, int]]:
+        """(instance, pid, limit) for every live worker that has a memory limit."""
+        out = []
+        for instance in self._registry.instances():
+            limit = instance.placement.memory_mb if instance.placement else None
+            pid = instance.pid
+            if limit and pid is not None:
+                out.append((instance, pid, limit))
+        return out
+
+    def _usage(self, pids: list[int]) -> list[float | None]:
         backend = self._context.devices
-        for record in self._registry.records():
-            for served in list(record.versions.values()):
-                for instance in served.instances:
-                    limit = instance.placement.memory_mb if instance.placement else None
-                    pid = instance.pid
-                    if not limit or pid is None:
-                        continue
-                    usage = backend.process(pid)
-                    if usage is not None and usage.memory_mb > limit:
-                        instance.kill_over_memory(usage.memory_mb, limit)
+        out: list[float | None] = []
+        for pid in pids:
+            usage = backend.process(pid)
+            out.append(usage.memory_mb if usage is not None else None)
+        return out
+
+    async def sample(self) -> None:
+        """One look at every worker that has a memory limit, loading ones included."""
+        watched = self._watched()
+        if not watched:
+            return
+        used = await asyncio.to_thread(self._usage, [pid for _, pid, _ in watched])
+        for (instance, pid, limit), mb in zip(watched, used, strict=True):
+            if mb is not None and mb > limit and instance.pid == pid:
+                instance.kill_over_memory(mb, limit)
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._context.monitor_interval_s)
-            self.sample()
+            await self.sample()
+
+    async def _lag(self) -> None:
+        """How late a timer fires: the time anything else on the loop waits for its turn.
+        Measured on the wall's monotonic clock on purpose: it is the real loop's lag."""
+        gauge = self._context.metrics.loop_lag
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(LAG_INTERVAL_S)
+            lag = max(0.0, time.monotonic() - before - LAG_INTERVAL_S)
+            gauge.set(lag)
+            self._context.metrics.loop_lag_seconds.observe(lag)

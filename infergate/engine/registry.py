@@ -6,17 +6,24 @@ drain the old, stop it. A failure leaves what serves untouched and says why.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from infergate.engine.config_override import ConfigOverrides
 from infergate.engine.context import EngineContext
+from infergate.engine.instance import Instance
 from infergate.engine.repository import model_names, scan_model
 from infergate.engine.served import ServedVersion
 from infergate.engine.spec import ModelConfig, ModelEntry, ModelVersionFile
-from infergate.engine.verify import VerificationFailed, verify_file
+from infergate.engine.verify import VerificationFailed, VerifiedStore, verify_file
 from infergate.errors import ModelNotFound
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -74,6 +81,24 @@ class Registry:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._retiring: set[asyncio.Task[None]] = set()
         self.overrides = ConfigOverrides()  # Triton's load-time `parameters.config`
+        self._loading: set[ServedVersion] = set()  # candidates not yet swapped in
+        self.store = VerifiedStore(context.store_dir)
+        # Disk work (scans, hashing, copies) runs here, off the loop; two threads, so that
+        # hundreds of models loading at once do not crowd the event loop out of the GIL.
+        self._disk = ThreadPoolExecutor(2, thread_name_prefix="infergate-disk")
+
+    async def _off_loop(self, fn: Callable[..., _T], *args: object) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._disk, functools.partial(fn, *args))
+
+    def instances(self) -> Iterator[Instance]:
+        """Every instance with (or about to have) a worker: serving and still loading, so
+        limits such as memory_mb hold from the first byte a version loads."""
+        for record in list(self._records.values()):
+            for served in list(record.versions.values()):
+                yield from served.instances
+        for served in list(self._loading):
+            yield from served.instances
 
     def records(self) -> list[ModelRecord]:
         return [self._records[k] for k in sorted(self._records)]
@@ -92,7 +117,7 @@ class Registry:
             ) from None
 
     async def sync_all(self) -> None:
-        names = await asyncio.to_thread(model_names, self.root)
+        names = await self._off_loop(model_names, self.root)
         await asyncio.gather(*(self.sync(name) for name in names))
 
     async def sync(self, name: str, explicit: bool = False) -> ModelRecord | None:
@@ -102,7 +127,7 @@ class Registry:
             record = self._records.get(name)
             if record is not None and record.unloaded and not explicit:
                 return record  # unloaded stays unloaded until someone loads it
-            entry = self.overrides.apply(await asyncio.to_thread(scan_model, self.root, name))
+            entry = self.overrides.apply(await self._off_loop(scan_model, self.root, name))
             if entry is None:
                 if record is not None:
                     self._retire(record, list(record.versions), "its files were removed")
@@ -125,8 +150,10 @@ class Registry:
             return  # what serves keeps serving: a broken model.toml replaces nothing
         desired = entry.served_versions()
         record.loading = True
+        candidates: list[ServedVersion] = []
         try:
             candidates = await self._candidates(record, entry, desired, explicit)
+            self._loading.update(candidates)
             for candidate in candidates:
                 candidate.start()
             started = self._context.clock.now()
@@ -134,6 +161,7 @@ class Registry:
             load_s = self._context.clock.now() - started
         finally:
             record.loading = False
+            self._loading.difference_update(candidates)
         for candidate in candidates:
             self._swap_in(record, candidate, load_s)
         wanted = {f.version for f in desired}
@@ -153,23 +181,25 @@ class Registry:
         desired: list[ModelVersionFile],
         explicit: bool,
     ) -> list[ServedVersion]:
-        """Verified new ServedVersions for the files that differ from what serves."""
+        """Verified new ServedVersions for the files that differ from what serves. Each
+        gets its own read-only copy of the bytes that passed (see VerifiedStore)."""
         out = []
+        pin, policy = entry.config.sha256, self._context.verify
         for file in desired:
             try:
-                sha = await asyncio.to_thread(
-                    verify_file, file.path, entry.config.sha256, self._context.verify
-                )
+                sha = await self._off_loop(verify_file, file.path, pin, policy)
+                current = record.versions.get(file.version)
+                if not explicit:
+                    if current is not None and current.same_as(file, sha, entry.config):
+                        continue
+                    if record.failed_files.get(file.version) == (sha, entry.config):
+                        continue  # the same bad file: wait for it to change
+                # Hashed again while copying: the copy's digest is the one that counts.
+                sha, stored = await self._off_loop(self.store.admit, file.path, pin, policy)
             except (VerificationFailed, OSError) as exc:
                 self._failed(record, file.version, f"verification failed: {exc}")
                 continue
-            current = record.versions.get(file.version)
-            if not explicit:
-                if current is not None and current.same_as(file, sha, entry.config):
-                    continue
-                if record.failed_files.get(file.version) == (sha, entry.config):
-                    continue  # the same bad file: wait for it to change
-            out.append(ServedVersion(entry, file, sha, self._context))
+            out.append(ServedVersion(entry, file, sha, self._context, stored_path=stored))
             self._context.events.publish(
                 "model_loading",
                 record.name,
@@ -191,7 +221,7 @@ class Registry:
             reason = candidate.reason or "it did not become ready"
             record.failed_files[version] = (candidate.sha256, candidate.config)
             self._failed(record, version, reason)
-            task = asyncio.create_task(candidate.stop())
+            task = asyncio.create_task(self._stop(candidate))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
             return
@@ -229,7 +259,7 @@ class Registry:
     def _retire_one(self, record: ModelRecord, served: ServedVersion, why: str) -> None:
         async def drain_and_stop() -> None:
             drained = await served.drain(self._context.drain_timeout_s)
-            await served.stop()
+            await self._stop(served)
             self._context.events.publish(
                 "model_version_stopped",
                 record.name,
@@ -248,10 +278,20 @@ class Registry:
             record.versions.clear()
             record.unloaded = True
             await asyncio.gather(*(v.drain(self._context.drain_timeout_s) for v in retiring))
-            await asyncio.gather(*(v.stop() for v in retiring))
+            await asyncio.gather(*(self._stop(v) for v in retiring))
             self._context.events.publish("model_unloaded", name, "drained and stopped")
+
+    async def _stop(self, served: ServedVersion) -> None:
+        try:
+            await served.stop()
+        finally:
+            if served.stored_path is not None:
+                await self._off_loop(self.store.release, served.stored_path)
 
     async def stop(self) -> None:
         versions = [v for r in self._records.values() for v in r.versions.values()]
+        versions += list(self._loading)
         await asyncio.gather(*(v.stop() for v in versions))
         await asyncio.gather(*self._retiring, return_exceptions=True)
+        await self._off_loop(self.store.close)
+        self._disk.shutdown(wait=False)

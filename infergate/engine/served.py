@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
+from pathlib import Path
 
 import numpy as np
 
@@ -56,12 +57,18 @@ _MAX_SIGNATURES = 256  # distinct input signatures remembered per version
 
 class ServedVersion:
     def __init__(
-        self, entry: ModelEntry, file: ModelVersionFile, sha256: str, context: EngineContext
+        self,
+        entry: ModelEntry,
+        file: ModelVersionFile,
+        sha256: str,
+        context: EngineContext,
+        stored_path: Path | None = None,
     ) -> None:
         self.name = entry.name
         self.version = file.version
         self.file = file
         self.sha256 = sha256
+        self.stored_path = stored_path  # the verified copy workers load (VerifiedStore)
         self.config: ModelConfig = entry.config
         self.platform = runtime_kind(file.runtime).platform
         self.unavailable = unavailable_reason(file.runtime)
@@ -72,13 +79,14 @@ class ServedVersion:
         spec = WorkerSpec(
             model=entry.name,
             version=file.version,
-            path=file.path,
+            path=stored_path or file.path,
             runtime=file.runtime,
             device=entry.config.device,
             inputs=entry.config.inputs,
             outputs=entry.config.outputs,
             threads=entry.config.threads,
             nice=context.worker_nice,
+            warmup=entry.config.warmup,
         )
         self.instances = [Instance(spec, i, context) for i in range(entry.config.instances)]
         self.breaker = Breaker(

@@ -46,6 +46,27 @@ class BatchingOverrides:
     max_queue_size: int | None = None
 
 
+WARMUP_DATA = ("zeros", "random", "file", "none")
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """model.toml's [warmup], as Triton's model_warmup: what the worker runs once before
+    it says it is ready. Free dimensions are 1 (zeros, random)."""
+
+    data: str = "zeros"  # zeros, random (in [low, high]), file, none
+    low: float = 0.0
+    high: float = 1.0
+    file: Path | None = None  # .npy (one input), .npz (by input name) or a V2 JSON request
+
+    def describe(self) -> str:
+        if self.data == "random":
+            return f"random values in [{self.low:g}, {self.high:g}], free dimensions 1"
+        if self.data == "file":
+            return f"the sample file {self.file}"
+        return "zeros (empty strings for BYTES), free dimensions 1"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What model.toml says; every field has a default so the file is optional."""
@@ -63,6 +84,7 @@ class ModelConfig:
     memory_mb: int | None = None  # per instance; the worker is killed past it
     tenant: str = "default"  # whose devices and memory quota the instances use
     sha256: str | None = None
+    warmup: Warmup = field(default_factory=Warmup)
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,24 @@ A signature covers the file's SHA256 digest, prefixed with a context string so t
 signature made for something else cannot pass as a model signature:
     ed25519_sign(key, b"infergate-model-v1:" + sha256(file))
 The .sig file holds the 64 signature bytes in base64.
+
+Model files and signatures are read only when they are regular files (a FIFO or a device
+would hang the reading thread), and a signature only up to a few kilobytes. What passed is
+what serves: `VerifiedStore` copies the bytes while hashing them into a read-only,
+content-addressed folder the gateway owns, the checks run on the copy's digest, and workers
+load the copy, so replacing the file on disk afterwards changes nothing that serves.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
+import shutil
+import stat
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +34,7 @@ from infergate.errors import ConfigError
 
 CONTEXT = b"infergate-model-v1:"
 _CHUNK = 1 << 20
+MAX_SIGNATURE_BYTES = 4096  # a signature is 88 bytes of base64; anything huge is not one
 
 
 class VerificationFailed(Exception):
@@ -35,12 +47,45 @@ class TrustedKey:
     key: Ed25519PublicKey
 
 
+def open_regular(path: Path) -> int:
+    """An fd for reading `path`, which must be a regular file (a symlink to one is fine).
+    O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a directory"
+            if stat.S_ISDIR(mode)
+            else ("a device or socket")
+        )
+        raise VerificationFailed(
+            f"{path} is {kind}, not a regular file; it is not read. Hint: put the file itself "
+            "there (a symlink to a regular file is fine)"
+        )
+    os.set_blocking(fd, True)
+    return fd
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def read_signature(sig_file: Path) -> bytes:
+    with os.fdopen(open_regular(sig_file), "rb") as f:
+        raw = f.read(MAX_SIGNATURE_BYTES + 1)
+    if len(raw) > MAX_SIGNATURE_BYTES:
+        raise VerificationFailed(
+            f"{sig_file} is larger than {MAX_SIGNATURE_BYTES} bytes, so it is not a signature "
+            "(one is 88 bytes of base64). Hint: infergate model sign writes one"
+        )
+    return raw
 
 
 def signature_path(model_file: Path) -> Path:
@@ -100,13 +145,15 @@ def sign_file(model_file: Path, key: Ed25519PrivateKey) -> Path:
 def check_signature(model_file: Path, sha256: str, keys: list[TrustedKey]) -> str:
     """The name of the trusted key that signed the file; raises VerificationFailed."""
     sig_file = signature_path(model_file)
-    if not sig_file.exists():
+    try:
+        raw = read_signature(sig_file)
+    except FileNotFoundError:
         raise VerificationFailed(
             f"{model_file} is not signed and the profile requires signed models. "
             f"Hint: infergate model sign {model_file} --key KEY"
-        )
+        ) from None
     try:
-        signature = base64.b64decode(sig_file.read_bytes().strip(), validate=True)
+        signature = base64.b64decode(raw.strip(), validate=True)
     except ValueError:
         raise VerificationFailed(f"{sig_file} is not a base64 signature") from None
     message = CONTEXT + bytes.fromhex(sha256)
@@ -132,6 +179,14 @@ class VerifyPolicy:
 def verify_file(model_file: Path, pinned_sha256: str | None, policy: VerifyPolicy) -> str:
     """SHA256 of the file after every check passed; raises VerificationFailed."""
     sha = sha256_file(model_file)
+    check_digest(model_file, sha, pinned_sha256, policy)
+    return sha
+
+
+def check_digest(
+    model_file: Path, sha: str, pinned_sha256: str | None, policy: VerifyPolicy
+) -> None:
+    """The pin and the signature checks, on a digest already computed."""
     if pinned_sha256 is not None and pinned_sha256.lower() != sha:
         raise VerificationFailed(
             f"{model_file} has SHA256 {sha} but model.toml pins {pinned_sha256}. Hint: update "
@@ -139,4 +194,92 @@ def verify_file(model_file: Path, pinned_sha256: str | None, policy: VerifyPolic
         )
     if policy.require_signed:
         check_signature(model_file, sha, list(policy.trusted_keys))
-    return sha
+
+
+_STORE_PREFIX = "infergate-verified-"
+
+
+def _remove_orphans() -> None:
+    """Stores of gateways that were killed (so never removed theirs): their pid is gone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_STORE_PREFIX}*-*"):
+        pid = folder.name[len(_STORE_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            continue  # alive, or not ours to signal
+
+
+class VerifiedStore:
+    """Read-only copies of verified model files, by content: `root/<sha256>/<file name>`.
+
+    `admit` copies a file while hashing it (one read of the source, so the digest is that
+    of the copy's bytes) and runs the checks on that digest; workers get the copy. Copies
+    are counted per user and removed when the last one releases them. Thread-safe: the
+    copying runs in worker threads."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self._root = root
+        self._users: dict[Path, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def root(self) -> Path:
+        with self._lock:
+            if self._root is None:
+                _remove_orphans()
+                prefix = f"{_STORE_PREFIX}{os.getpid()}-"
+                self._root = Path(tempfile.mkdtemp(prefix=prefix))
+            return self._root
+
+    def admit(
+        self, source: Path, pinned_sha256: str | None, policy: VerifyPolicy
+    ) -> tuple[str, Path]:
+        """(sha256, path of the read-only copy) once every check passed on the copy."""
+        root = self.root
+        digest = hashlib.sha256()
+        fd, tmp_name = tempfile.mkstemp(dir=root, prefix=".incoming-")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(open_regular(source), "rb") as src, os.fdopen(fd, "wb") as dst:
+                while chunk := src.read(_CHUNK):
+                    digest.update(chunk)
+                    dst.write(chunk)
+            sha = digest.hexdigest()
+            check_digest(source, sha, pinned_sha256, policy)
+            folder = root / sha
+            folder.mkdir(mode=0o755, exist_ok=True)
+            target = folder / source.name
+            with self._lock:
+                if target.exists():
+                    tmp.unlink()  # the same bytes are already there
+                else:
+                    os.chmod(tmp, 0o444)
+                    os.replace(tmp, target)
+                self._users[target] = self._users.get(target, 0) + 1
+            return sha, target
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def release(self, path: Path) -> None:
+        """One user of `path` is done with it; the last one removes the copy."""
+        with self._lock:
+            users = self._users.get(path, 0) - 1
+            if users > 0:
+                self._users[path] = users
+                return
+            self._users.pop(path, None)
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # other names with the same bytes remain
+            path.parent.rmdir()
+
+    def close(self) -> None:
+        with self._lock:
+            root, self._root = self._root, None
+            self._users.clear()
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)

@@ -3,25 +3,49 @@
 watchdog reports changes on its own thread; they are handed to the event loop, where a
 Settler waits until the model's files stop changing (size and mtime the same for
 `stable_s`), so a slow copy or a file written in two halves never loads half-written.
+
+The watcher never dies: a file it cannot look at (a symlink loop, a permission error) is
+logged and skipped, any error in a pass is logged and the next pass runs. Every second it
+checks that the folder is still the one watched: a models folder deleted and created again
+is watched again (and every model in it looked at), and a watch that cannot be set up is
+retried with backoff; after a few failures that is an event (`watcher_failed`) and the
+`infergate_repository_watching` gauge reads 0 until a retry succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 from infergate.clock import Clock
 from infergate.engine.context import EngineContext
 from infergate.engine.registry import Registry
-from infergate.engine.repository import is_ignored, model_name_for
+from infergate.engine.repository import is_ignored, model_name_for, model_names
 from infergate.engine.runtimes import model_suffixes
 
+log = logging.getLogger("infergate.watcher")
 Snapshot = tuple[tuple[str, int, int], ...]
+CHECK_S = 1.0  # how often the watch itself is checked
+GIVE_UP_AFTER = 3  # failed attempts to watch before it is reported as failed
+RETRY_MAX_S = 8.0
+
+
+def _stat_row(path: Path, name: str, rows: list[tuple[str, int, int]]) -> None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # a symlink loop, no permission: skip it, say so once per look
+        log.warning("watcher: cannot look at %s (%s); skipped", path, exc.strerror or exc)
+        return
+    rows.append((name, st.st_size, st.st_mtime_ns))
 
 
 def snapshot(root: Path, name: str) -> Snapshot:
@@ -35,14 +59,10 @@ def snapshot(root: Path, name: str) -> Snapshot:
                 if is_ignored(Path(filename)):
                     continue
                 path = Path(dirpath) / filename
-                with contextlib.suppress(FileNotFoundError):
-                    st = path.stat()
-                    rows.append((str(path.relative_to(root)), st.st_size, st.st_mtime_ns))
+                _stat_row(path, str(path.relative_to(root)), rows)
     for suffix in model_suffixes():
         for path in (root / f"{name}{suffix}", root / f"{name}{suffix}.sig"):
-            with contextlib.suppress(FileNotFoundError):
-                st = path.stat()
-                rows.append((path.name, st.st_size, st.st_mtime_ns))
+            _stat_row(path, path.name, rows)
     return tuple(sorted(rows))
 
 
@@ -102,39 +122,158 @@ class RepositoryWatcher:
     ) -> None:
         self._root = root.resolve()
         self._registry = registry
+        self._context = context
         self._settler = Settler(context.clock, stable_s)
         self._poll_s = min(0.1, stable_s / 4)
-        self._observer = Observer()
+        self._observer: BaseObserver | None = None
+        self._handler: _Handler | None = None
+        self._watched: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder watched
+        self._failures = 0
+        self._next_check = 0.0
         self._task: asyncio.Task[None] | None = None
         self._syncs: set[asyncio.Task[object]] = set()
 
+    @property
+    def watching(self) -> bool:
+        return self._observer is not None and self._failures == 0
+
     def start(self) -> None:
-        handler = _Handler(self._root, asyncio.get_running_loop(), self._settler)
-        self._observer.schedule(handler, str(self._root), recursive=True)
-        self._observer.start()
+        self._handler = _Handler(self._root, asyncio.get_running_loop(), self._settler)
+        # Watch before the first scan (the caller scans next), so nothing is missed.
+        try:
+            self._watch(self._identity())
+        except Exception as exc:
+            self._watch_failed(exc)
+        self._next_check = self._context.clock.now() + CHECK_S
         self._task = asyncio.create_task(self._run(), name="watcher")
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._poll_s)
-            pending = self._settler.pending
-            if not pending:
-                continue
-            look = await asyncio.to_thread(self._snapshots, pending)
-            for name in self._settler.poll(look):
-                task: asyncio.Task[object] = asyncio.create_task(self._registry.sync(name))
-                self._syncs.add(task)
-                task.add_done_callback(self._syncs.discard)
+            try:
+                await self._check_watch()
+                await self._settle()
+            except Exception:  # whatever went wrong, the next pass runs
+                log.exception("watcher: a pass failed; carrying on")
+
+    async def _settle(self) -> None:
+        pending = self._settler.pending
+        if not pending:
+            return
+        look = await asyncio.to_thread(self._snapshots, pending)
+        for name in self._settler.poll(look):
+            task: asyncio.Task[object] = asyncio.create_task(self._registry.sync(name))
+            self._syncs.add(task)
+            task.add_done_callback(self._sync_done)
+
+    def _sync_done(self, task: asyncio.Task[object]) -> None:
+        self._syncs.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("watcher: syncing a model failed", exc_info=task.exception())
 
     def _snapshots(self, names: list[str]) -> dict[str, Snapshot]:
-        return {name: snapshot(self._root, name) for name in names}
+        out = {}
+        for name in names:
+            try:
+                out[name] = snapshot(self._root, name)
+            except Exception as exc:  # an unreadable model must not stop the others
+                log.warning("watcher: cannot look at model %s (%s); skipped", name, exc)
+        return out
+
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = self._root.stat()
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    async def _check_watch(self) -> None:
+        """Is the folder still the one watched, by a live observer? If not, watch again."""
+        now = self._context.clock.now()
+        if now < self._next_check:
+            return
+        self._next_check = now + CHECK_S
+        identity = await asyncio.to_thread(self._identity)
+        alive = self._observer_alive()
+        if identity is None or (alive and identity == self._watched):
+            return  # gone (its models' files were reported removed), or all is well
+        rewatch = self._watched is not None or self._failures > 0
+        try:
+            await asyncio.to_thread(self._watch, identity)
+        except Exception as exc:
+            self._watch_failed(exc)
+            return
+        if self._failures >= GIVE_UP_AFTER:
+            self._context.events.publish("watcher_restored", "", f"watching {self._root} again")
+        self._failures = 0
+        self._context.metrics.watching.set(1)
+        if rewatch:
+            log.info("watcher: %s is watched again; looking at every model", self._root)
+            names = set(await asyncio.to_thread(self._names))
+            for name in names | {r.name for r in self._registry.records()}:
+                self._settler.touched(name)
+
+    def _observer_alive(self) -> bool:
+        observer = self._observer
+        if observer is None or not observer.is_alive():
+            return False
+        try:  # its thread may change the set meanwhile
+            return all(e.is_alive() for e in list(observer.emitters))
+        except RuntimeError:
+            return True  # look again at the next check
+
+    def _names(self) -> list[str]:
+        try:
+            return model_names(self._root)
+        except Exception:
+            return []
+
+    def _watch(self, identity: tuple[int, int] | None) -> None:
+        """A fresh observer on the folder (an observer cannot be restarted)."""
+        old, self._observer = self._observer, None
+        if old is not None:
+            old.stop()
+            with contextlib.suppress(RuntimeError):
+                old.join(5)
+        if identity is None:
+            raise FileNotFoundError(f"{self._root} does not exist")
+        assert self._handler is not None
+        observer = Observer()
+        try:
+            observer.schedule(self._handler, str(self._root), recursive=True)
+            observer.start()
+        except BaseException:
+            observer.stop()
+            raise
+        self._observer = observer
+        self._watched = identity
+        self._context.metrics.watching.set(1)
+
+    def _watch_failed(self, exc: Exception) -> None:
+        self._failures += 1
+        self._context.metrics.watch_failures.inc()
+        delay = min(RETRY_MAX_S, 0.5 * 2 ** (self._failures - 1))
+        self._next_check = self._context.clock.now() + delay
+        log.warning("watcher: cannot watch %s: %s; retrying in %.1f s", self._root, exc, delay)
+        if self._failures == GIVE_UP_AFTER:
+            self._context.metrics.watching.set(0)
+            self._context.events.publish(
+                "watcher_failed",
+                "",
+                f"cannot watch {self._root} for changes ({type(exc).__name__}: {exc}); models "
+                "are not reloaded when their files change. Hint: raise the inotify limits "
+                "(sysctl fs.inotify.max_user_watches / max_user_instances) or the open file "
+                "limit; the gateway keeps retrying, and infergate model load still works",
+            )
 
     async def stop(self) -> None:
-        self._observer.stop()
-        await asyncio.to_thread(self._observer.join, 5)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            await asyncio.to_thread(observer.join, 5)
         for task in list(self._syncs):
             task.cancel()

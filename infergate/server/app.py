@@ -69,6 +69,10 @@ def create_app(
     async def ready() -> Response:
         if not engine.ready:
             return error_response(503, "the gateway is still loading its models", 1)
+        failing = engine.context.start_failing
+        if failing:  # the machine, not a model, is at fault: say so, and that it retries
+            why = next(iter(failing.values()))
+            return error_response(503, f"{why}; the gateway keeps retrying", 1)
         if problem := strict_not_ready(engine, strict_readiness):
             return error_response(503, problem)
         return _json({"ready": True})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,7 @@ BUILT_IN = (
 
 _kinds: dict[str, RuntimeKind] = {k.name: k for k in BUILT_IN}
 _plugins_loaded = False
+_plugins_lock = threading.RLock()  # scans run in threads: one imports, the others wait
 
 
 def register(kind: RuntimeKind) -> None:
@@ -76,9 +78,11 @@ def register(kind: RuntimeKind) -> None:
 def _all() -> dict[str, RuntimeKind]:
     global _plugins_loaded
     if not _plugins_loaded:
-        _plugins_loaded = True
-        for module in filter(None, os.environ.get(PLUGINS_ENV, "").split(",")):
-            importlib.import_module(module.strip())  # it calls register()
+        with _plugins_lock:
+            if not _plugins_loaded:
+                for module in filter(None, os.environ.get(PLUGINS_ENV, "").split(",")):
+                    importlib.import_module(module.strip())  # it calls register()
+                _plugins_loaded = True
     return _kinds
 
 

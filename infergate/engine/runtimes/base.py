@@ -5,11 +5,15 @@ Runtimes live only in worker processes; the gateway never imports onnxruntime or
 
 from __future__ import annotations
 
-from typing import Protocol
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
-from infergate.engine.spec import TensorSpec
+from infergate.engine.spec import TensorSpec, Warmup
 from infergate.tensors import Array, numpy_dtype
 
 
@@ -44,3 +48,96 @@ def sample_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, Array]:
         else:
             out[spec.name] = np.zeros(shape, dtype=numpy_dtype(spec.datatype))
     return out
+
+
+class WarmupInputError(ValueError):
+    """The warm-up sample file cannot give the model's inputs; the message says why."""
+
+
+def warmup_inputs(specs: tuple[TensorSpec, ...], warmup: Warmup) -> dict[str, Array] | None:
+    """The inputs model.toml's [warmup] asks for; None: no warm-up run."""
+    if warmup.data == "none":
+        return None
+    if warmup.data == "random":
+        return _random_inputs(specs, warmup.low, warmup.high)
+    if warmup.data == "file":
+        assert warmup.file is not None  # modelconfig requires it
+        return _file_inputs(specs, warmup.file)
+    return sample_inputs(specs)
+
+
+def _random_inputs(specs: tuple[TensorSpec, ...], low: float, high: float) -> dict[str, Array]:
+    rng = np.random.default_rng(0)  # the same input every time: a failure reproduces
+    out: dict[str, Array] = {}
+    for spec in specs:
+        shape = tuple(1 if d < 0 else d for d in spec.shape)
+        if spec.datatype == "BYTES":
+            numbers = rng.integers(int(low), int(high) + 1, size=shape)
+            out[spec.name] = np.vectorize(lambda v: str(v).encode(), otypes=[object])(numbers)
+        elif spec.datatype == "BOOL":
+            out[spec.name] = rng.random(shape) < 0.5
+        else:
+            dtype = numpy_dtype(spec.datatype)
+            values: Array = (
+                rng.integers(int(np.ceil(low)), int(np.floor(high)) + 1, size=shape)
+                if np.issubdtype(dtype, np.integer)
+                else rng.uniform(low, high, size=shape)
+            )
+            out[spec.name] = values.astype(dtype)
+    return out
+
+
+def _file_inputs(specs: tuple[TensorSpec, ...], path: Path) -> dict[str, Array]:
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise WarmupInputError(f"warm-up file {path} is not a regular file")
+    except FileNotFoundError:
+        raise WarmupInputError(f"warm-up file {path} does not exist") from None
+    names = [s.name for s in specs]
+    arrays: dict[str, Any]
+    if path.suffix == ".npy":
+        if len(specs) != 1:
+            raise WarmupInputError(
+                f"warm-up file {path} holds one array but the model has inputs "
+                f"{', '.join(names)}; use a .npz with one array per input name"
+            )
+        arrays = {names[0]: np.load(path, allow_pickle=False)}
+    elif path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    else:
+        arrays = _v2_json(path)
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise WarmupInputError(
+            f"warm-up file {path} has no {', '.join(missing)}; it has "
+            f"{', '.join(sorted(arrays)) or 'nothing'}"
+        )
+    out: dict[str, Array] = {}
+    for spec in specs:
+        value = np.asarray(arrays[spec.name])
+        if spec.datatype != "BYTES":
+            value = value.astype(numpy_dtype(spec.datatype))
+        out[spec.name] = value
+    return out
+
+
+def _v2_json(path: Path) -> dict[str, Any]:
+    """The inputs of a V2 (KServe) JSON inference request."""
+    try:
+        body = json.loads(path.read_text())
+        arrays = {}
+        for item in body["inputs"]:
+            if item["datatype"] == "BYTES":
+                flat = [v.encode() if isinstance(v, str) else bytes(v) for v in item["data"]]
+                array = np.empty(len(flat), dtype=object)
+                array[:] = flat
+            else:
+                array = np.asarray(item["data"], dtype=numpy_dtype(item["datatype"]))
+            arrays[item["name"]] = array.reshape(item["shape"])
+        return arrays
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WarmupInputError(
+            f"warm-up file {path} is not a V2 JSON request "
+            f'({{"inputs": [{{"name", "datatype", "shape", "data"}}]}}): {exc}'
+        ) from None

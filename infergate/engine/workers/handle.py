@@ -1,7 +1,12 @@
 """One worker process as the gateway's event loop sees it.
 
 Replies are futures keyed by call id, read off the pipe by a loop reader (no threads);
-when the pipe hits EOF the worker is gone and every future it held fails at once.
+when the pipe hits EOF the worker is gone and every future it held fails once the process
+is reaped, which the loop learns from the process's sentinel (never a blocking join).
+
+The pipe is read without blocking, whatever the loop (uvloop makes the fd non-blocking
+anyway): `_Frames` reads what is there and cuts multiprocessing's frames out of it, so a
+reply of any size arrives in pieces without stalling the loop or being taken for EOF.
 
 A call is sent synchronously (`begin`) and awaited separately (`wait`), and whoever sends
 it may pass `on_reply`, which runs inside the pipe reader the moment the reply is read,
@@ -16,6 +21,8 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import os
+import struct
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -44,10 +51,64 @@ from infergate.tensors import Array, from_wire
 log = logging.getLogger("infergate.workers")
 _SPAWN = multiprocessing.get_context("spawn")
 INITIAL_ARENA = 1 << 20
+_READ = 1 << 20  # bytes asked of the pipe per read
+_LINGER_S = 5.0  # a worker whose pipe closed but which has not exited is killed after this
 
 
 class WorkerLoadError(Exception):
     """The worker could not load its model; the message says why."""
+
+
+class WorkerStartError(Exception):
+    """The worker process could not be started (out of fds, memory, processes...)."""
+
+
+class SharedMemoryUnavailable(WorkerFailed):
+    """A request's tensors need a larger arena and the system would not give one (503)."""
+
+
+class _Frames:
+    """multiprocessing.Connection's framing (a "!i" length, or -1 then a "!Q" length,
+    then the bytes), read from a non-blocking fd as the bytes come."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = bytearray()
+
+    def read(self) -> tuple[list[bytes], bool]:
+        """The whole frames that arrived, and whether the other end closed."""
+        eof = False
+        while True:
+            try:
+                chunk = os.read(self._fd, _READ)
+            except BlockingIOError:
+                break
+            if not chunk:
+                eof = True
+                break
+            self._buf += chunk
+            if len(chunk) < _READ:
+                break  # drained; the loop calls again when more comes
+        return self._cut(), eof
+
+    def _cut(self) -> list[bytes]:
+        buf, pos, frames = self._buf, 0, []
+        with memoryview(buf) as view:
+            while len(buf) - pos >= 4:
+                (size,) = struct.unpack_from("!i", buf, pos)
+                head = 4
+                if size == -1:
+                    if len(buf) - pos < 12:
+                        break
+                    (size,) = struct.unpack_from("!Q", buf, pos + 4)
+                    head = 12
+                if len(buf) - pos - head < size:
+                    break
+                frames.append(bytes(view[pos + head : pos + head + size]))
+                pos += head + size
+        if pos:
+            del buf[:pos]
+        return frames
 
 
 class WorkerHandle:
@@ -58,45 +119,84 @@ class WorkerHandle:
         self._loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Ready] = self._loop.create_future()
         self.exited: asyncio.Future[None] = self._loop.create_future()
-        self._in = OwnedArena(INITIAL_ARENA)
-        self._out = OwnedArena(INITIAL_ARENA)
-        self._conn: Connection
-        self._process: BaseProcess
+        self._in: OwnedArena | None = None
+        self._out: OwnedArena | None = None
+        self._conn: Connection | None = None
+        self._frames: _Frames | None = None
+        self._process: BaseProcess | None = None
+        self._pid: int | None = None
+        self._reaping = False
+        self._linger: asyncio.TimerHandle | None = None
         self.death_reason = "the worker exited"
         self.over_memory = False
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid
+        return self._pid
 
     @property
     def alive(self) -> bool:
         return not self.exited.done()
 
     async def start(self, timeout_s: float) -> Ready:
-        """Spawn the process and wait until its model is loaded and warmed up."""
-        self._conn, child = _SPAWN.Pipe(duplex=True)
-        self._process = _SPAWN.Process(
-            target=worker_main,
-            args=(child, self.spec),
-            name=f"infergate-worker:{self.spec.model}:{self.spec.version}",
-            daemon=True,
-        )
-        self._process.start()
-        child.close()
-        self._loop.add_reader(self._conn.fileno(), self._on_readable)
+        """Spawn the process and wait until its model is loaded and warmed up. Raises
+        WorkerStartError when the process could not even be started (nothing is left
+        open), WorkerLoadError when it started and did not load."""
+        try:
+            self._spawn()
+        except Exception as exc:
+            self._discard()
+            raise WorkerStartError(f"{type(exc).__name__}: {exc}") from exc
         try:
             return await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
         except TimeoutError:
             self.kill(f"it did not finish loading within {timeout_s:.0f} s")
             raise WorkerLoadError(f"loading took longer than {timeout_s:.0f} s") from None
 
-    def _on_readable(self) -> None:
+    def _spawn(self) -> None:
+        self._in = OwnedArena(INITIAL_ARENA)
+        self._out = OwnedArena(INITIAL_ARENA)
+        self._conn, child = _SPAWN.Pipe(duplex=True)
         try:
-            while self._conn.poll():
-                self._dispatch(decode(self._conn.recv_bytes()))
+            self._process = _SPAWN.Process(
+                target=worker_main,
+                args=(child, self.spec),
+                name=f"infergate-worker:{self.spec.model}:{self.spec.version}",
+                daemon=True,
+            )
+            self._process.start()
+        finally:
+            child.close()
+        self._pid = self._process.pid
+        fd = self._conn.fileno()
+        os.set_blocking(fd, False)
+        self._frames = _Frames(fd)
+        self._loop.add_reader(fd, self._on_readable)
+
+    def _discard(self) -> None:
+        """Release what a failed spawn had opened."""
+        for arena in (self._in, self._out):
+            if arena is not None:
+                arena.close()
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None and self._process.pid is not None:
+            with contextlib.suppress(Exception):
+                self._process.kill()
+                self._process.join(1.0)
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def _on_readable(self) -> None:
+        assert self._frames is not None
+        try:
+            frames, eof = self._frames.read()
+            for frame in frames:
+                self._dispatch(decode(frame))
         except (EOFError, OSError):
-            self._on_exit()
+            eof = True
+        if eof:
+            self._on_eof()
 
     def _dispatch(self, message: object) -> None:
         if isinstance(message, Ready):
@@ -126,21 +226,50 @@ class WorkerHandle:
             raise ModelExecutionError(
                 f"model {self.spec.model!r} version {self.spec.version} failed: {reply.reason}"
             )
+        assert self._out is not None
         if reply.inline is not None:
-            self._out.close()
-            self._out = OwnedArena(reply.needed * 2)
+            try:  # next time the outputs fit; if the system says no, they come inline again
+                grown = OwnedArena(reply.needed * 2)
+            except OSError as exc:
+                log.warning("worker pid %s: output arena not grown: %s", self.pid, exc)
+            else:
+                self._out.close()
+                self._out = grown
             return {
                 r.name: from_wire(reply.inline[r.name], r.datatype, r.shape) for r in reply.outputs
             }
         return {r.name: read_tensor(self._out.buf, r, copy=True) for r in reply.outputs}
 
+    def _on_eof(self) -> None:
+        """The pipe closed: the worker is exiting. Wait for its sentinel to learn how."""
+        if self._reaping or self.exited.done():
+            return
+        self._reaping = True
+        assert self._conn is not None
+        assert self._process is not None
+        self._loop.remove_reader(self._conn.fileno())
+        self._conn.close()
+        self._loop.add_reader(self._process.sentinel, self._on_exit)
+        self._linger = self._loop.call_later(_LINGER_S, self._kill_lingering)
+
+    def _kill_lingering(self) -> None:
+        if self._process is not None and not self.exited.done():
+            self.kill(f"it closed its pipe but did not exit within {_LINGER_S:.0f} s")
+
     def _on_exit(self) -> None:
         if self.exited.done():
             return
-        self._loop.remove_reader(self._conn.fileno())
-        self._conn.close()
-        self._process.join(timeout=1.0)  # EOF means it is exiting; reap it for the exit code
+        assert self._process is not None
+        self._loop.remove_reader(self._process.sentinel)
+        self._process.join(0)  # never blocks
         code = self._process.exitcode
+        if code is None:
+            # The kernel closes a dying process's fds a moment before it can be reaped.
+            self._loop.call_later(0.002, self._on_exit)
+            return
+        if self._linger is not None:
+            self._linger.cancel()
+        self._process.close()  # its pipe fds now, not at some later garbage collection
         how = (
             f"was killed by signal {-code}"
             if code is not None and code < 0
@@ -159,8 +288,9 @@ class WorkerHandle:
             if not call.future.done():
                 call.future.set_exception(error)
         self._pending.clear()
-        self._in.close()
-        self._out.close()
+        for arena in (self._in, self._out):
+            if arena is not None:
+                arena.close()
         self.exited.set_result(None)
 
     def kill_over_memory(self, why: str) -> None:
@@ -168,17 +298,22 @@ class WorkerHandle:
         self.kill(why)
 
     def kill(self, why: str) -> None:
-        """SIGKILL the worker; its futures fail when the pipe reports EOF."""
+        """SIGKILL the worker; its futures fail once the sentinel says it is gone."""
         self.death_reason = f"worker pid {self.pid} was killed: {why}"
-        if self._process.is_alive():
-            self._process.kill()
+        if self._process is not None and not self.exited.done() and self._pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, 9)  # not reaped yet (exited is set then), so still ours
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Ask the worker to exit after its current call; kill it if it does not."""
         if not self.alive:
             return
-        with contextlib.suppress(OSError):
-            self._conn.send_bytes(encode(Stop()))
+        if self._process is None:  # never spawned
+            self.exited.set_result(None)
+            return
+        if self._conn is not None and not self._reaping:
+            with contextlib.suppress(OSError):
+                self._conn.send_bytes(encode(Stop()))
         try:
             await asyncio.wait_for(asyncio.shield(self.exited), grace_s)
         except TimeoutError:
@@ -195,10 +330,21 @@ class WorkerHandle:
         has one pair of arenas); `on_reply` runs as soon as the reply is read."""
         if not self.alive:
             raise WorkerFailed(f"{self.death_reason}; it is being restarted. Hint: retry shortly")
+        assert self._in is not None
+        assert self._out is not None
+        assert self._conn is not None
         needed = layout_size(inputs)
         if needed > self._in.size:
+            try:  # the new arena first: if the system says no, the old one still serves
+                grown = OwnedArena(needed * 2)
+            except OSError as exc:
+                raise SharedMemoryUnavailable(
+                    f"model {self.spec.model!r}: this request needs {needed * 2 / 2**20:.0f} MB "
+                    f"of shared memory and the system refused it ({exc}). Hint: retry later "
+                    "or send a smaller batch; /dev/shm may be full or limited"
+                ) from None
             self._in.close()
-            self._in = OwnedArena(needed * 2)
+            self._in = grown
         refs = write_tensors(self._in.buf, inputs)
         call = InferCall(
             next(self._ids), self._in.name, self._out.name, self._out.size, refs, tuple(outputs)

@@ -8,7 +8,7 @@ import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
-from infergate.engine.spec import RuntimeName, TensorSpec
+from infergate.engine.spec import RuntimeName, TensorSpec, Warmup
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class WorkerSpec:
     env: tuple[tuple[str, str], ...] = ()  # set before the runtime loads (CUDA_VISIBLE_DEVICES)
     cpus: tuple[int, ...] | None = None  # CPU affinity, for CPU workers
     nice: int = 0  # added to the gateway's niceness: the gateway goes first on a busy CPU
+    warmup: Warmup = Warmup()  # what the worker runs before it says it is ready
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from infergate.engine.runtimes import open_runtime
-from infergate.engine.runtimes.base import Runtime, sample_inputs
+from infergate.engine.runtimes.base import Runtime, WarmupInputError, warmup_inputs
 from infergate.engine.spec import TensorSpec
 from infergate.engine.workers.messages import (
     InferCall,
@@ -56,9 +56,36 @@ def _load(spec: WorkerSpec) -> Runtime:
     )
     _check_declared("inputs", spec.inputs, runtime.inputs)
     _check_declared("outputs", spec.outputs, runtime.outputs)
-    warm = sample_inputs(runtime.inputs)
-    runtime.run(warm, [o.name for o in runtime.outputs])
+    _warm_up(runtime, spec)
     return runtime
+
+
+class WarmupFailed(Exception):
+    """The gateway's warm-up input made the model fail (not necessarily the model's fault)."""
+
+
+_WARMUP_HINT = (
+    'Hint: choose the warm-up in model.toml\'s [warmup]: data = "random" with low and '
+    'high, file = "sample.npz" beside model.toml (.npy, .npz or a V2 JSON request), or '
+    'data = "none"'
+)
+
+
+def _warm_up(runtime: Runtime, spec: WorkerSpec) -> None:
+    try:
+        inputs = warmup_inputs(runtime.inputs, spec.warmup)
+    except WarmupInputError as exc:
+        raise WarmupFailed(f"{exc}. {_WARMUP_HINT}") from None
+    if inputs is None:
+        return
+    try:
+        runtime.run(inputs, [o.name for o in runtime.outputs])
+    except Exception as exc:
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        raise WarmupFailed(
+            f"the model failed on the gateway's warm-up input ({spec.warmup.describe()}), "
+            f"not on a request: {type(exc).__name__}: {detail}. {_WARMUP_HINT}"
+        ) from None
 
 
 class _Arenas:

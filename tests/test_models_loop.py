@@ -1,0 +1,155 @@
+"""Nothing on the event loop waits for a process or a disk: health answers fast while
+many models reload and workers are killed, and only so many workers load at once."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tests.conftest import write_profile
+from tests.scripted_runtime import make_scripted, scripted_inputs
+from tests.server import ServerProcess
+
+MODELS = 10
+LIMIT = 2
+
+# Probes health in a process of its own, so that what the test does meanwhile (psutil,
+# admin calls) does not delay the probe and count against the gateway.
+PROBE = """
+import sys, time, httpx
+url, stop = sys.argv[1], sys.argv[2]
+out = []
+with httpx.Client(timeout=10) as client:
+    client.get(url)  # connect first: the connection is not what is measured
+    while True:
+        started = time.perf_counter()
+        assert client.get(url).status_code == 200
+        out.append(time.perf_counter() - started)
+        try:
+            open(stop).close()
+            break
+        except FileNotFoundError:
+            time.sleep(0.02)
+print(repr(out))
+"""
+
+
+class Prober:
+    def __init__(self, url: str, folder: Path) -> None:
+        self._stop = folder / "stop-probing"
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", PROBE, f"{url}/v2/health/live", str(self._stop)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def latencies(self) -> list[float]:
+        self._stop.touch()
+        out, _ = self._process.communicate(timeout=60)
+        return list(ast.literal_eval(out))
+
+
+def spawned_workers(server_pid: int) -> int:
+    children = psutil.Process(server_pid).children()
+    count = 0
+    for child in children:
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                count += 1
+        except psutil.Error:
+            continue
+    return count
+
+
+def test_health_stays_fast_while_models_reload_and_workers_die(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    files = [
+        make_scripted(models / f"m{i}" / "1" / "model.scripted", controls=("crash",), load_ms=300)
+        for i in range(MODELS)
+    ]
+    profile = write_profile(
+        tmp_path, f"[server]\nfile_stable_s = 0.1\nmax_concurrent_loads = {LIMIT}\n"
+    )
+    server = ServerProcess(models, profile, tmp_path / "server.log").start()
+    assert server.process is not None
+    pid = server.process.pid
+    most_workers = 0
+    prober = Prober(server.url, tmp_path)
+    try:
+        for path in files:  # every model gets a new file: ten reloads
+            path.write_text(path.read_text() + "# new\n")
+        for i in range(0, MODELS, 2):  # and half the serving workers die meanwhile
+            body = scripted_inputs(crash=1)
+            httpx.post(f"{server.url}/v2/models/m{i}/infer", json=body, timeout=30)
+        deadline = time.monotonic() + 120
+        while True:
+            most_workers = max(most_workers, spawned_workers(pid))
+            states = {server.model(f"m{i}")["state"] for i in range(MODELS)}
+            events = [e for i in range(MODELS) for e in server.model(f"m{i}")["events"]]
+            reloaded = sum(e["kind"] == "model_ready" for e in events)
+            if states == {"ready"} and reloaded >= 2 * MODELS:
+                break
+            assert time.monotonic() < deadline, (states, reloaded)
+            time.sleep(0.05)
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    finally:
+        latencies = prober.latencies()
+        server.stop()
+    assert len(latencies) > 20
+    assert max(latencies) < 0.1, sorted(latencies)[-5:]
+    # Serving workers plus at most LIMIT loading ones (restarts take a slot too).
+    assert most_workers <= MODELS + LIMIT
+    assert "infergate_event_loop_lag_seconds" in metrics
+
+
+def test_health_answers_fast_with_two_hundred_models_loading(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    for i in range(200):
+        make_scripted(models / f"m{i:03}" / "1" / "model.scripted", controls=())
+    profile = write_profile(tmp_path, f"[server]\nmax_concurrent_loads = {LIMIT}\n")
+    server = ServerProcess(models, profile, tmp_path / "server.log")
+    with server.log.open("ab") as log:
+        server.process = subprocess.Popen(
+            [sys.executable, "-m", "infergate", "serve", "--models", str(models)]
+            + ["--profile", str(profile), "--port", str(server.port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    most_loading = 0
+    latencies: list[float] = []
+    try:
+        with httpx.Client(timeout=10) as client:
+            deadline = time.monotonic() + 60
+            while True:  # up, not ready: the models are loading
+                assert time.monotonic() < deadline, server.log.read_text()
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"{server.url}/v2/health/live").status_code == 200:
+                        break
+                time.sleep(0.05)
+            prober = Prober(server.url, tmp_path)
+            loaded = 0
+            while loaded < 6:  # a few loads' worth of time, 194 models still waiting
+                # Workers first, then the ready ones: no worker dies here, so the
+                # difference is at most the workers loading when they were counted.
+                workers = spawned_workers(server.process.pid)
+                index = client.post(f"{server.url}/v2/repository/index").json()
+                loaded = sum(m.get("state") == "READY" for m in index)
+                most_loading = max(most_loading, workers - loaded)
+                time.sleep(0.05)
+            latencies = prober.latencies()
+            assert client.get(f"{server.url}/v2/health/ready").status_code == 503
+    finally:
+        started = time.monotonic()
+        server.stop()
+        stop_s = time.monotonic() - started
+    assert max(latencies) < 0.1, sorted(latencies)[-5:]
+    assert most_loading <= LIMIT
+    assert stop_s < 15  # 194 waiting loads do not hold up the shutdown

@@ -1,0 +1,140 @@
+"""What was verified is what serves: workers load a read-only copy of the bytes that
+passed, and only regular files (with a size cap on signatures) are ever read."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infergate.engine.verify import (
+    MAX_SIGNATURE_BYTES,
+    VerificationFailed,
+    VerifiedStore,
+    VerifyPolicy,
+    generate_key,
+    load_public_key,
+    verify_file,
+)
+from tests.conftest import write_profile
+from tests.scripted_runtime import make_scripted, scripted_inputs
+from tests.server import ServerProcess
+
+
+def test_a_fifo_is_refused_at_once_not_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    with pytest.raises(VerificationFailed, match="is a FIFO, not a regular file"):
+        verify_file(fifo, None, VerifyPolicy())  # returns at once: no writer is awaited
+
+
+def test_a_signature_must_be_a_small_regular_file(tmp_path: Path) -> None:
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"bytes")
+    policy = VerifyPolicy(True, (load_public_key(generate_key(tmp_path / "k.key")),))
+    sig = tmp_path / "model.onnx.sig"
+    with sig.open("wb") as f:
+        f.truncate(1 << 30)  # 1 GB, sparse: it must not be read into memory
+    with pytest.raises(VerificationFailed, match=f"larger than {MAX_SIGNATURE_BYTES} bytes"):
+        verify_file(model, None, policy)
+    sig.unlink()
+    os.mkfifo(sig)
+    with pytest.raises(VerificationFailed, match="is a FIFO"):
+        verify_file(model, None, policy)
+
+
+def test_the_store_keeps_the_bytes_that_passed(tmp_path: Path) -> None:
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"good bytes")
+    store = VerifiedStore(tmp_path / "store")
+    (tmp_path / "store").mkdir()
+    sha, copy = store.admit(model, None, VerifyPolicy())
+    assert sha == hashlib.sha256(b"good bytes").hexdigest()
+    model.write_bytes(b"evil bytes")  # replaced after verification
+    assert copy.read_bytes() == b"good bytes"
+    assert copy.stat().st_mode & 0o777 == 0o444
+    with pytest.raises(VerificationFailed, match="pins"):
+        store.admit(model, sha, VerifyPolicy())  # the copy's digest is what is checked
+    assert sorted(p.name for p in (tmp_path / "store").rglob("*")) == [sha, "model.onnx"]
+    store.release(copy)
+    assert not copy.exists()
+
+
+@pytest.fixture
+def pinned(tmp_path: Path) -> Iterator[tuple[ServerProcess, Path]]:
+    models = tmp_path / "models"
+    path = make_scripted(models / "pinned" / "1" / "model.scripted", controls=("crash",))
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    (models / "pinned" / "model.toml").write_text(f'sha256 = "{sha}"\ninstances = 2\n')
+    profile = write_profile(tmp_path, "[server]\nfile_stable_s = 0.1\n")
+    proc = ServerProcess(models, profile, tmp_path / "server.log")
+    yield proc.start(), path
+    proc.stop()
+
+
+def infer(server: ServerProcess, name: str, **controls: int) -> httpx.Response:
+    body = scripted_inputs(rows=1, **controls)
+    return httpx.post(f"{server.url}/v2/models/{name}/infer", json=body, timeout=30)
+
+
+def test_a_replaced_file_never_serves_even_after_restarts(
+    pinned: tuple[ServerProcess, Path],
+) -> None:
+    server, path = pinned
+    verified = hashlib.sha256(path.read_bytes()).hexdigest()
+    # The file is replaced on disk: the pin refuses it, and restarts load the copy.
+    path.write_text(path.read_text() + 'load_fail = "the tampered bytes were loaded"\n')
+    deadline = time.monotonic() + 30
+    while "pins" not in str(server.model("pinned")["failures"]):
+        assert time.monotonic() < deadline, server.model("pinned")
+        time.sleep(0.05)
+    before = set(server.worker_pids("pinned"))
+    # Retried once on the sibling, the request ends both workers.
+    assert infer(server, "pinned", crash=1).status_code == 503
+    deadline = time.monotonic() + 60
+    while True:
+        model = server.model("pinned")
+        pids = set(server.worker_pids("pinned"))
+        states = [i["state"] for v in model["versions"] for i in v["instances"]]
+        if states == ["ready", "ready"] and not pids & before:
+            break
+        assert "tampered" not in str(model), model
+        assert time.monotonic() < deadline, model
+        time.sleep(0.05)
+    assert infer(server, "pinned", crash=0).status_code == 200
+    meta = httpx.get(f"{server.url}/v2/models/pinned", timeout=5).json()
+    assert meta["parameters"]["sha256"] == verified
+
+
+def test_fifo_signatures_fail_and_do_not_block_shutdown(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    for i in range(8):
+        make_scripted(models / f"m{i}" / "1" / "model.scripted")
+        os.mkfifo(models / f"m{i}" / "1" / "model.scripted.sig")
+    make_scripted(models / "huge" / "1" / "model.scripted")
+    with (models / "huge" / "1" / "model.scripted.sig").open("wb") as f:
+        f.truncate(1 << 30)
+    generate_key(tmp_path / "team.key")
+    profile = write_profile(
+        tmp_path, '[server]\nrequire_signed_models = true\ntrusted_keys = ["team.key.pub"]\n'
+    )
+    proc = ServerProcess(models, profile, tmp_path / "server.log").start()
+    try:
+        for i in range(8):
+            model = proc.wait_model_state(f"m{i}", "failed", timeout_s=30)
+            assert "is a FIFO, not a regular file" in model["reason"]
+        huge = proc.wait_model_state("huge", "failed", timeout_s=30)
+        assert f"larger than {MAX_SIGNATURE_BYTES} bytes" in huge["reason"]
+    finally:
+        assert proc.process is not None
+        started = time.monotonic()
+        proc.process.send_signal(signal.SIGTERM)
+        proc.process.wait(timeout=30)
+        assert time.monotonic() - started < 10
+        proc.stop()

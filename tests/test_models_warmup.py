@@ -1,0 +1,96 @@
+"""Loading is bounded and configurable: memory_mb holds from the first byte a version
+loads, and warm-up is what model.toml says ([warmup]), as Triton's model_warmup."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from infergate.engine.modelconfig import parse_model_config
+from infergate.errors import ConfigError
+from tests.conftest import write_profile
+from tests.scripted_runtime import make_scripted, scripted_inputs
+from tests.server import ServerProcess
+
+WARMUPS = {
+    "zeros": "",
+    "random": '[warmup]\ndata = "random"\nlow = 1\nhigh = 2\n',
+    "npy": '[warmup]\nfile = "sample.npy"\n',
+    "json": '[warmup]\nfile = "sample.json"\n',
+    "none": '[warmup]\ndata = "none"\n',
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("warmup")
+    models = root / "models"
+    for name, table in WARMUPS.items():
+        make_scripted(models / name / "1" / "model.scripted", controls=(), reject_zeros=True)
+        (models / name / "model.toml").write_text(table)
+    np.save(models / "npy" / "sample.npy", np.ones((2, 4), dtype=np.float32))
+    request = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]}
+    (models / "json" / "sample.json").write_text(json.dumps(request))
+    # Holds 200 MB for 3 s while loading, with a limit of 100 MB.
+    make_scripted(
+        models / "hungry" / "1" / "model.scripted", controls=(), load_alloc_mb=200, load_ms=3000
+    )
+    (models / "hungry" / "model.toml").write_text("memory_mb = 100\n")
+    profile = write_profile(root, "[devices]\nmonitor_interval_s = 0.05\n")
+    proc = ServerProcess(models, profile, root / "server.log").start()
+    yield proc
+    proc.stop()
+
+
+def test_a_model_that_rejects_zeros_says_the_warm_up_input_did_it(
+    server: ServerProcess,
+) -> None:
+    model = server.wait_model_state("zeros", "failed")
+    reason = model["reason"]
+    assert "gateway's warm-up input (zeros" in reason
+    assert "x is all zeros" in reason
+    assert "[warmup]" in reason
+
+
+@pytest.mark.parametrize("name", ["random", "npy", "json", "none"])
+def test_the_warm_up_model_toml_asks_for_lets_it_load(server: ServerProcess, name: str) -> None:
+    server.wait_model_state(name, "ready")
+    response = httpx.post(
+        f"{server.url}/v2/models/{name}/infer", json=scripted_inputs(rows=1), timeout=30
+    )
+    assert response.status_code == 200, response.text
+
+
+def test_memory_mb_holds_while_a_version_loads(server: ServerProcess) -> None:
+    model = server.wait_model_state("hungry", "failed")
+    assert "over its memory limit of 100 MB" in model["reason"]
+    assert "used" in model["reason"]
+    assert not any(e["kind"] == "model_ready" for e in model["events"])
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('[warmup]\ndata = "file"\n', 'data = "file" needs file'),
+        ('[warmup]\ndata = "random"\nlow = 3\nhigh = 1\n', "expected low <= high"),
+        ('[warmup]\nfile = "sample.csv"\n', "expected a .npy, .npz or .json"),
+        ('[warmup]\ndata = "ones"\n', "zeros"),
+    ],
+)
+def test_warmup_mistakes_are_named(tmp_path: Path, table: str, message: str) -> None:
+    path = tmp_path / "model.toml"
+    path.write_text(table)
+    with pytest.raises(ConfigError, match=message):
+        parse_model_config(path)
+
+
+def test_a_sample_file_is_found_beside_model_toml(tmp_path: Path) -> None:
+    path = tmp_path / "model.toml"
+    path.write_text('[warmup]\nfile = "sample.npz"\n')
+    warmup = parse_model_config(path).warmup
+    assert (warmup.data, warmup.file) == ("file", tmp_path / "sample.npz")
