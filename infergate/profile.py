@@ -4,6 +4,7 @@ ignored; every error names the file, the key and what was expected."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +158,11 @@ def breaker_section(table: Table) -> tuple[BreakerPolicy, dict[str, BreakerPolic
     return defaults, overrides
 
 
+def default_burst(rps: float) -> float:
+    """A tenant that sets rps but no burst may send two seconds' worth at once."""
+    return max(1.0, 2.0 * rps) if math.isfinite(rps) else rps
+
+
 def _tenants(table: Table, classes: tuple[PriorityClass, ...]) -> tuple[Tenant, ...]:
     names = table.names() or [DEFAULT_TENANT]
     class_names = [c.name for c in classes]
@@ -171,6 +177,7 @@ def _tenants(table: Table, classes: tuple[PriorityClass, ...]) -> tuple[Tenant, 
                 f"defines {', '.join(class_names)}"
             )
         d = Tenant(name)
+        rps = entry.number("rps", d.rps, minimum=0)
         models = entry.array("models", list(d.models))
         devices = entry.array("devices", list(d.devices))
         for key, values in (("models", models), ("devices", devices)):
@@ -180,8 +187,8 @@ def _tenants(table: Table, classes: tuple[PriorityClass, ...]) -> tuple[Tenant, 
             Tenant(
                 name=name,
                 cls=cls,
-                rps=entry.number("rps", d.rps, minimum=0),
-                burst=entry.number("burst", d.burst, minimum=1),
+                rps=rps,
+                burst=entry.number("burst", default_burst(rps), minimum=1),
                 max_concurrency=entry.integer("max_concurrency", d.max_concurrency, minimum=1),
                 models=tuple(models),
                 devices=tuple(devices),

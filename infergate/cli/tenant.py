@@ -33,6 +33,10 @@ SettingsArgument = Annotated[
 
 
 @app.command("list")
+def _limit(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
+
+
 def list_tenants(
     url: UrlOption = None, token: TokenOption = None, json: JsonOption = False
 ) -> None:
@@ -58,10 +62,10 @@ def list_tenants(
         table.add_row(
             t["name"],
             t["class"],
-            f"{t['rps']:g}",
-            f"{t['burst']:g}",
+            _limit(t["rps"]),
+            _limit(t["burst"]),
             str(t["in_flight"]),
-            str(t["max_concurrency"]),
+            _limit(t["max_concurrency"]),
             ",".join(t["models"]),
             str(t["keys"]),
             str(t["admitted"]),

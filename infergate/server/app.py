@@ -19,7 +19,8 @@ from infergate.engine.engine import Engine
 from infergate.errors import BadRequest
 from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
-from infergate.server.admin import admin_guard, admin_router
+from infergate.server.admin import admin_guard, admin_router, check_model_name
+from infergate.server.decoding import BodyDecoder
 from infergate.server.errors import error_response, install_error_handlers
 from infergate.server.infer_route import InferRoute, version_number
 from infergate.server.views import (
@@ -41,6 +42,7 @@ def create_app(
     engine: Engine, max_request_bytes: int, store: ProfileStore | None = None
 ) -> ASGIApp:
     store = store or ProfileStore(None, Profile(source=None), engine)
+    decoder = BodyDecoder()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -49,6 +51,7 @@ def create_app(
         try:
             yield
         finally:
+            decoder.close()
             await store.stop()
             await engine.stop()
 
@@ -92,7 +95,7 @@ def create_app(
 
     @app.post("/v2/repository/models/{name}/load", dependencies=guard)
     async def load(name: str) -> Response:
-        record = await engine.load(name)
+        record = await engine.load(check_model_name(name))
         if record.problem or record.failures or record.state != "ready":
             serving = record.default_version()
             keeps = (
@@ -105,7 +108,7 @@ def create_app(
 
     @app.post("/v2/repository/models/{name}/unload", dependencies=guard)
     async def unload(name: str) -> Response:
-        await engine.unload(name)
+        await engine.unload(check_model_name(name))
         return _json({})
 
     @app.get("/admin/models", dependencies=guard)
@@ -114,7 +117,7 @@ def create_app(
 
     @app.get("/admin/models/{name}", dependencies=guard)
     async def admin_model(name: str) -> Response:
-        status = model_status(engine.model(name))
+        status = model_status(engine.model(check_model_name(name)))
         status["events"] = [e.to_json() for e in engine.context.events.recent(name)[-10:]]
         return _json(status)
 
@@ -147,4 +150,4 @@ def create_app(
         )
 
     app.include_router(admin_router(engine, store))
-    return InferRoute(engine, app, max_request_bytes)
+    return InferRoute(engine, app, max_request_bytes, decoder)
