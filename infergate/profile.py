@@ -34,6 +34,12 @@ class ServerSettings:
     trusted_keys: tuple[Path, ...] = ()
     admin_keys: tuple[str, ...] = ()
     allow_anonymous: bool = True
+    # The HTTP edge (see server/http_protocol.py): what one connection may take.
+    max_header_kb: float = 64.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int = 2048
 
 
 @dataclass(frozen=True)
@@ -245,6 +251,13 @@ def load_profile(path: Path | None) -> Profile:
         trusted_keys=_key_paths(server, path.parent),
         admin_keys=_key_hashes(server, "admin_keys"),
         allow_anonymous=server.boolean("allow_anonymous", defaults.allow_anonymous),
+        max_header_kb=server.number("max_header_kb", defaults.max_header_kb, minimum=1),
+        header_timeout_s=server.number("header_timeout_s", defaults.header_timeout_s, minimum=0.05),
+        body_timeout_s=server.number("body_timeout_s", defaults.body_timeout_s, minimum=0.05),
+        keep_alive_timeout_s=server.number(
+            "keep_alive_timeout_s", defaults.keep_alive_timeout_s, minimum=0.05
+        ),
+        max_connections=server.integer("max_connections", defaults.max_connections, minimum=1),
     )
     if settings.require_signed_models and not settings.trusted_keys:
         raise ConfigError(
