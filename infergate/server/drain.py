@@ -61,10 +61,13 @@ class Drain:
             self.in_flight += 1
             try:
                 await app(scope, receive, tracking_send)
-            except asyncio.CancelledError:  # the drain time ran out before this finished
+            except asyncio.CancelledError:
+                if not self.draining:
+                    raise
+                # The drain time ran out before this finished and uvicorn cancelled it:
+                # answer it here (uvicorn's own answer is a text/plain 500) and end quietly.
                 if not started:
                     await _shutting_down(send, "it could not finish this request in time")
-                raise
             finally:
                 self.in_flight -= 1
 
