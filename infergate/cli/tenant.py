@@ -32,11 +32,11 @@ SettingsArgument = Annotated[
 ]
 
 
-@app.command("list")
 def _limit(value: float | None) -> str:
     return "none" if value is None else f"{value:g}"
 
 
+@app.command("list")
 def list_tenants(
     url: UrlOption = None, token: TokenOption = None, json: JsonOption = False
 ) -> None:
