@@ -16,6 +16,13 @@ from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wir
 Body = bytes | bytearray | memoryview  # a request body, as read or as mapped
 
 
+class DeferredBytes(NamedTuple):
+    """A binary BYTES input left in its wire form, for a caller that parses it in steps."""
+
+    data: memoryview
+    shape: tuple[int, ...]
+
+
 class DecodedRequest(NamedTuple):
     id: str | None
     inputs: dict[str, Array]
@@ -23,6 +30,9 @@ class DecodedRequest(NamedTuple):
     binary_outputs: frozenset[str]
     binary_by_default: bool
     parameters: dict[str, Any]
+    # With decode_request(defer_bytes=True): binary BYTES inputs still to parse (their
+    # place in `inputs` holds an empty array until then).
+    deferred: dict[str, DeferredBytes] | None = None
 
 
 def json_object(raw: Body, expected: str = "a JSON object") -> dict[str, Any]:
@@ -120,8 +130,14 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     return raw.astype(dtype, copy=False).reshape(shape)
 
 
-def decode_request(body: Body, header_length: str | None) -> DecodedRequest:
-    """Parse an infer request; errors name the input and say expected vs got."""
+_PENDING = np.empty(0, dtype=object)
+
+
+def decode_request(
+    body: Body, header_length: str | None, defer_bytes: bool = False
+) -> DecodedRequest:
+    """Parse an infer request; errors name the input and say expected vs got.
+    `defer_bytes` leaves binary BYTES inputs in `deferred`, unparsed."""
     if header_length is not None:
         json_len = _header_length(header_length, len(body))
         doc = _loads(body[:json_len])
@@ -135,6 +151,7 @@ def decode_request(body: Body, header_length: str | None) -> DecodedRequest:
             "(each with name, datatype, shape and data)"
         )
     inputs: dict[str, Array] = {}
+    deferred: dict[str, DeferredBytes] = {}
     offset = 0
     for i, item in enumerate(raw_inputs):
         name = item.get("name") if type(item) is dict else None
@@ -158,7 +175,11 @@ def decode_request(body: Body, header_length: str | None) -> DecodedRequest:
                     f"{len(binary) - offset} bytes of binary data remain"
                 )
             try:
-                inputs[name] = from_wire(binary[offset : offset + size], datatype, shape)
+                if defer_bytes and datatype == "BYTES":
+                    deferred[name] = DeferredBytes(binary[offset : offset + size], shape)
+                    inputs[name] = _PENDING
+                else:
+                    inputs[name] = from_wire(binary[offset : offset + size], datatype, shape)
             except ValueError as exc:
                 raise BadRequest(f"input {name!r} {exc}") from None
             offset += size
@@ -171,7 +192,8 @@ def decode_request(body: Body, header_length: str | None) -> DecodedRequest:
             f"{len(binary) - offset} bytes of binary data follow the JSON header "
             "but no input claims them"
         )
-    return _decode_outputs(doc, inputs)
+    decoded = _decode_outputs(doc, inputs)
+    return decoded._replace(deferred=deferred) if deferred else decoded
 
 
 def _header_length(header_length: str, body_length: int) -> int:

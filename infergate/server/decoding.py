@@ -4,20 +4,23 @@ A small body decodes inline: that is the common case and the fastest. A large on
 hold the loop for as long as it takes (a 60 MB JSON body: about a second on a small
 machine), and health checks and every other client would wait behind it.
 
-Threads alone do not fix that: orjson, numpy's list conversion and pickle hold the GIL
-for a whole call, and a single 60 MB copy takes 50 ms here. So a large JSON body is
-decoded in a helper process, and nothing large crosses as one call: the body goes over in
-a shared-memory segment filled a few megabytes at a time from a thread, and the tensors
-come back the same way (numbers as raw arrays, BYTES in their length-prefixed wire form).
-Each step holds the GIL for a few milliseconds at most, so the loop keeps answering.
-The tensors of a large binary request are cut out in a thread: views, and a Python loop
-over BYTES elements, which gives the GIL back every few milliseconds.
+Threads do not fix that: orjson, numpy's list conversion and pickle hold the GIL for a
+whole call (a single 60 MB copy takes 50 ms on a small machine), and a thread running a
+Python loop still takes the GIL from the loop every few milliseconds. So the work is
+split: a large JSON document is parsed in a helper process (the body goes over in a
+shared-memory segment and the tensors come back in one: numbers as raw arrays, BYTES in
+their length-prefixed wire form), and what is left for the gateway (copying the segments,
+building the BYTES elements as Python objects) runs on the event loop in slices of a few
+milliseconds, with the loop answering others between slices. A large binary request has
+only a small JSON header to parse; its numbers are views of the body, and its BYTES are
+built in the same slices.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import mmap
 import multiprocessing
 import os
@@ -29,17 +32,18 @@ from typing import NamedTuple
 import numpy as np
 
 from infergate.engine.workers.shm import MappedArena, OwnedArena
-from infergate.errors import InfergateError
+from infergate.errors import BadRequest, InfergateError
 from infergate.server.codec import Body, DecodedRequest, decode_request
-from infergate.tensors import Array, from_wire, serialize_bytes
+from infergate.tensors import Array, read_bytes_elements, serialize_bytes
 
-INLINE_MAX_BYTES = 1 << 20  # bodies up to this size decode on the event loop
-_CHUNK = 4 << 20  # bytes per copy: a few milliseconds of holding the GIL
+INLINE_MAX_BYTES = 1 << 20  # bodies up to this size decode in one go
+_CHUNK = 4 << 20  # bytes copied per slice
+_ELEMENTS = 2_000  # BYTES elements built per slice (a few milliseconds)
 
 
 class _Tensor(NamedTuple):
     name: str
-    datatype: str
+    datatype: str  # a numpy dtype string ("<f4"), or "BYTES"
     shape: tuple[int, ...]
     offset: int
     size: int
@@ -53,30 +57,34 @@ class _Decoded(NamedTuple):
     tensors: tuple[_Tensor, ...]
 
 
-def _copy(dst: memoryview, src: memoryview) -> None:
-    for start in range(0, len(src), _CHUNK):
-        dst[start : start + _CHUNK] = src[start : start + _CHUNK]
-
-
 def _decode_in_helper(segment: str, size: int, header_length: str | None) -> _Decoded:
     """Runs in the helper process: decode the body in `segment`, write the tensors to a
-    new segment (made here, outside multiprocessing's tracker: the gateway unlinks it)."""
+    new segment (made here, outside multiprocessing's tracker: the gateway unlinks it as
+    soon as it has mapped it)."""
     body = MappedArena(segment)
     try:
         decoded = decode_request(body.buf[:size], header_length)
+        name, tensors = _write_tensors(decoded.inputs)
+        request = decoded._replace(inputs={})
+        del decoded  # binary tensors are views of the body's mapping
     finally:
-        body.close()
+        with contextlib.suppress(BufferError):  # a view still held (an error's frames)
+            body.close()
+    return _Decoded(request, name, tensors)
+
+
+def _write_tensors(inputs: dict[str, Array]) -> tuple[str, tuple[_Tensor, ...]]:
     blobs: list[tuple[str, str, tuple[int, ...], memoryview | bytes]] = []
-    for name, array in decoded.inputs.items():
+    for name, array in inputs.items():
         if array.dtype.kind == "O":
             blobs.append((name, "BYTES", array.shape, serialize_bytes(array)))
         else:
             data = np.ascontiguousarray(array)
             raw = data.data.cast("B") if data.size else b""  # (cast refuses empty shapes)
-            blobs.append((name, str(data.dtype), data.shape, raw))
-    out_name = f"infergate-decode-{os.getpid()}-{secrets.token_hex(6)}"
-    total = max(1, sum(len(b) for *_, b in blobs))
-    fd = os.open(f"/dev/shm/{out_name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            blobs.append((name, data.dtype.str, data.shape, raw))
+    segment = f"infergate-decode-{os.getpid()}-{secrets.token_hex(6)}"
+    total = max(1, sum(len(blob) for *_, blob in blobs))
+    fd = os.open(f"/dev/shm/{segment}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, total)
         with mmap.mmap(fd, total) as out:
@@ -90,16 +98,38 @@ def _decode_in_helper(segment: str, size: int, header_length: str | None) -> _De
             view.release()
     finally:
         os.close(fd)
-    return _Decoded(decoded._replace(inputs={}), out_name, tuple(tensors))
+    return segment, tuple(tensors)
 
 
-def _body_to_segment(body: Body) -> OwnedArena:
-    arena = OwnedArena(len(body))
-    _copy(arena.buf, memoryview(body))
-    return arena
+async def _copy(dst: memoryview, src: memoryview) -> None:
+    for start in range(0, len(src), _CHUNK):
+        dst[start : start + _CHUNK] = src[start : start + _CHUNK]
+        await asyncio.sleep(0)
 
 
-def _tensors_from_segment(decoded: _Decoded) -> DecodedRequest:
+async def bytes_in_slices(name: str, data: memoryview, shape: tuple[int, ...]) -> Array:
+    """A binary BYTES tensor, its elements built a slice at a time."""
+    count = math.prod(shape)
+    out = np.empty(count, dtype=object)
+    offset = filled = 0
+    while offset < len(data):
+        try:
+            items, offset = read_bytes_elements(data, offset, _ELEMENTS)
+        except ValueError as exc:
+            raise BadRequest(f"input {name!r} {exc}") from None
+        if filled + len(items) > count:
+            raise BadRequest(f"input {name!r} holds more BYTES elements than shape {list(shape)}")
+        out[filled : filled + len(items)] = items
+        filled += len(items)
+        await asyncio.sleep(0)
+    if filled != count:
+        raise BadRequest(
+            f"input {name!r} holds {filled} BYTES elements but shape {list(shape)} needs {count}"
+        )
+    return out.reshape(shape)
+
+
+async def _tensors_from_segment(decoded: _Decoded) -> DecodedRequest:
     segment = MappedArena(decoded.segment)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(f"/dev/shm/{decoded.segment}")  # the mapping outlives the name
@@ -108,11 +138,11 @@ def _tensors_from_segment(decoded: _Decoded) -> DecodedRequest:
         for t in decoded.tensors:
             piece = segment.buf[t.offset : t.offset + t.size]
             if t.datatype == "BYTES":
-                inputs[t.name] = from_wire(piece, "BYTES", t.shape)
+                inputs[t.name] = await bytes_in_slices(t.name, piece, t.shape)
             else:
                 array = np.empty(t.shape, dtype=np.dtype(t.datatype))
                 if array.size:
-                    _copy(array.data.cast("B"), piece)
+                    await _copy(array.data.cast("B"), piece)
                 inputs[t.name] = array
             piece.release()
     finally:
@@ -132,10 +162,23 @@ class BodyDecoder:
     async def decode(self, body: Body, header_length: str | None) -> DecodedRequest:
         if len(body) <= self._inline_max:
             return decode_request(body, header_length)
-        if header_length is not None:  # binary tensors: views and loops, fine in a thread
-            return await asyncio.to_thread(decode_request, body, header_length)
-        arena = await asyncio.to_thread(_body_to_segment, body)
+        json_heavy = header_length is None or (
+            header_length.isdigit() and int(header_length) > self._inline_max
+        )
+        if not json_heavy:  # a small JSON header, then binary tensors
+            decoded = decode_request(body, header_length, defer_bytes=True)
+            if not decoded.deferred:
+                return decoded
+            inputs = dict(decoded.inputs)
+            for name, (data, shape) in decoded.deferred.items():
+                inputs[name] = await bytes_in_slices(name, data, shape)
+            return decoded._replace(inputs=inputs, deferred=None)
+        return await self._in_helper(body, header_length)
+
+    async def _in_helper(self, body: Body, header_length: str | None) -> DecodedRequest:
+        arena = OwnedArena(len(body))
         try:
+            await _copy(arena.buf, memoryview(body))
             decoded = await asyncio.get_running_loop().run_in_executor(
                 self._helper(), _decode_in_helper, arena.name, len(body), header_length
             )
@@ -144,7 +187,7 @@ class BodyDecoder:
             raise InfergateError("the body decoder process died; retry the request") from None
         finally:
             arena.close()
-        return await asyncio.to_thread(_tensors_from_segment, decoded)
+        return await _tensors_from_segment(decoded)
 
     def _helper(self) -> ProcessPoolExecutor:
         if self._pool is None:
