@@ -25,7 +25,7 @@ import mmap
 import multiprocessing
 import os
 import secrets
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import NamedTuple
 
@@ -150,6 +150,12 @@ async def _tensors_from_segment(decoded: _Decoded) -> DecodedRequest:
     return decoded.request._replace(inputs=inputs)
 
 
+def _discard(job: Future[_Decoded]) -> None:
+    if not job.cancelled() and job.exception() is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{job.result().segment}")
+
+
 def _start_helper() -> None:
     os.nice(5)  # the gateway's loop (health, small requests) goes before a big decode
 
@@ -179,9 +185,12 @@ class BodyDecoder:
         arena = OwnedArena(len(body))
         try:
             await _copy(arena.buf, memoryview(body))
-            decoded = await asyncio.get_running_loop().run_in_executor(
-                self._helper(), _decode_in_helper, arena.name, len(body), header_length
-            )
+            job = self._helper().submit(_decode_in_helper, arena.name, len(body), header_length)
+            try:
+                decoded = await asyncio.wrap_future(job)
+            except asyncio.CancelledError:
+                job.add_done_callback(_discard)  # its segment, when it comes, is nobody's
+                raise
         except BrokenProcessPool:
             self._pool = None  # a new helper for the next large body
             raise InfergateError("the body decoder process died; retry the request") from None

@@ -94,6 +94,11 @@ def error_message(status: int, message: str, retry_after_s: int | None = None) -
     return b"".join([*head, b"\r\n", body])
 
 
+# The raw head is the parsed one plus its framing (method, version, line ends): a few
+# dozen bytes. The raw count only has to stop a head that never ends.
+_FRAMING_SLACK = 256
+
+
 class _Refused(Exception):
     """Raised inside a parser callback to stop parsing; the answer is already chosen."""
 
@@ -106,7 +111,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # uvicorn types it as int; it is only ever given to loop.call_later.
         self.timeout_keep_alive = self.limits.keep_alive_timeout_s  # type: ignore[assignment]
         self._in_head = False
-        self._head_bytes = 0
+        self._head_bytes = 0  # as received: bounds what httptools buffers
+        self._header_bytes = 0  # as parsed (line and headers): the limit itself
         self._deadline: asyncio.TimerHandle | None = None
         self._refusal: bytes | None = None
 
@@ -157,13 +163,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return
         if self._in_head:  # still in the head after all of this data: count it all
             self._head_bytes += len(data)
-            if self._head_bytes > self.limits.max_header_bytes:
+            if self._head_bytes > self.limits.max_header_bytes + _FRAMING_SLACK:
                 self._answer_and_close(self._too_large_head())
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
-        self._head_bytes = 0
+        self._head_bytes = self._header_bytes = 0
         self._set_deadline(self.limits.header_timeout_s, "the request head (line and headers)")
 
     def on_url(self, url: bytes) -> None:
@@ -187,8 +193,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._answer_and_close(error_message(400, f"malformed HTTP request: {msg}"))
 
     def _count(self, size: int) -> None:
-        self._head_bytes += size
-        if self._head_bytes > self.limits.max_header_bytes:
+        self._header_bytes += size
+        if self._header_bytes > self.limits.max_header_bytes:
             self._refusal = self._too_large_head()
             raise _Refused
 
