@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import select
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,3 +181,23 @@ def test_past_the_connection_cap_a_newcomer_gets_503_and_the_others_keep_working
             break
         assert time.monotonic() < deadline, "the cap never freed up"
         time.sleep(0.05)
+
+
+def test_the_connection_cap_leaves_descriptors_for_the_gateway() -> None:
+    """Where the open-file limit cannot hold max_connections plus the gateway's own
+    descriptors, the cap is lowered (and says so) rather than letting clients take them
+    all; where it can be raised, it is."""
+    script = (
+        "import resource, logging\n"
+        "from infergate.cli.serve import connection_cap\n"
+        "logging.basicConfig(level='WARNING', format='%(message)s')\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (300, 600))\n"
+        "print(connection_cap(100), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "print(connection_cap(2048), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["100", "356", "344", "600"]
+    assert "max_connections = 2048 does not fit the open-file limit (600); using 344" in (
+        done.stderr
+    )

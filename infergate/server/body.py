@@ -119,6 +119,8 @@ async def _read_into(body: bytearray, receive: Receive) -> bytearray:
         if message["type"] == "http.disconnect":
             raise BadRequest("the client went away before sending the whole body")
         chunk = message.get("body", b"")
+        if size + len(chunk) > len(body):  # (a slice assignment would grow the buffer)
+            raise BadRequest(f"the body is longer than its Content-Length of {len(body)}")
         body[size : size + len(chunk)] = chunk
         size += len(chunk)
         more = message.get("more_body", False)
