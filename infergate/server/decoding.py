@@ -107,7 +107,27 @@ async def _copy(dst: memoryview, src: memoryview) -> None:
         await asyncio.sleep(0)
 
 
-async def bytes_in_slices(name: str, data: memoryview, shape: tuple[int, ...]) -> Array:
+class Keeper:
+    """The BYTES elements of a large request, held in the slices they were built in, so
+    they can be freed the same way once the answer is sent: the tensor's own last
+    reference then only drops references, and freeing a million small objects at once
+    (tens of milliseconds) never holds the event loop."""
+
+    def __init__(self) -> None:
+        self._slices: list[list[bytes]] = []
+
+    def keep(self, items: list[bytes]) -> None:
+        self._slices.append(items)
+
+    async def release(self) -> None:
+        while self._slices:
+            self._slices.pop()
+            await asyncio.sleep(0)
+
+
+async def bytes_in_slices(
+    name: str, data: memoryview, shape: tuple[int, ...], keeper: Keeper | None = None
+) -> Array:
     """A binary BYTES tensor, its elements built a slice at a time."""
     count = math.prod(shape)
     out = np.empty(count, dtype=object)
@@ -121,6 +141,8 @@ async def bytes_in_slices(name: str, data: memoryview, shape: tuple[int, ...]) -
             raise BadRequest(f"input {name!r} holds more BYTES elements than shape {list(shape)}")
         out[filled : filled + len(items)] = items
         filled += len(items)
+        if keeper is not None:
+            keeper.keep(items)
         await asyncio.sleep(0)
     if filled != count:
         raise BadRequest(
@@ -129,7 +151,7 @@ async def bytes_in_slices(name: str, data: memoryview, shape: tuple[int, ...]) -
     return out.reshape(shape)
 
 
-async def _tensors_from_segment(decoded: _Decoded) -> DecodedRequest:
+async def _tensors_from_segment(decoded: _Decoded, keeper: Keeper | None) -> DecodedRequest:
     segment = MappedArena(decoded.segment)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(f"/dev/shm/{decoded.segment}")  # the mapping outlives the name
@@ -138,7 +160,7 @@ async def _tensors_from_segment(decoded: _Decoded) -> DecodedRequest:
         for t in decoded.tensors:
             piece = segment.buf[t.offset : t.offset + t.size]
             if t.datatype == "BYTES":
-                inputs[t.name] = await bytes_in_slices(t.name, piece, t.shape)
+                inputs[t.name] = await bytes_in_slices(t.name, piece, t.shape, keeper)
             else:
                 array = np.empty(t.shape, dtype=np.dtype(t.datatype))
                 if array.size:
@@ -165,7 +187,9 @@ class BodyDecoder:
         self._inline_max = inline_max_bytes
         self._pool: ProcessPoolExecutor | None = None
 
-    async def decode(self, body: Body, header_length: str | None) -> DecodedRequest:
+    async def decode(
+        self, body: Body, header_length: str | None, keeper: Keeper | None = None
+    ) -> DecodedRequest:
         if len(body) <= self._inline_max:
             return decode_request(body, header_length)
         json_heavy = header_length is None or (
@@ -177,11 +201,13 @@ class BodyDecoder:
                 return decoded
             inputs = dict(decoded.inputs)
             for name, (data, shape) in decoded.deferred.items():
-                inputs[name] = await bytes_in_slices(name, data, shape)
+                inputs[name] = await bytes_in_slices(name, data, shape, keeper)
             return decoded._replace(inputs=inputs, deferred=None)
-        return await self._in_helper(body, header_length)
+        return await self._in_helper(body, header_length, keeper)
 
-    async def _in_helper(self, body: Body, header_length: str | None) -> DecodedRequest:
+    async def _in_helper(
+        self, body: Body, header_length: str | None, keeper: Keeper | None
+    ) -> DecodedRequest:
         arena = OwnedArena(len(body))
         try:
             await _copy(arena.buf, memoryview(body))
@@ -196,7 +222,7 @@ class BodyDecoder:
             raise InfergateError("the body decoder process died; retry the request") from None
         finally:
             arena.close()
-        return await _tensors_from_segment(decoded)
+        return await _tensors_from_segment(decoded, keeper)
 
     def _helper(self) -> ProcessPoolExecutor:
         if self._pool is None:

@@ -21,7 +21,7 @@ from infergate.engine.tenants import TenantState
 from infergate.errors import BadRequest, InfergateError
 from infergate.server.body import read_body
 from infergate.server.codec import encode_response
-from infergate.server.decoding import BodyDecoder
+from infergate.server.decoding import BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
 
 log = logging.getLogger("infergate.server")
@@ -117,12 +117,13 @@ class InferRoute:
         tenant = "-"
         context = self._engine.context
         started = context.clock.now()
+        keeper = Keeper()
         try:
             headers_in = dict(scope["headers"])
             state = context.tenants.authenticate(api_key(headers_in))
             tenant = state.tenant.name
             status = 200
-            headers, body = await self._answer(name, version, headers_in, receive, state)
+            headers, body = await self._answer(name, version, headers_in, receive, state, keeper)
         except InfergateError as exc:
             status, headers, body = exc.status, error_headers(exc.retry_after_s), error_body(exc)
         except Exception as exc:  # a bug must not take the connection down silently
@@ -138,6 +139,7 @@ class InferRoute:
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+        await keeper.release()
 
     async def _answer(
         self,
@@ -146,6 +148,7 @@ class InferRoute:
         headers: dict[bytes, bytes],
         receive: Receive,
         tenant: TenantState,
+        keeper: Keeper,
     ) -> tuple[list[tuple[bytes, bytes]], bytes]:
         number = version_number(version)
         served = self._engine.version(name, number)  # 404 and 503 before reading the body
@@ -156,7 +159,7 @@ class InferRoute:
         self._engine.admit(tenant, name)
         try:
             body = await read_body(headers, receive, self._limit)
-            decoded = await self._decoder.decode(body, header_text(headers, HEADER_LENGTH))
+            decoded = await self._decoder.decode(body, header_text(headers, HEADER_LENGTH), keeper)
             result = await self._engine.infer_admitted(
                 InferenceRequest(
                     model=name,
