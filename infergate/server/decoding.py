@@ -224,6 +224,11 @@ class BodyDecoder:
             arena.close()
         return await _tensors_from_segment(decoded, keeper)
 
+    def start(self) -> None:
+        """Start the helper now (the gateway's start-up), so that the first large body
+        does not wait for a process to start and import numpy, nor compete with it."""
+        self._helper().submit(int)
+
     def _helper(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
