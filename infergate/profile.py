@@ -4,6 +4,7 @@ ignored; every error names the file, the key and what was expected."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,12 @@ class ServerSettings:
     # its load balancer, so here readiness means "the gateway serves" unless asked.
     strict_readiness: bool = False
     max_concurrent_loads: int = 4  # worker processes loading a model at once
+    # The HTTP edge (see server/http_protocol.py): what one connection may take.
+    max_header_kb: float = 64.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int = 2048
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,11 @@ def breaker_section(table: Table) -> tuple[BreakerPolicy, dict[str, BreakerPolic
     return defaults, overrides
 
 
+def default_burst(rps: float) -> float:
+    """A tenant that sets rps but no burst may send two seconds' worth at once."""
+    return max(1.0, 2.0 * rps) if math.isfinite(rps) else rps
+
+
 def _tenants(table: Table, classes: tuple[PriorityClass, ...]) -> tuple[Tenant, ...]:
     names = table.names() or [DEFAULT_TENANT]
     class_names = [c.name for c in classes]
@@ -176,6 +188,7 @@ def _tenants(table: Table, classes: tuple[PriorityClass, ...]) -> tuple[Tenant, 
                 f"defines {', '.join(class_names)}"
             )
         d = Tenant(name)
+        rps = entry.number("rps", d.rps, minimum=0)
         models = entry.array("models", list(d.models))
         devices = entry.array("devices", list(d.devices))
         for key, values in (("models", models), ("devices", devices)):
@@ -185,8 +198,8 @@ def _tenants(table: Table, classes: tuple[PriorityClass, ...]) -> tuple[Tenant, 
             Tenant(
                 name=name,
                 cls=cls,
-                rps=entry.number("rps", d.rps, minimum=0),
-                burst=entry.number("burst", d.burst, minimum=1),
+                rps=rps,
+                burst=entry.number("burst", default_burst(rps), minimum=1),
                 max_concurrency=entry.integer("max_concurrency", d.max_concurrency, minimum=1),
                 models=tuple(models),
                 devices=tuple(devices),
@@ -248,6 +261,13 @@ def load_profile(path: Path | None) -> Profile:
         max_concurrent_loads=server.integer(
             "max_concurrent_loads", defaults.max_concurrent_loads, minimum=1, maximum=256
         ),
+        max_header_kb=server.number("max_header_kb", defaults.max_header_kb, minimum=1),
+        header_timeout_s=server.number("header_timeout_s", defaults.header_timeout_s, minimum=0.05),
+        body_timeout_s=server.number("body_timeout_s", defaults.body_timeout_s, minimum=0.05),
+        keep_alive_timeout_s=server.number(
+            "keep_alive_timeout_s", defaults.keep_alive_timeout_s, minimum=0.05
+        ),
+        max_connections=server.integer("max_connections", defaults.max_connections, minimum=1),
     )
     if settings.require_signed_models and not settings.trusted_keys:
         raise ConfigError(

@@ -84,23 +84,30 @@ def serialize_bytes(array: Array) -> bytes:
     return b"".join(parts)
 
 
-def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> Array:
-    """Inverse of serialize_bytes; a flat object array of bytes."""
-    view = memoryview(buffer)
+def read_bytes_elements(view: memoryview, offset: int, limit: int) -> tuple[list[bytes], int]:
+    """Up to `limit` BYTES elements from `offset` on: the elements, and the offset after
+    them (so a long tensor can be read a slice at a time)."""
     items: list[bytes] = []
-    offset = 0
-    while offset < len(view) and (count is None or len(items) < count):
-        if offset + 4 > len(view):
+    end = len(view)
+    while offset < end and len(items) < limit:
+        if offset + 4 > end:
             raise ValueError("BYTES data ends inside an element's 4-byte length prefix")
         (length,) = struct.unpack_from("<I", view, offset)
         offset += 4
-        if offset + length > len(view):
+        if offset + length > end:
             raise ValueError(
-                f"BYTES element {len(items)} claims {length} bytes but only "
-                f"{len(view) - offset} remain"
+                f"the BYTES element at byte {offset - 4} claims {length} bytes but only "
+                f"{end - offset} remain"
             )
         items.append(bytes(view[offset : offset + length]))
         offset += length
+    return items, offset
+
+
+def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> Array:
+    """Inverse of serialize_bytes; a flat object array of bytes."""
+    view = memoryview(buffer)
+    items, offset = read_bytes_elements(view, 0, len(view) if count is None else count)
     if offset != len(view):
         raise ValueError(f"{len(view) - offset} bytes left over after {len(items)} BYTES elements")
     out = np.empty(len(items), dtype=object)

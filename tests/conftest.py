@@ -19,15 +19,9 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ[PLUGINS_ENV] = "tests.scripted_runtime"
 
 
-# Tests drive load on purpose; the default tenant's rate limit is not what they test.
-UNLIMITED_DEFAULT = "\n[tenants.default]\nrps = 1000000\nburst = 1000000\nmax_concurrency = 1000\n"
-
-
 def write_profile(folder: Path, text: str = "") -> Path:
     path = folder / "profile.toml"
     text = text or "[server]\nmax_request_mb = 1\n"
-    if "[tenants.default]" not in text:
-        text += UNLIMITED_DEFAULT
     path.write_text(text)
     return path
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import ipaddress
+import logging
+import math
+import resource
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -113,7 +117,8 @@ def serve(
     from infergate.engine.verify import VerifyPolicy, load_public_key
     from infergate.profile_store import ProfileStore
     from infergate.server.app import create_app
-    from infergate.server.http_protocol import OneWriteHttpToolsProtocol
+    from infergate.server.drain import Drain, DrainingServer
+    from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 
     try:
         keys = tuple(load_public_key(k) for k in settings.trusted_keys)
@@ -150,20 +155,31 @@ def serve(
     engine = Engine(engine_settings, context)
     engine.apply_profile(loaded)
     store = ProfileStore(loaded.source or (profile or DEFAULT_PROFILE), loaded, engine)
-    app = create_app(engine, int(settings.max_request_mb * 2**20), store)
+    drain = Drain()
+    app = drain.wrap(create_app(engine, int(settings.max_request_mb * 2**20), store))
+    limits = ConnectionLimits(
+        max_header_bytes=int(settings.max_header_kb * 1024),
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        keep_alive_timeout_s=settings.keep_alive_timeout_s,
+        max_connections=connection_cap(settings.max_connections),
+    )
     config = uvicorn.Config(
         app,
         host=bind,
         port=bind_port,
         log_level=log_level,
         log_config=None,  # our handler and format (text or JSON) for uvicorn's loggers too
-        http=OneWriteHttpToolsProtocol,
+        http=GatewayHttpProtocol.with_limits(limits),
         proxy_headers=False,  # no proxy in front by default; saves work on every request
         server_header=False,  # one header less to check and send on every response
         access_log=False,  # server/access_log.py writes a richer line
-        timeout_graceful_shutdown=10,
+        timeout_keep_alive=max(1, math.ceil(settings.keep_alive_timeout_s)),  # (ours: exact)
+        # The drain has waited for requests already; this is for what is left after it
+        # (an event stream, a request past the drain time, answered 503 when cancelled).
+        timeout_graceful_shutdown=1,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, drain, settings.drain_timeout_s)
     _tune_gc()
     server.run(sockets=[sock])
     if not server.started:
@@ -186,6 +202,35 @@ def _bind(host: str, port: int) -> socket.socket:
         )
     sock.set_inheritable(True)
     return sock
+
+
+# Descriptors kept for the gateway's own use beyond client connections: workers' pipes and
+# shared memory, model files, the repository watcher, logs.
+_FD_RESERVE = 256
+
+
+def connection_cap(wanted: int) -> int:
+    """`max_connections`, raising the open-file limit to fit it (as nginx's
+    worker_rlimit_nofile does) or, where the hard limit is too low, lowering the cap so
+    that the gateway keeps descriptors for its own work whatever clients do."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + _FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < need:
+        cap = max(1, soft - _FD_RESERVE)
+        logging.getLogger("infergate.server").warning(
+            "max_connections = %d does not fit the open-file limit (%d); using %d. Hint: "
+            "raise the limit (ulimit -n) or lower max_connections",
+            wanted,
+            soft,
+            cap,
+        )
+        return cap
+    return wanted
 
 
 def _tune_gc() -> None:

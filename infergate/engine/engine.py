@@ -125,17 +125,32 @@ class Engine:
         self, request: InferenceRequest, tenant: TenantState | None = None
     ) -> InferenceResult:
         """Admit (tenant limits), validate, pass the breaker, schedule, and record."""
-        tenants = self.context.tenants
-        state = tenant or tenants.authenticate(None)
+        state = tenant or self.context.tenants.authenticate(None)
+        self.admit(state, request.model)
         try:
-            tenants.admit(state, request.model)
+            return await self.infer_admitted(request, state)
+        finally:
+            self.leave(state)
+
+    def admit(self, state: TenantState, model: str) -> None:
+        """The one admission check (allow-list, rate, concurrency); on success the caller
+        must `leave`. The HTTP route calls it before reading the body, so a refused
+        request costs no upload and no decoding."""
+        tenants = self.context.tenants
+        try:
+            tenants.admit(state, model)
         except (RateLimited, Forbidden) as exc:
             self.context.metrics.rate_limited.labels(state.tenant.name, exc.reason).inc()
             raise
-        try:
-            return await self._infer(request, state)
-        finally:
-            tenants.leave(state)
+
+    def leave(self, state: TenantState) -> None:
+        self.context.tenants.leave(state)
+
+    async def infer_admitted(
+        self, request: InferenceRequest, state: TenantState
+    ) -> InferenceResult:
+        """`infer` for a caller that already holds an admission from `admit`."""
+        return await self._infer(request, state)
 
     async def _infer(self, request: InferenceRequest, tenant: TenantState) -> InferenceResult:
         served = self.version(request.model, request.version)

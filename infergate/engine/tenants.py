@@ -9,8 +9,10 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
+import math
 import re
 import secrets
+import sys
 from dataclasses import dataclass, field
 
 from infergate.clock import Clock
@@ -30,13 +32,19 @@ def new_key() -> str:
     return "ig_" + secrets.token_urlsafe(24)
 
 
+# Limits are opt-in, as in every peer: a tenant whose profile entry sets no rps or
+# max_concurrency has no such limit (the admin API shows it as null).
+NO_RATE_LIMIT = math.inf
+NO_CONCURRENCY_LIMIT = sys.maxsize
+
+
 @dataclass(frozen=True)
 class Tenant:
     name: str
     cls: str = "burst"  # the highest class it may ask for, and its default
-    rps: float = 200.0
-    burst: float = 400.0
-    max_concurrency: int = 64
+    rps: float = NO_RATE_LIMIT
+    burst: float = NO_RATE_LIMIT
+    max_concurrency: int = NO_CONCURRENCY_LIMIT
     models: tuple[str, ...] = ("*",)  # glob patterns of the models it may use
     devices: tuple[str, ...] = ("auto",)
     memory_mb: int = 4096

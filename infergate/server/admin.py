@@ -3,6 +3,7 @@ repository API. Changes go through the ProfileStore, so they persist atomically.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ from infergate.errors import BadRequest, Forbidden, ModelNotFound, Unauthorized
 from infergate.profile_store import ProfileStore
 from infergate.server.codec import json_object
 from infergate.server.infer_route import api_key
+from infergate.server.views import limit
 
 TENANT_FIELDS = set(SETTABLE)
 BREAKER_FIELDS = set(TUNABLE)
@@ -26,9 +28,61 @@ def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
+# What an HTML form (or a "simple" cross-origin fetch, which needs no CORS preflight) can
+# send; no client of the admin API sends these.
+_FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+# A model name is a folder or file name in the repository (see repository.model_names).
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def check_model_name(name: str) -> str:
+    """400 for a name that could not be a model in the repository: `..`, a path, hidden."""
+    if not _MODEL_NAME.match(name):
+        raise BadRequest(
+            f"{name!r} is not a model name: a model is a folder or file in the repository, "
+            "named with letters, digits, '_', '-' and '.', not starting with '.'"
+        )
+    return name
+
+
+def _same_origin(origin: bytes, host: bytes | None) -> bool:
+    scheme, sep, rest = origin.decode("latin-1").strip().lower().partition("://")
+    return (
+        bool(sep)
+        and scheme in ("http", "https")
+        and host is not None
+        and (rest.rstrip("/") == host.decode("latin-1").strip().lower())
+    )
+
+
+def check_not_from_a_browser_page(method: str, headers: dict[bytes, bytes]) -> None:
+    """Refuse a state-changing request that a web page in the operator's browser could have
+    sent: another site's `Origin`, or a body type a form can send. Without admin keys the
+    admin API trusts anything that reaches it on loopback, and that includes pages the
+    browser on the same machine opens."""
+    if method in _SAFE_METHODS:
+        return
+    origin = headers.get(b"origin")
+    if origin is not None and not _same_origin(origin, headers.get(b"host")):
+        raise Forbidden(
+            f"refused: this {method} comes from another site's page (Origin "
+            f"{origin.decode('latin-1')!r}); browsers may not drive the admin API. Hint: "
+            "call it from the CLI or a script, which send no Origin header"
+        )
+    kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower().decode("latin-1")
+    if kind in _FORM_TYPES:
+        raise Forbidden(
+            f"refused: a {method} with Content-Type {kind} is what an HTML form sends, and "
+            "browsers may not drive the admin API. Hint: send JSON (Content-Type: "
+            "application/json) or no body"
+        )
+
+
 def admin_guard(engine: Engine) -> Any:
     async def guard(request: Request) -> None:
         headers = {k.lower(): v for k, v in request.headers.raw}
+        check_not_from_a_browser_page(request.method, headers)
         key = api_key(headers)
         if engine.context.tenants.is_admin(key):
             return
@@ -50,14 +104,14 @@ def tenant_view(state: TenantState) -> dict[str, Any]:
     return {
         "name": t.name,
         "class": t.cls,
-        "rps": t.rps,
-        "burst": t.burst,
-        "max_concurrency": t.max_concurrency,
+        "rps": limit(t.rps),
+        "burst": limit(t.burst),
+        "max_concurrency": limit(t.max_concurrency),
         "models": list(t.models),
         "devices": list(t.devices),
         "memory_mb": t.memory_mb,
         "keys": len(t.api_keys),
-        "tokens": round(state.bucket.tokens, 2),
+        "tokens": limit(round(state.bucket.tokens, 2)),
         "in_flight": state.concurrency.active,
         "admitted": state.admitted,
         "rate_limited": state.rate_limited,
@@ -177,7 +231,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
     async def set_breaker(model: str, request: Request) -> Response:
         doc = await _body(request)
         _check_fields(doc, BREAKER_FIELDS, "breaker")
-        engine.model(model)  # 404 for an unknown model
+        engine.model(check_model_name(model))  # 404 for an unknown model
 
         def change(document: TOMLDocument) -> None:
             breaker = document.setdefault("breaker", table())
@@ -199,7 +253,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
 
     @router.post("/admin/breakers/{model}/reset")
     async def reset_breaker(model: str) -> Response:
-        record = engine.model(model)
+        record = engine.model(check_model_name(model))
         for served in record.versions.values():
             served.breaker.reset()
         return _json({})

@@ -20,7 +20,8 @@ from infergate.engine.shared_memory import SYSTEM_SHM
 from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
 from infergate.server.access_log import AccessLog
-from infergate.server.admin import admin_guard, admin_router
+from infergate.server.admin import admin_guard, admin_router, check_model_name
+from infergate.server.decoding import BodyDecoder
 from infergate.server.errors import error_response, install_error_handlers
 from infergate.server.infer_route import InferRoute, version_number
 from infergate.server.triton import EXTENSIONS, strict_not_ready, triton_router
@@ -41,15 +42,18 @@ def create_app(
     engine: Engine, max_request_bytes: int, store: ProfileStore | None = None
 ) -> ASGIApp:
     store = store or ProfileStore(None, Profile(source=None), engine)
+    decoder = BodyDecoder()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         store.start()
+        decoder.start()
         try:
             yield
         finally:
             SYSTEM_SHM.close_all()
+            decoder.close()
             await store.stop()
             await engine.stop()
 
@@ -101,7 +105,7 @@ def create_app(
 
     @app.post("/v2/repository/models/{name}/unload", dependencies=guard)
     async def unload(name: str) -> Response:
-        await engine.unload(name)
+        await engine.unload(check_model_name(name))
         return _json({})
 
     @app.get("/admin/models", dependencies=guard)
@@ -110,7 +114,7 @@ def create_app(
 
     @app.get("/admin/models/{name}", dependencies=guard)
     async def admin_model(name: str) -> Response:
-        status = model_status(engine.model(name))
+        status = model_status(engine.model(check_model_name(name)))
         status["events"] = [e.to_json() for e in engine.context.events.recent(name)[-10:]]
         return _json(status)
 
@@ -143,4 +147,4 @@ def create_app(
         )
 
     app.include_router(admin_router(engine, store))
-    return AccessLog(InferRoute(engine, app, max_request_bytes))
+    return AccessLog(InferRoute(engine, app, max_request_bytes, decoder))

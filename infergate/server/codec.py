@@ -4,6 +4,7 @@ extension in both directions, as tritonclient.http speaks them."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -12,6 +13,15 @@ import orjson
 from infergate.engine.shared_memory import SYSTEM_SHM, wants_shared_memory
 from infergate.errors import BadRequest
 from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wire, v2_datatype
+
+Body = bytes | bytearray | memoryview  # a request body, as read or as mapped
+
+
+class DeferredBytes(NamedTuple):
+    """A binary BYTES input left in its wire form, for a caller that parses it in steps."""
+
+    data: memoryview
+    shape: tuple[int, ...]
 
 
 class DecodedRequest(NamedTuple):
@@ -23,9 +33,12 @@ class DecodedRequest(NamedTuple):
     parameters: dict[str, Any]
     # per-output parameters beyond binary_data (shared memory, classification), by name
     output_parameters: dict[str, dict[str, Any]] = {}  # never mutated: one shared default is fine
+    # With decode_request(defer_bytes=True): binary BYTES inputs still to parse (their
+    # place in `inputs` holds an empty array until then).
+    deferred: dict[str, DeferredBytes] | None = None
 
 
-def json_object(raw: bytes | memoryview, expected: str = "a JSON object") -> dict[str, Any]:
+def json_object(raw: Body, expected: str = "a JSON object") -> dict[str, Any]:
     """A request body that must be a JSON object; 400 naming what was expected."""
     try:
         doc = orjson.loads(raw)
@@ -36,16 +49,28 @@ def json_object(raw: bytes | memoryview, expected: str = "a JSON object") -> dic
     return doc
 
 
-def _loads(raw: bytes | memoryview) -> dict[str, Any]:
+def _loads(raw: Body) -> dict[str, Any]:
     return json_object(raw, "a JSON object with an 'inputs' array")
+
+
+# No tensor numpy can hold has more elements than this (int64 indexing); a shape whose
+# product passes it would overflow before any size check could refuse it.
+_MAX_ELEMENTS = 2**62
 
 
 def _shape(name: str, value: Any) -> tuple[int, ...]:
     if type(value) is list:  # a loop, not all(<genexpr>): this runs for every input
+        count = 1
         for d in value:
             if type(d) is not int or d < 0:  # type(), not isinstance: True is not a size
                 break
+            count *= d
         else:
+            if count > _MAX_ELEMENTS or (count == 0 and max(value, default=0) > _MAX_ELEMENTS):
+                raise BadRequest(
+                    f"input {name!r}: shape {value!r} has more elements than any tensor "
+                    "can hold. Hint: check the shape; its product is the element count"
+                )
             return tuple(value)
     raise BadRequest(
         f"input {name!r}: 'shape' must be a list of non-negative integers, got {value!r}"
@@ -53,7 +78,7 @@ def _shape(name: str, value: Any) -> tuple[int, ...]:
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Array:
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if datatype == "BYTES":
         flat = np.asarray(data, dtype=object).reshape(-1) if data != [] else np.empty(0, object)
         if flat.size != count:
@@ -86,6 +111,8 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
             f"input {name!r} is {datatype} but its data holds non-numeric values "
             f"(such as {raw.reshape(-1)[0]!r})"
         )
+    if raw.size and dtype.kind != "b" and raw.dtype.kind == "b":
+        raise BadRequest(f"input {name!r} is {datatype} but its data holds true/false values")
     if raw.size and dtype.kind in "iu":
         if raw.dtype.kind == "f":
             raise BadRequest(
@@ -99,11 +126,21 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
             )
     if raw.size and dtype.kind == "b" and raw.dtype.kind != "b":
         raise BadRequest(f"input {name!r} is BOOL; send true/false values")
+    if raw.size and dtype.kind == "f" and dtype.itemsize < raw.dtype.itemsize:
+        biggest = float(np.finfo(dtype).max)  # type: ignore[type-var]  # a float dtype here
+        if raw.max() > biggest or raw.min() < -biggest:  # NaN compares false: it passes
+            raise BadRequest(f"input {name!r}: values out of range for {datatype} (±{biggest:g})")
     return raw.astype(dtype, copy=False).reshape(shape)
 
 
-def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
-    """Parse an infer request; errors name the input and say expected vs got."""
+_PENDING = np.empty(0, dtype=object)
+
+
+def decode_request(
+    body: Body, header_length: str | None, defer_bytes: bool = False
+) -> DecodedRequest:
+    """Parse an infer request; errors name the input and say expected vs got.
+    `defer_bytes` leaves binary BYTES inputs in `deferred`, unparsed."""
     if header_length is not None:
         json_len = _header_length(header_length, len(body))
         doc = _loads(body[:json_len])
@@ -117,6 +154,7 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
             "(each with name, datatype, shape and data)"
         )
     inputs: dict[str, Array] = {}
+    deferred: dict[str, DeferredBytes] = {}
     offset = 0
     for i, item in enumerate(raw_inputs):
         name = item.get("name") if type(item) is dict else None
@@ -125,7 +163,7 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
         if name in inputs:
             raise BadRequest(f"input {name!r} appears twice")
         datatype = item.get("datatype")
-        if datatype not in V2_TO_NUMPY:
+        if type(datatype) is not str or datatype not in V2_TO_NUMPY:
             raise BadRequest(
                 f"input {name!r} has datatype {datatype!r}; expected one of "
                 f"{', '.join(V2_TO_NUMPY)}"
@@ -140,7 +178,11 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
                     f"{len(binary) - offset} bytes of binary data remain"
                 )
             try:
-                inputs[name] = from_wire(binary[offset : offset + size], datatype, shape)
+                if defer_bytes and datatype == "BYTES":
+                    deferred[name] = DeferredBytes(binary[offset : offset + size], shape)
+                    inputs[name] = _PENDING
+                else:
+                    inputs[name] = from_wire(binary[offset : offset + size], datatype, shape)
             except ValueError as exc:
                 raise BadRequest(f"input {name!r} {exc}") from None
             offset += size
@@ -155,7 +197,8 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
             f"{len(binary) - offset} bytes of binary data follow the JSON header "
             "but no input claims them"
         )
-    return _decode_outputs(doc, inputs)
+    decoded = _decode_outputs(doc, inputs)
+    return decoded._replace(deferred=deferred) if deferred else decoded
 
 
 def _header_length(header_length: str, body_length: int) -> int:
@@ -176,11 +219,20 @@ def _header_length(header_length: str, body_length: int) -> int:
 _NO_NAMES: frozenset[str] = frozenset()
 
 
+def _flag(params: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = params.get(key, default)
+    if type(value) is not bool:
+        raise BadRequest(f"{where}.{key} must be true or false, got {value!r}")
+    return value
+
+
 def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedRequest:
-    params = doc.get("parameters") or {}
+    params = doc.get("parameters")
+    if params is None:
+        params = {}
     if type(params) is not dict:
-        raise BadRequest("'parameters' must be an object")
-    binary_default = bool(params.get("binary_data_output", False))
+        raise BadRequest(f"'parameters' must be an object, got {params!r}")
+    binary_default = _flag(params, "binary_data_output", "parameters", False)
     request_id = doc.get("id")
     request_id = str(request_id) if request_id is not None else None
     raw_outputs = doc.get("outputs")
@@ -195,18 +247,37 @@ def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedReq
         if type(out) is not dict or type(out.get("name")) is not str:
             raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
         names.append(out["name"])
-        out_params = out.get("parameters") or {}
-        if out_params.get("binary_data", binary_default):
+        out_params = out.get("parameters")
+        if out_params is None:
+            out_params = {}
+        if type(out_params) is not dict:
+            raise BadRequest(f"outputs[{i}].parameters must be an object, got {out_params!r}")
+        if _flag(out_params, "binary_data", f"outputs[{i}].parameters", binary_default):
             binary.add(out["name"])
         if len(out_params) > ("binary_data" in out_params):
             extra[out["name"]] = out_params
     return DecodedRequest(request_id, inputs, tuple(names), frozenset(binary), False, params, extra)
 
 
-def _json_data(array: Array) -> list[Any]:
+def _json_text(name: str, index: int, item: object) -> str:
+    if not isinstance(item, bytes):
+        return str(item)
+    try:
+        return item.decode("utf-8")
+    except UnicodeDecodeError:
+        # A JSON string is text: replacing the bytes would hand back data the model never
+        # produced. Binary data carries any bytes (as Triton's clients ask by default).
+        raise BadRequest(
+            f"output {name!r} element {index} holds bytes that are not UTF-8 text, which a "
+            "JSON string cannot carry. Hint: ask for the output as binary data "
+            '(parameters {"binary_data": true} on it, or "binary_data_output": true)'
+        ) from None
+
+
+def _json_data(name: str, array: Array) -> list[Any]:
     flat = array.reshape(-1)
     if array.dtype.kind in ("O", "S", "U"):
-        return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in flat]
+        return [_json_text(name, i, x) for i, x in enumerate(flat)]
     return flat.tolist()
 
 
@@ -233,7 +304,7 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = _json_data(array)
+            entry["data"] = _json_data(name, array)
         entries.append(entry)
     doc: dict[str, Any] = {"model_name": model, "model_version": str(version), "outputs": entries}
     if request.id is not None:

@@ -9,10 +9,8 @@ stays in FastAPI, which this app falls back to.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import re
-import zlib
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -21,9 +19,11 @@ from infergate.engine.classification import classify_outputs
 from infergate.engine.engine import Engine
 from infergate.engine.inference import InferenceRequest
 from infergate.engine.tenants import TenantState
-from infergate.errors import BadRequest, InfergateError, PayloadTooLarge
-from infergate.server.codec import decode_request, encode_response
+from infergate.errors import BadRequest, InfergateError
+from infergate.server.body import read_body
+from infergate.server.codec import encode_response
 from infergate.server.compression import compress_response
+from infergate.server.decoding import BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
 
 log = logging.getLogger("infergate.server")
@@ -62,6 +62,22 @@ def session_of(parameters: dict[str, Any]) -> str | None:
     return str(session)
 
 
+HEADER_LENGTH = b"inference-header-content-length"
+
+
+def header_text(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    """A header that must be ASCII text; 400 naming it when it is not."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadRequest(
+            f"header {name.decode()} holds bytes that are not ASCII: {raw[:40]!r}"
+        ) from None
+
+
 def api_key(headers: dict[bytes, bytes]) -> str | None:
     """The caller's key from `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
     auth = headers.get(b"authorization")
@@ -73,57 +89,20 @@ def api_key(headers: dict[bytes, bytes]) -> str | None:
     return key.decode("latin-1").strip() if key else None
 
 
-def _too_big(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"request body is over the {limit / 2**20:g} MB limit. Hint: send smaller batches or "
-        "raise max_request_mb in the profile's [server] table"
-    )
-
-
-async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -> bytes:
-    declared = headers.get(b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_big(limit)
-    chunks = []
-    size = 0
-    more = True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise BadRequest("the client went away before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _too_big(limit)
-        chunks.append(chunk)
-        more = message.get("more_body", False)
-    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    return _decompress(body, headers.get(b"content-encoding", b"").decode().lower(), limit)
-
-
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise BadRequest(f"Content-Encoding {encoding!r} is not supported; use gzip or deflate")
-    try:
-        body = gzip.decompress(body) if encoding == "gzip" else zlib.decompress(body)
-    except (OSError, zlib.error) as exc:
-        raise BadRequest(
-            f"body says Content-Encoding {encoding} but does not decompress: {exc}"
-        ) from None
-    if len(body) > limit:
-        raise _too_big(limit)
-    return body
-
-
 class InferRoute:
     """Answers infer requests itself; hands everything else to `fallback`."""
 
-    def __init__(self, engine: Engine, fallback: ASGIApp, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        fallback: ASGIApp,
+        max_request_bytes: int,
+        decoder: BodyDecoder | None = None,
+    ) -> None:
         self._engine = engine
         self._fallback = fallback
         self._limit = max_request_bytes
+        self._decoder = decoder or BodyDecoder()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -140,12 +119,13 @@ class InferRoute:
         tenant = "-"
         context = self._engine.context
         started = context.clock.now()
+        keeper = Keeper()
         try:
             headers_in = dict(scope["headers"])
             state = context.tenants.authenticate(api_key(headers_in))
             tenant = state.tenant.name
             status = 200
-            headers, body = await self._answer(name, version, headers_in, receive, state)
+            headers, body = await self._answer(name, version, headers_in, receive, state, keeper)
         except InfergateError as exc:
             status, headers, body = exc.status, error_headers(exc.retry_after_s), error_body(exc)
         except Exception as exc:  # a bug must not take the connection down silently
@@ -163,6 +143,7 @@ class InferRoute:
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+        await keeper.release()
 
     async def _answer(
         self,
@@ -171,26 +152,32 @@ class InferRoute:
         headers: dict[bytes, bytes],
         receive: Receive,
         tenant: TenantState,
+        keeper: Keeper,
     ) -> tuple[list[tuple[bytes, bytes]], bytes]:
         number = version_number(version)
         served = self._engine.version(name, number)  # 404 and 503 before reading the body
         if not served.ready:
             raise served.not_ready_error()
-        body = await read_body(headers, receive, self._limit)
-        header_length = headers.get(b"inference-header-content-length")
-        decoded = decode_request(body, header_length.decode() if header_length else None)
-        result = await self._engine.infer(
-            InferenceRequest(
-                model=name,
-                version=number,
-                inputs=decoded.inputs,
-                outputs=decoded.outputs,
-                timeout_s=timeout_s(decoded.parameters),
-                priority=decoded.parameters.get("priority"),
-                session=session_of(decoded.parameters),
-            ),
-            tenant,
-        )
+        # Admission (allow-list, rate, concurrency) before the body: a refused request
+        # is answered without waiting for its upload or decoding it.
+        self._engine.admit(tenant, name)
+        try:
+            body = await read_body(headers, receive, self._limit)
+            decoded = await self._decoder.decode(body, header_text(headers, HEADER_LENGTH), keeper)
+            result = await self._engine.infer_admitted(
+                InferenceRequest(
+                    model=name,
+                    version=number,
+                    inputs=decoded.inputs,
+                    outputs=decoded.outputs,
+                    timeout_s=timeout_s(decoded.parameters),
+                    priority=decoded.parameters.get("priority"),
+                    session=session_of(decoded.parameters),
+                ),
+                tenant,
+            )
+        finally:
+            self._engine.leave(tenant)
         outputs = classify_outputs(
             result.outputs, decoded.output_parameters, served.batchable, served.file.path
         )

@@ -14,6 +14,7 @@ from infergate.engine.config_override import parse_override
 from infergate.engine.engine import Engine
 from infergate.engine.triton_config import model_config
 from infergate.errors import BadRequest, ModelNotFound
+from infergate.server.admin import check_model_name
 from infergate.server.codec import json_object
 from infergate.server.infer_route import version_number
 
@@ -47,6 +48,7 @@ def config_router(engine: Engine, guard: list[Any]) -> APIRouter:
 
     @router.post("/v2/repository/models/{name}/load", dependencies=guard)
     async def load(name: str, request: Request) -> Response:
+        name = check_model_name(name)  # never a path outside the repository
         params = _load_parameters(name, await request.body())
         overrides = engine.registry.overrides
         previous = overrides.get(name)  # what serves was loaded with; kept if this fails

@@ -8,6 +8,12 @@ from typing import Any
 from infergate.engine.engine import Engine
 from infergate.engine.registry import ModelRecord
 from infergate.engine.served import ServedVersion
+from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, NO_RATE_LIMIT
+
+
+def limit(value: float) -> float | None:
+    """A tenant limit as JSON: null where the profile sets none (limits are opt-in)."""
+    return None if value in (NO_RATE_LIMIT, NO_CONCURRENCY_LIMIT) else value
 
 
 def model_metadata(served: ServedVersion, record: ModelRecord) -> dict[str, Any]:
@@ -136,11 +142,11 @@ def stats_snapshot(engine: Engine) -> dict[str, Any]:
         {
             "name": s.tenant.name,
             "class": s.tenant.cls,
-            "rps_limit": s.tenant.rps,
+            "rps_limit": limit(s.tenant.rps),
             "rps": context.stats.tenant_rps(s.tenant.name),
             "reserved_mb": context.placer.reserved(tenant=s.tenant.name),
             "in_flight": s.concurrency.active,
-            "max_concurrency": s.tenant.max_concurrency,
+            "max_concurrency": limit(s.tenant.max_concurrency),
             "admitted": s.admitted,
             "rejected": s.rate_limited + s.over_concurrency + s.forbidden,
             "memory_mb": s.tenant.memory_mb,

@@ -295,7 +295,7 @@ class Dashboard(App[None]):
                 Text(str(t.get("name", "?"))),
                 Text(str(t.get("class", "-"))),
                 f"{_num(t.get('rps'))} / {_num(t.get('rps_limit'), '{:g}')}",
-                f"{t.get('in_flight', 0)}/{t.get('max_concurrency', '-')}",
+                f"{t.get('in_flight', 0)}/{_num(t.get('max_concurrency'), '{}')}",
                 f"{_num(t.get('reserved_mb'), '{:.0f}')} / {_num(t.get('memory_mb'), '{:.0f}')}",
                 str(t.get("admitted", 0)),
                 str(t.get("rejected", 0)),

@@ -104,12 +104,31 @@ class OnnxRuntime:
     def run(self, inputs: dict[str, Array], output_names: list[str]) -> dict[str, Array]:
         feed: dict[str, Any] = {}
         for name, value in inputs.items():
-            if name in self._strings:
-                # onnxruntime wants str for string tensors; V2 BYTES arrive as bytes.
-                value = np.vectorize(
-                    lambda b: b.decode("utf-8", "replace") if isinstance(b, bytes) else str(b),
-                    otypes=[object],
-                )(value)
-            feed[name] = value
-        results = self._session.run(output_names, feed)
+            feed[name] = _string_feed(value) if name in self._strings else value
+        try:
+            results = self._session.run(output_names, feed)
+        except UnicodeDecodeError as exc:
+            # onnxruntime's Python API hands string outputs back as str only.
+            raise ValueError(
+                f"the model produced a string output that is not UTF-8 text ({exc.reason} at "
+                f"byte {exc.start}); onnxruntime cannot return it as bytes"
+            ) from None
         return {name: np.asarray(r) for name, r in zip(output_names, results, strict=True)}
+
+
+def _string_feed(value: Array) -> Array:
+    """V2 BYTES → an onnxruntime string tensor, without changing a byte.
+
+    onnxruntime takes str (it stores the UTF-8) or fixed-width bytes ("S", stored as is).
+    Text goes as str; bytes that are not UTF-8 go as "S", which keeps every byte except
+    trailing NULs (numpy's fixed-width strings drop those). Decoding with "replace", as
+    before, silently handed the model different bytes."""
+    flat = value.reshape(-1)
+    try:
+        text = [b.decode("utf-8") if isinstance(b, bytes) else str(b) for b in flat]
+    except UnicodeDecodeError:
+        raw = [b if isinstance(b, bytes) else str(b).encode("utf-8") for b in flat]
+        return np.array(raw, dtype=np.bytes_).reshape(value.shape)
+    out = np.empty(len(text), dtype=object)
+    out[:] = text
+    return out.reshape(value.shape)

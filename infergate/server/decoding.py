@@ -1,0 +1,244 @@
+"""Decoding infer bodies without holding up the event loop.
+
+A small body decodes inline: that is the common case and the fastest. A large one would
+hold the loop for as long as it takes (a 60 MB JSON body: about a second on a small
+machine), and health checks and every other client would wait behind it.
+
+Threads do not fix that: orjson, numpy's list conversion and pickle hold the GIL for a
+whole call (a single 60 MB copy takes 50 ms on a small machine), and a thread running a
+Python loop still takes the GIL from the loop every few milliseconds. So the work is
+split: a large JSON document is parsed in a helper process (the body goes over in a
+shared-memory segment and the tensors come back in one: numbers as raw arrays, BYTES in
+their length-prefixed wire form), and what is left for the gateway (copying the segments,
+building the BYTES elements as Python objects) runs on the event loop in slices of a few
+milliseconds, with the loop answering others between slices. A large binary request has
+only a small JSON header to parse; its numbers are views of the body, and its BYTES are
+built in the same slices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import mmap
+import multiprocessing
+import os
+import secrets
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import NamedTuple
+
+import numpy as np
+
+from infergate.engine.workers.shm import MappedArena, OwnedArena
+from infergate.errors import BadRequest, InfergateError
+from infergate.server.codec import Body, DecodedRequest, decode_request
+from infergate.tensors import Array, read_bytes_elements, serialize_bytes
+
+INLINE_MAX_BYTES = 1 << 20  # bodies up to this size decode in one go
+_CHUNK = 4 << 20  # bytes copied per slice
+_ELEMENTS = 2_000  # BYTES elements built per slice (a few milliseconds)
+
+
+class _Tensor(NamedTuple):
+    name: str
+    datatype: str  # a numpy dtype string ("<f4"), or "BYTES"
+    shape: tuple[int, ...]
+    offset: int
+    size: int
+
+
+class _Decoded(NamedTuple):
+    """What the helper hands back: the request without its tensors, and where they lie."""
+
+    request: DecodedRequest
+    segment: str
+    tensors: tuple[_Tensor, ...]
+
+
+def _decode_in_helper(segment: str, size: int, header_length: str | None) -> _Decoded:
+    """Runs in the helper process: decode the body in `segment`, write the tensors to a
+    new segment (made here, outside multiprocessing's tracker: the gateway unlinks it as
+    soon as it has mapped it)."""
+    body = MappedArena(segment)
+    try:
+        decoded = decode_request(body.buf[:size], header_length)
+        name, tensors = _write_tensors(decoded.inputs)
+        request = decoded._replace(inputs={})
+        del decoded  # binary tensors are views of the body's mapping
+    finally:
+        with contextlib.suppress(BufferError):  # a view still held (an error's frames)
+            body.close()
+    return _Decoded(request, name, tensors)
+
+
+def _write_tensors(inputs: dict[str, Array]) -> tuple[str, tuple[_Tensor, ...]]:
+    blobs: list[tuple[str, str, tuple[int, ...], memoryview | bytes]] = []
+    for name, array in inputs.items():
+        if array.dtype.kind == "O":
+            blobs.append((name, "BYTES", array.shape, serialize_bytes(array)))
+        else:
+            data = np.ascontiguousarray(array)
+            raw = data.data.cast("B") if data.size else b""  # (cast refuses empty shapes)
+            blobs.append((name, data.dtype.str, data.shape, raw))
+    segment = f"infergate-decode-{os.getpid()}-{secrets.token_hex(6)}"
+    total = max(1, sum(len(blob) for *_, blob in blobs))
+    fd = os.open(f"/dev/shm/{segment}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, total)
+        with mmap.mmap(fd, total) as out:
+            tensors = []
+            offset = 0
+            view = memoryview(out)
+            for name, datatype, shape, blob in blobs:
+                view[offset : offset + len(blob)] = blob
+                tensors.append(_Tensor(name, datatype, shape, offset, len(blob)))
+                offset += len(blob)
+            view.release()
+    finally:
+        os.close(fd)
+    return segment, tuple(tensors)
+
+
+async def _copy(dst: memoryview, src: memoryview) -> None:
+    for start in range(0, len(src), _CHUNK):
+        dst[start : start + _CHUNK] = src[start : start + _CHUNK]
+        await asyncio.sleep(0)
+
+
+class Keeper:
+    """The BYTES elements of a large request, held in the slices they were built in, so
+    they can be freed the same way once the answer is sent: the tensor's own last
+    reference then only drops references, and freeing a million small objects at once
+    (tens of milliseconds) never holds the event loop."""
+
+    def __init__(self) -> None:
+        self._slices: list[list[bytes]] = []
+
+    def keep(self, items: list[bytes]) -> None:
+        self._slices.append(items)
+
+    async def release(self) -> None:
+        while self._slices:
+            self._slices.pop()
+            await asyncio.sleep(0)
+
+
+async def bytes_in_slices(
+    name: str, data: memoryview, shape: tuple[int, ...], keeper: Keeper | None = None
+) -> Array:
+    """A binary BYTES tensor, its elements built a slice at a time."""
+    count = math.prod(shape)
+    out = np.empty(count, dtype=object)
+    offset = filled = 0
+    while offset < len(data):
+        try:
+            items, offset = read_bytes_elements(data, offset, _ELEMENTS)
+        except ValueError as exc:
+            raise BadRequest(f"input {name!r} {exc}") from None
+        if filled + len(items) > count:
+            raise BadRequest(f"input {name!r} holds more BYTES elements than shape {list(shape)}")
+        out[filled : filled + len(items)] = items
+        filled += len(items)
+        if keeper is not None:
+            keeper.keep(items)
+        await asyncio.sleep(0)
+    if filled != count:
+        raise BadRequest(
+            f"input {name!r} holds {filled} BYTES elements but shape {list(shape)} needs {count}"
+        )
+    return out.reshape(shape)
+
+
+async def _tensors_from_segment(decoded: _Decoded, keeper: Keeper | None) -> DecodedRequest:
+    segment = MappedArena(decoded.segment)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(f"/dev/shm/{decoded.segment}")  # the mapping outlives the name
+    inputs: dict[str, Array] = {}
+    try:
+        for t in decoded.tensors:
+            piece = segment.buf[t.offset : t.offset + t.size]
+            if t.datatype == "BYTES":
+                inputs[t.name] = await bytes_in_slices(t.name, piece, t.shape, keeper)
+            else:
+                array = np.empty(t.shape, dtype=np.dtype(t.datatype))
+                if array.size:
+                    await _copy(array.data.cast("B"), piece)
+                inputs[t.name] = array
+            piece.release()
+    finally:
+        segment.close()
+    return decoded.request._replace(inputs=inputs)
+
+
+def _discard(job: Future[_Decoded]) -> None:
+    if not job.cancelled() and job.exception() is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{job.result().segment}")
+
+
+def _start_helper() -> None:
+    os.nice(5)  # the gateway's loop (health, small requests) goes before a big decode
+
+
+class BodyDecoder:
+    def __init__(self, inline_max_bytes: int = INLINE_MAX_BYTES) -> None:
+        self._inline_max = inline_max_bytes
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def decode(
+        self, body: Body, header_length: str | None, keeper: Keeper | None = None
+    ) -> DecodedRequest:
+        if len(body) <= self._inline_max:
+            return decode_request(body, header_length)
+        json_heavy = header_length is None or (
+            header_length.isdigit() and int(header_length) > self._inline_max
+        )
+        if not json_heavy:  # a small JSON header, then binary tensors
+            decoded = decode_request(body, header_length, defer_bytes=True)
+            if not decoded.deferred:
+                return decoded
+            inputs = dict(decoded.inputs)
+            for name, (data, shape) in decoded.deferred.items():
+                inputs[name] = await bytes_in_slices(name, data, shape, keeper)
+            return decoded._replace(inputs=inputs, deferred=None)
+        return await self._in_helper(body, header_length, keeper)
+
+    async def _in_helper(
+        self, body: Body, header_length: str | None, keeper: Keeper | None
+    ) -> DecodedRequest:
+        arena = OwnedArena(len(body))
+        try:
+            await _copy(arena.buf, memoryview(body))
+            job = self._helper().submit(_decode_in_helper, arena.name, len(body), header_length)
+            try:
+                decoded = await asyncio.wrap_future(job)
+            except asyncio.CancelledError:
+                job.add_done_callback(_discard)  # its segment, when it comes, is nobody's
+                raise
+        except BrokenProcessPool:
+            self._pool = None  # a new helper for the next large body
+            raise InfergateError("the body decoder process died; retry the request") from None
+        finally:
+            arena.close()
+        return await _tensors_from_segment(decoded, keeper)
+
+    def start(self) -> None:
+        """Start the helper now (the gateway's start-up), so that the first large body
+        does not wait for a process to start and import numpy, nor compete with it."""
+        self._helper().submit(int)
+
+    def _helper(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_helper,
+            )
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,68 @@
+"""A raw HTTP/1.1 socket for the edge tests: they send what no well-behaved client
+library would (a head without its body, a header a byte at a time, a 100 MB header)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+
+import orjson
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> dict[str, object]:
+        doc = orjson.loads(self.body)
+        assert isinstance(doc, dict)
+        return doc
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=30)
+
+
+def head(method: str, path: str, port: int, headers: dict[str, str] | None = None) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def read_reply(sock: socket.socket, timeout_s: float = 30.0) -> Reply | None:
+    """One response, or None when the server closed the connection without one."""
+    sock.settimeout(timeout_s)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    raw_head, _, body = data.partition(b"\r\n\r\n")
+    lines = raw_head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return Reply(status, headers, body)
+
+
+def closed_by_server(sock: socket.socket, timeout_s: float) -> tuple[bool, float]:
+    """Wait for the server to close (or answer and close); (closed, seconds waited)."""
+    started = time.monotonic()
+    sock.settimeout(timeout_s)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False, time.monotonic() - started
+    except ConnectionResetError:
+        pass
+    return True, time.monotonic() - started

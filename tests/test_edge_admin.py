@@ -1,0 +1,117 @@
+"""The admin surface (issue 12): model names in the repository API are names, not paths; a
+web page in the operator's browser cannot drive the keyless (loopback) admin API, while
+tritonclient and the CLI still can; and limits are opt-in, so a fresh gateway has none."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import tritonclient.http as triton_http
+
+from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, NO_RATE_LIMIT
+from infergate.profile import load_profile
+from tests.edge_raw import connect, head, read_reply
+from tests.onnx_models import make_mlp
+from tests.server import ServerProcess
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def admin_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("admin")
+    models = folder / "models"
+    make_mlp(models / "mlp" / "1" / "model.onnx")
+    profile = folder / "profile.toml"
+    profile.write_text("[server]\nmodel_control = 'explicit'\n")
+    proc = ServerProcess(models, profile, folder / "server.log").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.mark.parametrize("name", ["..", "%2E%2E", ".hidden", "."])
+@pytest.mark.parametrize("action", ["load", "unload"])
+def test_a_model_name_that_is_a_path_is_a_400(
+    admin_server: ServerProcess, name: str, action: str
+) -> None:
+    with connect(admin_server.port) as sock:  # raw: an HTTP library would resolve ".."
+        path = f"/v2/repository/models/{name}/{action}"
+        sock.sendall(head("POST", path, admin_server.port, {"Content-Length": "0"}))
+        reply = read_reply(sock)
+    assert reply is not None
+    assert reply.status == 400, reply.body
+    assert "is not a model name" in str(reply.json()["error"])
+    index = httpx.post(f"{admin_server.url}/v2/repository/index").json()
+    assert [row["name"] for row in index] == ["mlp"]
+
+
+FORM_TYPES = [
+    "text/plain",
+    "text/plain;charset=UTF-8",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+]
+
+
+@pytest.mark.parametrize("content_type", FORM_TYPES)
+def test_a_body_a_form_can_send_cannot_change_state(
+    admin_server: ServerProcess, content_type: str
+) -> None:
+    r = httpx.post(
+        f"{admin_server.url}/v2/repository/models/mlp/unload",
+        content=b"{}",
+        headers={"Content-Type": content_type},
+    )
+    assert r.status_code == 403
+    assert "HTML form" in r.json()["error"]
+    assert httpx.get(f"{admin_server.url}/v2/models/mlp/ready").status_code == 200
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://127.0.0.1:1"])
+def test_another_sites_page_cannot_change_state(admin_server: ServerProcess, origin: str) -> None:
+    r = httpx.post(
+        f"{admin_server.url}/v2/repository/models/mlp/unload",
+        headers={"Origin": origin, "Content-Type": "application/json"},
+    )
+    assert r.status_code == 403
+    assert "another site's page" in r.json()["error"]
+    assert httpx.get(f"{admin_server.url}/v2/models/mlp/ready").status_code == 200
+    # Reading stays open (a page cannot read the answer without CORS anyway).
+    assert httpx.get(f"{admin_server.url}/admin/models", headers={"Origin": origin}).is_success
+
+
+def test_tritonclient_and_same_origin_json_still_drive_the_repository(
+    admin_server: ServerProcess,
+) -> None:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{admin_server.port}")
+    assert [m["name"] for m in client.get_model_repository_index()] == ["mlp"]
+    client.unload_model("mlp")
+    assert not client.is_model_ready("mlp")
+    client.load_model("mlp")
+    assert client.is_model_ready("mlp")
+    same_origin = {"Origin": admin_server.url, "Content-Type": "application/json"}
+    r = httpx.post(f"{admin_server.url}/v2/repository/models/mlp/load", headers=same_origin)
+    assert r.status_code == 200, r.text
+
+
+def test_a_fresh_gateway_has_no_rate_or_concurrency_limit(admin_server: ServerProcess) -> None:
+    (default,) = load_profile(REPO / "profiles" / "default.toml").tenants
+    assert default.rps == NO_RATE_LIMIT
+    assert default.max_concurrency == NO_CONCURRENCY_LIMIT
+    tenants = httpx.get(f"{admin_server.url}/admin/tenants").json()["tenants"]
+    (anonymous,) = [t for t in tenants if t["name"] == "default"]
+    assert anonymous["rps"] is None
+    assert anonymous["burst"] is None
+    assert anonymous["max_concurrency"] is None
+
+
+def test_a_tenant_that_sets_rps_alone_gets_a_burst_of_two_seconds(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.toml"
+    profile.write_text("[tenants.default]\nrps = 50\n[tenants.team]\nmax_concurrency = 4\n")
+    by_name = {t.name: t for t in load_profile(profile).tenants}
+    assert by_name["default"].burst == 100
+    assert by_name["team"].max_concurrency == 4
+    assert by_name["team"].rps == float("inf")

@@ -1,0 +1,203 @@
+"""What one connection may take (issue 12): a head over the size limit gets 431, heads and
+bodies that come too slowly get 408 and the connection closed, silent connections are
+closed, and past the connection cap a newcomer is answered 503 at once while the open
+connections keep working. The limits here are small so the tests wait little; each
+test polls the socket and never sleeps for a limit."""
+
+from __future__ import annotations
+
+import select
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.edge_raw import closed_by_server, connect, head, read_reply
+from tests.onnx_models import make_mlp
+from tests.server import ServerProcess
+
+TIGHT = """
+[server]
+max_header_kb = 4
+header_timeout_s = 1
+body_timeout_s = 1
+keep_alive_timeout_s = 1
+"""
+CAPPED = """
+[server]
+max_connections = 3
+keep_alive_timeout_s = 60
+header_timeout_s = 60
+"""
+
+
+def _server(folder: Path, profile_text: str) -> ServerProcess:
+    models = folder / "models"
+    make_mlp(models / "mlp" / "1" / "model.onnx")
+    profile = folder / "profile.toml"
+    profile.write_text(profile_text)
+    return ServerProcess(models, profile, folder / "server.log")
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = _server(tmp_path_factory.mktemp("tight"), TIGHT).start()
+    yield proc
+    proc.stop()
+
+
+def test_an_oversized_head_gets_431(tight: ServerProcess) -> None:
+    with connect(tight.port) as sock:
+        sock.sendall(head("GET", "/v2/health/live", tight.port, {"X-Big": "a" * 16_000}))
+        reply = read_reply(sock)
+    assert reply is not None
+    assert reply.status == 431
+    assert "over 4096 bytes" in str(reply.json()["error"])
+
+
+def test_a_100_mb_header_is_cut_off_quickly(tight: ServerProcess) -> None:
+    """The gateway stops reading after a few kilobytes: the sender runs into a closed
+    connection long before its 100 MB are out."""
+    chunk = b"a" * 2**20
+    sent = 0
+    started = time.monotonic()
+    with connect(tight.port) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            while sent < 100 * 2**20 and time.monotonic() - started < 60:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    elapsed = time.monotonic() - started
+    assert sent < 32 * 2**20, f"the gateway took {sent / 2**20:.0f} MB of header"
+    assert elapsed < 5
+
+
+def _trickle_until_closed(sock: socket.socket, first: bytes, limit_s: float) -> float:
+    """Send `first`, then a byte every 0.1 s (a slowloris) until the server closes."""
+    started = time.monotonic()
+    sock.sendall(first)
+    while time.monotonic() - started < limit_s:
+        readable, _, _ = select.select([sock], [], [], 0.1)
+        if readable:
+            break
+        try:
+            sock.sendall(b"a")
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    closed, _ = closed_by_server(sock, 1)
+    assert closed
+    return time.monotonic() - started
+
+
+def test_a_slow_head_is_cut_after_header_timeout(tight: ServerProcess) -> None:
+    with connect(tight.port) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
+        reply = read_reply(sock, timeout_s=15)  # the head never completes
+    assert reply is not None
+    assert reply.status == 408
+    assert "request head" in str(reply.json()["error"])
+    with connect(tight.port) as sock:  # trickling bytes does not keep it open
+        took = _trickle_until_closed(sock, b"GET /v2/health/live HTTP/1.1\r\nX-Slow: ", 15)
+    assert took < 5
+
+
+def test_a_slow_body_is_cut_after_body_timeout(tight: ServerProcess) -> None:
+    with connect(tight.port) as sock:
+        headers = {"Content-Length": "1000", "Content-Type": "application/json"}
+        sock.sendall(head("POST", "/v2/models/mlp/infer", tight.port, headers) + b'{"inp')
+        started = time.monotonic()
+        reply = read_reply(sock, timeout_s=15)
+        took = time.monotonic() - started
+    assert reply is not None
+    assert reply.status == 408
+    assert "request body" in str(reply.json()["error"])
+    assert took < 5
+    with connect(tight.port) as sock:
+        headers = {"Content-Length": "100000"}
+        took = _trickle_until_closed(
+            sock, head("POST", "/v2/models/mlp/infer", tight.port, headers), 15
+        )
+    assert took < 5
+
+
+def test_idle_connections_are_closed(tight: ServerProcess) -> None:
+    with connect(tight.port) as sock:  # a new connection that never says anything
+        closed, took = closed_by_server(sock, 15)
+    assert closed
+    assert took < 5
+    with connect(tight.port) as sock:  # and one idle after a request
+        sock.sendall(head("GET", "/v2/health/live", tight.port))
+        reply = read_reply(sock)
+        assert reply is not None
+        assert reply.status == 200
+        closed, took = closed_by_server(sock, 15)
+    assert closed
+    assert took < 5
+
+
+@pytest.fixture
+def capped(tmp_path: Path) -> Iterator[ServerProcess]:
+    proc = _server(tmp_path, CAPPED).start()
+    yield proc
+    proc.stop()
+
+
+def test_past_the_connection_cap_a_newcomer_gets_503_and_the_others_keep_working(
+    capped: ServerProcess,
+) -> None:
+    held = [connect(capped.port) for _ in range(3)]
+    try:
+        for sock in held:  # each one busy with a request it has not finished sending
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+        with connect(capped.port) as newcomer:
+            started = time.monotonic()
+            reply = read_reply(newcomer, timeout_s=15)
+            took = time.monotonic() - started
+        assert reply is not None
+        assert reply.status == 503
+        assert reply.headers["retry-after"] == "1"
+        assert "3 connections open" in str(reply.json()["error"])
+        assert took < 5
+        for sock in held:  # the connections already open are served
+            sock.sendall(f"Host: 127.0.0.1:{capped.port}\r\n\r\n".encode())
+            answer = read_reply(sock)
+            assert answer is not None
+            assert answer.status == 200
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 15  # their slots come back as they close
+    while True:
+        with connect(capped.port) as sock:
+            sock.sendall(head("GET", "/v2/health/live", capped.port))
+            reply = read_reply(sock)
+        if reply is not None and reply.status == 200:
+            break
+        assert time.monotonic() < deadline, "the cap never freed up"
+        time.sleep(0.05)
+
+
+def test_the_connection_cap_leaves_descriptors_for_the_gateway() -> None:
+    """Where the open-file limit cannot hold max_connections plus the gateway's own
+    descriptors, the cap is lowered (and says so) rather than letting clients take them
+    all; where it can be raised, it is."""
+    script = (
+        "import resource, logging\n"
+        "from infergate.cli.serve import connection_cap\n"
+        "logging.basicConfig(level='WARNING', format='%(message)s')\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (300, 600))\n"
+        "print(connection_cap(100), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "print(connection_cap(2048), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["100", "356", "344", "600"]
+    assert "max_connections = 2048 does not fit the open-file limit (600); using 344" in (
+        done.stderr
+    )

@@ -1,0 +1,103 @@
+"""SIGTERM drains (issue 12): requests in flight finish, new ones get 503 JSON with
+Retry-After while they do, then the process exits; one still running when the drain time
+is up gets 503 JSON too, never a text/plain 500."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.scripted_runtime import make_scripted, scripted_inputs
+from tests.server import ServerProcess
+
+
+def _start(tmp_path: Path, drain_timeout_s: float) -> tuple[ServerProcess, Path]:
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    models = tmp_path / "models"
+    make_scripted(models / "held" / "1" / "model.scripted", ("hold",), gate_dir=gates)
+    profile = tmp_path / "profile.toml"
+    profile.write_text(f"[server]\ndrain_timeout_s = {drain_timeout_s}\n")
+    return ServerProcess(models, profile, tmp_path / "server.log").start(), gates
+
+
+@pytest.fixture
+def held_server(tmp_path: Path) -> Iterator[tuple[ServerProcess, Path]]:
+    server, gates = _start(tmp_path, 60)
+    yield server, gates
+    (gates / "release-1").touch()
+    server.stop()
+
+
+def _hold(server: ServerProcess) -> tuple[threading.Thread, list[httpx.Response]]:
+    """A request that the model holds until the test releases gate 1."""
+    answers: list[httpx.Response] = []
+
+    def send() -> None:
+        answers.append(
+            httpx.post(
+                f"{server.url}/v2/models/held/infer", json=scripted_inputs(hold=1), timeout=120
+            )
+        )
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while server.model("held")["versions"][0]["in_flight"] < 1:
+        assert time.monotonic() < deadline, "the held request never reached the model"
+        time.sleep(0.02)
+    return thread, answers
+
+
+def _first_refusal(server: ServerProcess) -> httpx.Response:
+    """Poll until a new request is refused (the signal is handled asynchronously)."""
+    deadline = time.monotonic() + 15
+    while True:
+        r = httpx.post(f"{server.url}/v2/models/held/infer", json=scripted_inputs(), timeout=10)
+        if r.status_code != 200:
+            return r
+        assert time.monotonic() < deadline, "new requests were still served"
+        time.sleep(0.02)
+
+
+def test_sigterm_lets_the_request_in_flight_finish_and_refuses_new_ones(
+    held_server: tuple[ServerProcess, Path],
+) -> None:
+    server, gates = held_server
+    assert server.process is not None
+    thread, answers = _hold(server)
+    server.process.send_signal(signal.SIGTERM)
+    refused = _first_refusal(server)
+    assert refused.status_code == 503
+    assert refused.headers["content-type"] == "application/json"
+    assert refused.headers["retry-after"] == "1"
+    assert "shutting down" in refused.json()["error"]
+    assert not answers  # the held request is still running
+    assert server.process.poll() is None  # and the gateway waits for it
+    (gates / "release-1").touch()
+    thread.join(60)
+    assert [a.status_code for a in answers] == [200]
+    assert server.process.wait(timeout=60) is not None
+
+
+def test_a_request_past_the_drain_time_gets_a_503_json(tmp_path: Path) -> None:
+    server, gates = _start(tmp_path, 1)
+    try:
+        assert server.process is not None
+        thread, answers = _hold(server)
+        server.process.send_signal(signal.SIGTERM)
+        thread.join(60)
+        assert len(answers) == 1
+        assert answers[0].status_code == 503
+        assert answers[0].headers["content-type"] == "application/json"
+        assert "could not finish this request in time" in answers[0].json()["error"]
+        assert server.process.wait(timeout=60) is not None
+    finally:
+        (gates / "release-1").touch()
+        server.stop()
