@@ -98,11 +98,15 @@ def make_encoder(models: Path, examples: Path) -> None:
 
 
 def _fix_serialization_id(path: Path) -> None:
-    """torch writes a random `.data/serialization_id` into each archive: rewrite the archive
-    with a hash of the other records there instead, keeping torch's layout (entries stored,
-    dated 1980, data aligned to 64 bytes with padding in the extra field)."""
+    """torch writes a random `.data/serialization_id` into each archive, and the absolute path
+    of this script into its debug records: rewrite the archive without the debug records
+    (torch loads it as well without them) and with a hash of the other records as its id,
+    keeping torch's layout (entries stored, dated 1980, data aligned to 64 bytes with padding
+    in the extra field)."""
     with zipfile.ZipFile(path) as src:
-        records = [(i, src.read(i.filename)) for i in src.infolist()]
+        records = [
+            (i, src.read(i.filename)) for i in src.infolist() if not i.filename.endswith(".debug_pkl")
+        ]
     digest = hashlib.sha256(b"".join(d for i, d in records if "serialization_id" not in i.filename))
     tmp = path.with_suffix(".tmp")
     with tmp.open("wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as dst:

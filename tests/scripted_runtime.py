@@ -97,6 +97,7 @@ class ScriptedRuntime:
         gate = _largest(inputs, "hold")  # after allocating: a held call holds its memory
         if gate:
             release = self._gates / f"release-{gate}"
+            self._gates.mkdir(parents=True, exist_ok=True)
             (self._gates / f"holding-{gate}-{os.getpid()}").touch()
             while not release.exists():  # the worker polls; the test never sleeps
                 time.sleep(0.002)

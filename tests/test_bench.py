@@ -29,6 +29,7 @@ LIMITED_KEY = "limited-key"
 PROFILE = f"""
 [server]
 max_request_mb = 1
+[tenants.default]
 [tenants.limited]
 rps = 5
 burst = 2

@@ -33,6 +33,8 @@ PROFILE = f"""
 file_stable_s = 0.1
 admin_keys = ["{hash_key(ADMIN)}"]
 [tenants.acme]
+rps = 50
+burst = 60
 models = ["dig[a-z]ts"]
 api_keys = ["{hash_key(ACME)}"]
 """

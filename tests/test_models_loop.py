@@ -14,6 +14,7 @@ import httpx
 import psutil
 
 from tests.conftest import write_profile
+from tests.polling import wait_until
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
@@ -56,12 +57,21 @@ class Prober:
         return list(ast.literal_eval(out))
 
 
+def decoder_named(server_pid: int) -> bool:
+    """The gateway's body-decoding helper is up and has its own name (so that it is not
+    counted as a model worker)."""
+    with contextlib.suppress(psutil.Error):
+        return any(c.name() == "ig-decoder" for c in psutil.Process(server_pid).children())
+    return False
+
+
 def spawned_workers(server_pid: int) -> int:
     children = psutil.Process(server_pid).children()
     count = 0
     for child in children:
         try:
-            if "spawn_main" in " ".join(child.cmdline()):
+            # Model workers only: not the gateway's body-decoding helper.
+            if "spawn_main" in " ".join(child.cmdline()) and child.name() != "ig-decoder":
                 count += 1
         except psutil.Error:
             continue
@@ -80,6 +90,7 @@ def test_health_stays_fast_while_models_reload_and_workers_die(tmp_path: Path) -
     server = ServerProcess(models, profile, tmp_path / "server.log").start()
     assert server.process is not None
     pid = server.process.pid
+    wait_until(lambda: decoder_named(pid), what="the decoding helper")
     most_workers = 0
     prober = Prober(server.url, tmp_path)
     try:
@@ -123,6 +134,7 @@ def test_health_answers_fast_with_two_hundred_models_loading(tmp_path: Path) -> 
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    pid = server.process.pid
     most_loading = 0
     latencies: list[float] = []
     try:
@@ -134,6 +146,7 @@ def test_health_answers_fast_with_two_hundred_models_loading(tmp_path: Path) -> 
                     if client.get(f"{server.url}/v2/health/live").status_code == 200:
                         break
                 time.sleep(0.05)
+            wait_until(lambda: decoder_named(pid), what="the decoding helper")
             prober = Prober(server.url, tmp_path)
             loaded = 0
             while loaded < 6:  # a few loads' worth of time, 194 models still waiting

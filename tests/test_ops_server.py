@@ -34,7 +34,6 @@ class EnvServer:
         self.log = folder / "server.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("INFERGATE_")}
         env.update(
-            INFERGATE_RUNTIME_PLUGINS=os.environ.get("INFERGATE_RUNTIME_PLUGINS", ""),
             INFERGATE_HOST="127.0.0.1",
             INFERGATE_PORT=str(self.port),
             INFERGATE_MODELS=str(folder / "models"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import math
 import mmap
 import multiprocessing
@@ -178,8 +179,13 @@ def _discard(job: Future[_Decoded]) -> None:
             os.unlink(f"/dev/shm/{job.result().segment}")
 
 
+HELPER_NAME = b"ig-decoder"  # its name in ps and top, apart from the model workers
+
+
 def _start_helper() -> None:
     os.nice(5)  # the gateway's loop (health, small requests) goes before a big decode
+    with contextlib.suppress(OSError, AttributeError):  # Linux only: a name is a nicety
+        ctypes.CDLL(None, use_errno=True).prctl(15, HELPER_NAME, 0, 0, 0)  # PR_SET_NAME
 
 
 class BodyDecoder:

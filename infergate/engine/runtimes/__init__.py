@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from infergate.engine.runtimes.base import Runtime, RuntimeUnavailable
 from infergate.engine.spec import TensorSpec
 
 PLUGINS_ENV = "INFERGATE_RUNTIME_PLUGINS"
+log = logging.getLogger("infergate.runtimes")
 
 # (path, device, inputs declared in model.toml, outputs declared, threads, memory_mb)
 Opener = Callable[
@@ -81,7 +83,17 @@ def _all() -> dict[str, RuntimeKind]:
         with _plugins_lock:
             if not _plugins_loaded:
                 for module in filter(None, os.environ.get(PLUGINS_ENV, "").split(",")):
-                    importlib.import_module(module.strip())  # it calls register()
+                    try:
+                        importlib.import_module(module.strip())  # it calls register()
+                    except ImportError as exc:  # the built-in runtimes still serve
+                        log.error(
+                            "runtime plugin %r (named in %s) cannot be imported: %s. Hint: "
+                            "put it on PYTHONPATH, or remove it from %s",
+                            module.strip(),
+                            PLUGINS_ENV,
+                            exc,
+                            PLUGINS_ENV,
+                        )
                 _plugins_loaded = True
     return _kinds
 
