@@ -104,9 +104,8 @@ def _fix_serialization_id(path: Path) -> None:
     keeping torch's layout (entries stored, dated 1980, data aligned to 64 bytes with padding
     in the extra field)."""
     with zipfile.ZipFile(path) as src:
-        records = [
-            (i, src.read(i.filename)) for i in src.infolist() if not i.filename.endswith(".debug_pkl")
-        ]
+        kept = [i for i in src.infolist() if not i.filename.endswith(".debug_pkl")]
+        records = [(i, src.read(i.filename)) for i in kept]
     digest = hashlib.sha256(b"".join(d for i, d in records if "serialization_id" not in i.filename))
     tmp = path.with_suffix(".tmp")
     with tmp.open("wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as dst:
