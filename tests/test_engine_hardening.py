@@ -182,6 +182,15 @@ def test_empty_outputs_means_every_output(server: ServerProcess) -> None:
     response = post(server, "chunky", {**scripted_inputs(sleep_ms=0), "outputs": []})
     assert response.status_code == 200, response.text
     assert sorted(o["name"] for o in response.json()["outputs"]) == ["pid", "rows", "y"]
+    # ...in the encoding the request asks for: every output as binary data here.
+    body = {
+        **scripted_inputs(sleep_ms=0),
+        "outputs": [],
+        "parameters": {"binary_data_output": True},
+    }
+    binary = post(server, "chunky", body)
+    assert binary.status_code == 200, binary.text
+    assert "inference-header-content-length" in binary.headers
 
 
 def test_an_empty_batch_gets_empty_outputs(server: ServerProcess) -> None:

@@ -236,7 +236,8 @@ def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedReq
     request_id = doc.get("id")
     request_id = str(request_id) if request_id is not None else None
     raw_outputs = doc.get("outputs")
-    if raw_outputs is None:  # the common case: every output, in the default encoding
+    if raw_outputs is None or raw_outputs == []:  # every output, in the default encoding
+        # (`"outputs": []` means every output too, as in Triton)
         return DecodedRequest(request_id, inputs, None, _NO_NAMES, binary_default, params)
     if type(raw_outputs) is not list:
         raise BadRequest("'outputs' must be an array of {\"name\": ...} objects")
