@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import numpy as np
 import orjson
@@ -61,8 +62,9 @@ class Latency:
 
 @dataclass(frozen=True)
 class ServerSplit:
-    """Where the server spent the time, read from its /metrics over the measured windows:
-    the average wait in the model's queue per request, and the average run per batch."""
+    """Where the server spent the time, read from its statistics endpoint over the measured
+    windows: the average wait in the model's queue and the average compute (the run of the
+    batch it was in), per request."""
 
     queue_ms: float | None
     compute_ms: float | None
@@ -112,7 +114,7 @@ class Target:
     path: str
     body: bytes
     headers: dict[str, str]
-    model: str = ""  # for reading the server's split from /metrics ("" skips it)
+    model: str = ""  # for reading the server's split from its statistics ("" skips it)
 
 
 @dataclass(frozen=True)
@@ -500,33 +502,28 @@ def _with_split(
     return replace(result, server=split)
 
 
-def parse_split(metrics_text: str, model: str) -> tuple[float, float, float, float]:
-    """(queue seconds, queued requests, compute seconds, batches) for `model`, summed over
-    classes, from the server's Prometheus text."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    totals = dict.fromkeys(
-        (
-            "infergate_queue_seconds_sum",
-            "infergate_queue_seconds_count",
-            "infergate_compute_seconds_sum",
-            "infergate_compute_seconds_count",
-        ),
-        0.0,
-    )
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if sample.name in totals and sample.labels.get("model") == model:
-                totals[sample.name] += sample.value
-    q_s, q_n, c_s, c_n = totals.values()
+def parse_split(stats: bytes) -> tuple[float, float, float, float]:
+    """(queue seconds, queued requests, compute seconds, computed requests), summed over the
+    model's versions, from a Triton statistics document (`GET /v2/models/{m}/stats`), which
+    infergate and Triton both answer (perf_analyzer reads the same)."""
+    doc = orjson.loads(stats)
+    q_s = q_n = c_s = c_n = 0.0
+    for version in doc.get("model_stats", []):
+        inference = version.get("inference_stats", {})
+        queue, compute = inference.get("queue", {}), inference.get("compute_infer", {})
+        q_s += float(queue.get("ns", 0)) / 1e9
+        q_n += float(queue.get("count", 0))
+        c_s += float(compute.get("ns", 0)) / 1e9
+        c_n += float(compute.get("count", 0))
     return q_s, q_n, c_s, c_n
 
 
 def server_split_reader(
     target: Target,
 ) -> Callable[[], Coroutine[Any, Any, tuple[float, float, float, float] | None]]:
-    """Reads the model's queue and compute totals from GET /metrics; None when the server
-    does not answer it (another V2 server, say)."""
+    """Reads the model's queue and compute totals from its statistics endpoint; None when
+    the server does not answer it."""
+    path = f"/v2/models/{quote(target.model, safe='')}/stats"
 
     async def read() -> tuple[float, float, float, float] | None:
         try:
@@ -534,7 +531,7 @@ def server_split_reader(
         except OSError:
             return None
         try:
-            response = await conn.send(conn.request_bytes("GET", "/metrics", b""))
+            response = await conn.send(conn.request_bytes("GET", path, b""))
         except OSError:
             return None
         finally:
@@ -542,8 +539,8 @@ def server_split_reader(
         if response.status != 200:
             return None
         try:
-            return parse_split(response.body.decode("utf-8", "replace"), target.model)
-        except ValueError:
+            return parse_split(response.body)
+        except (ValueError, TypeError, AttributeError):
             return None
 
     return read

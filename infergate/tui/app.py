@@ -366,7 +366,8 @@ class Dashboard(App[None]):
     @work(group="actions")
     async def action_unload(self) -> None:
         model = self.selected_model()
-        if model and await self._confirm(f"Unload {model}? Its workers stop; requests get 404 until it is loaded again."):
+        question = f"Unload {model}? Its workers stop; requests get 404 until it is loaded again."
+        if model and await self._confirm(question):
             await self._act("unload", model)
 
     def action_help(self) -> None:
