@@ -17,6 +17,7 @@ from infergate.engine.scheduling.batching import batch_key, has_batch_dimension
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness, QueuePolicy
 from infergate.engine.scheduling.scheduler import Scheduler, Timing
+from infergate.engine.scheduling.sequences import SequenceTable
 from infergate.engine.spec import (
     BatchingOverrides,
     ModelConfig,
@@ -109,6 +110,10 @@ class ServedVersion:
             queue_policy(context.queue_policy, entry.config.batching),
             context.clock,
             context.metrics,
+        )
+        sequence = entry.config.sequence
+        self.sequences = (
+            None if sequence is None else SequenceTable(entry.name, sequence, context.clock)
         )
 
     def _breaker_changed(self, state: str, reason: str) -> None:
@@ -307,8 +312,9 @@ class ServedVersion:
         timeout_s: float,
         session: str | None = None,
         fair: Fairness | None = None,
+        instance: int | None = None,
     ) -> tuple[dict[str, Array], Timing]:
-        """Run checked inputs (`key` from check_inputs)."""
+        """Run checked inputs (`key` from check_inputs); only on `instance` when given."""
         # Counted from the same loop step that chose this version, so a drain never
         # misses a request that is about to start.
         self.in_flight += 1
@@ -317,7 +323,7 @@ class ServedVersion:
         started = clock.now()
         try:
             result = await self.scheduler.submit(
-                inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair
+                inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair, instance
             )
         except InfergateError:
             stats.request_failed(clock.now() - started)
