@@ -51,13 +51,15 @@ async def infer_in_sequence(
         async with seq.lock:
             if not params.start:
                 table.check(seq)  # its worker may have died while this request waited
-            inputs = {**request.inputs, **_fed(served, settings, params, seq.state, request)}
             wanted = request.outputs
             if wanted:  # the state outputs are computed whatever the client asked for
                 wanted = (*wanted, *sorted(settings.state_outputs - set(wanted)))
-            step = request._replace(inputs=inputs, outputs=wanted, instance=seq.instance.index)
             try:
-                result = await run(step)
+                fed = _fed(served, settings, params, seq.state, request)
+                inputs = {**request.inputs, **fed}
+                result = await run(
+                    request._replace(inputs=inputs, outputs=wanted, instance=seq.instance.index)
+                )
             except WorkerFailed as exc:
                 table.lose(seq, f"its worker died while running this request ({exc})")
                 raise  # not reached: lose raises
