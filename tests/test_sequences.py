@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,7 +73,7 @@ class Rig:
 
 def accumulate(call: FakeCall) -> None:
     """The model: OUTPUT = INPUT + STATE_IN, STATE_OUT = OUTPUT."""
-    total = call.inputs["INPUT"] + call.inputs["STATE_IN"]
+    total = np.add(call.inputs["INPUT"], call.inputs["STATE_IN"])
     call.reply({"OUTPUT": total, "STATE_OUT": total.copy()})
 
 
@@ -221,12 +222,13 @@ def test_sequence_parameters_as_tritonclient_sends_them() -> None:
     assert sequence_params({"sequence_id": "abc", "sequence_end": True}) == SequenceParams(
         "abc", False, True
     )
-    for bad, words in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"sequence_id": 1.5}, "sequence_id must be a non-negative integer or a string"),
         ({"sequence_id": True}, "sequence_id must be"),
         ({"sequence_id": 1, "sequence_start": 1}, "sequence_start must be true or false"),
         ({"sequence_start": True}, "need a sequence_id"),
-    ]:
+    ]
+    for bad, words in cases:
         with pytest.raises(BadRequest, match=words):
             sequence_params(bad)
 
