@@ -134,3 +134,34 @@ def test_errors_a_client_sees(server: ServerProcess) -> None:
         c.infer("accumulator", [one])
     assert alone.value.status() == "400"
     assert "needs parameters.sequence_id" in str(alone.value)
+
+
+def test_triton_tools_see_a_sequence_model(server: ServerProcess) -> None:
+    c = client(server)
+    assert "sequence" in c.get_server_metadata()["extensions"]
+    config = c.get_model_config("accumulator")
+    assert config["sequence_batching"] == {
+        "max_sequence_idle_microseconds": 600_000_000,
+        "control_input": [],
+        "state": [
+            {
+                "input_name": "STATE_IN",
+                "output_name": "STATE_OUT",
+                "data_type": "TYPE_INT32",
+                "dims": [1],
+            }
+        ],
+    }
+    assert "dynamic_batching" not in config
+    # The gateway's own tensors are not the client's to send or read, as in Triton.
+    assert [t["name"] for t in config["input"]] == ["INPUT"]
+    assert [t["name"] for t in config["output"]] == ["OUTPUT"]
+    metadata = c.get_model_metadata("simple_sequence")
+    assert [t["name"] for t in metadata["inputs"]] == ["INPUT"]
+    controls = c.get_model_config("simple_sequence")["sequence_batching"]["control_input"]
+    assert controls == [
+        {
+            "name": "START",
+            "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}],
+        }
+    ]

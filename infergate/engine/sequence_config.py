@@ -16,9 +16,13 @@ that datatype, the correlation id for CORRID)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from infergate.engine.tomltable import Table
 from infergate.errors import ConfigError
+
+if TYPE_CHECKING:  # spec.py holds ModelConfig, which holds these settings
+    from infergate.engine.spec import TensorSpec
 
 CONTROLS = ("start", "end", "ready", "corrid")
 
@@ -45,6 +49,17 @@ class SequenceSettings:
     @property
     def state_outputs(self) -> frozenset[str]:
         return frozenset(s.output for s in self.states)
+
+
+def client_tensors(
+    specs: tuple[TensorSpec, ...], sequence: SequenceSettings | None
+) -> list[TensorSpec]:
+    """The tensors a client sees (metadata, Triton's config): the gateway's own sequence
+    tensors left out, as Triton leaves out control inputs and state."""
+    if sequence is None:
+        return list(specs)
+    hidden = sequence.fed_inputs | sequence.state_outputs
+    return [s for s in specs if s.name not in hidden]
 
 
 def _state(table: Table) -> StatePair:
