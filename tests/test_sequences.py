@@ -57,11 +57,12 @@ class Rig:
         return table
 
     async def ask(
-        self, value: int, sid: SequenceId, start: bool = False, end: bool = False
+        self, value: int, sid: SequenceId, start: bool = False, end: bool = False, cls: str = ""
     ) -> asyncio.Task[InferenceResult]:
         """Send one request of sequence `sid`; returns once it is queued or running."""
         x = np.full((1, 1), value, np.int32)
-        request = InferenceRequest("m", {"INPUT": x}, sequence=SequenceParams(sid, start, end))
+        sequence = SequenceParams(sid, start, end)
+        request = InferenceRequest("m", {"INPUT": x}, priority=cls or None, sequence=sequence)
         task = asyncio.create_task(self.engine.infer(request))
         for _ in range(5):  # past admission, into the scheduler
             await asyncio.sleep(0)
@@ -258,3 +259,23 @@ def test_an_empty_sequence_table_still_takes_sequences(tmp_path: Path) -> None:
     assert settings.idle_timeout_s == 1.0  # Triton's default max_sequence_idle_microseconds
     path.write_text("")
     assert parse_model_config(path).sequence is None
+
+
+async def test_a_request_that_waited_out_a_restart_is_lost_too(tmp_path: Path) -> None:
+    async with started(tmp_path) as rig:
+        assert await answer(rig, await rig.ask(1, 31, start=True)) == 1
+        other = await rig.ask(1, 32, start=True)  # runs; 31's next request queues behind it
+        queued = await rig.ask(2, 31, cls="batch")  # a deadline of 30 s: it waits
+        call = await rig.workers.next_call()
+        assert len(rig.pending()) == 1
+        call.worker.end("crashed")
+        with pytest.raises(SequenceLost):
+            await other
+        instance = rig.engine.version("m").instances[0]
+        while not instance.ready:  # the restart backoff runs on the FakeClock
+            rig.clock.advance(0.25)
+            await asyncio.sleep(0.01)
+        late = await rig.workers.next_call()  # the new worker ran it, with carried state
+        accumulate(late)
+        with pytest.raises(SequenceLost, match="sequence 31 of model 'm' is lost"):
+            await queued

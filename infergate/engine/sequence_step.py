@@ -67,6 +67,9 @@ async def infer_in_sequence(
                 if params.start or params.end:
                     table.close(seq)  # a failed start never began; an end ends anyway
                 raise
+            # It waited out a restart in the queue and ran on the new worker: the sequence
+            # is lost all the same, as for every request after its worker died.
+            table.check(seq)
             outputs = dict(result.outputs)
             # A copy: the output may be a view of a whole batch, or of a reused buffer.
             seq.state = {s.input: np.array(outputs[s.output]) for s in settings.states}
