@@ -40,7 +40,7 @@ MODEL_TOML = (
         f'[[outputs]]\nname = "{n}"\ndatatype = "INT32"\nshape = [-1, 1]\n'
         for n in ("OUTPUT", "STATE_OUT")
     )
-    + "[sequence]\nidle_timeout_ms = 5000\n"
+    + "[sequence]\nidle_timeout_ms = {idle_timeout_ms}\n"
     + 'start = "START"\nend = "END"\nready = "READY"\ncorrid = "CORRID"\n'
     + '[[sequence.state]]\ninput = "STATE_IN"\noutput = "STATE_OUT"\n'
 )
@@ -85,9 +85,12 @@ async def answer(rig: Rig, task: asyncio.Task[InferenceResult]) -> int:
 
 
 @asynccontextmanager
-async def started(tmp_path: Path, instances: int = 1) -> AsyncIterator[Rig]:
+async def started(
+    tmp_path: Path, instances: int = 1, idle_timeout_ms: int = 5000
+) -> AsyncIterator[Rig]:
     make_accumulator(tmp_path / "models" / "m" / "1" / "model.onnx")
-    (tmp_path / "models" / "m" / "model.toml").write_text(MODEL_TOML.format(instances=instances))
+    toml = MODEL_TOML.format(instances=instances, idle_timeout_ms=idle_timeout_ms)
+    (tmp_path / "models" / "m" / "model.toml").write_text(toml)
     clock, workers = FakeClock(), FakeWorkers()
     engine = Engine(
         EngineSettings(tmp_path / "models", "explicit"),
@@ -279,3 +282,16 @@ async def test_a_request_that_waited_out_a_restart_is_lost_too(tmp_path: Path) -
         accumulate(late)
         with pytest.raises(SequenceLost, match="sequence 31 of model 'm' is lost"):
             await queued
+
+
+async def test_an_idle_sequence_is_freed_without_another_request(tmp_path: Path) -> None:
+    async with started(tmp_path, idle_timeout_ms=20) as rig:
+        assert await answer(rig, await rig.ask(1, 41, start=True)) == 1
+        assert 41 in rig.table
+        rig.clock.advance(0.019)
+        await asyncio.sleep(0.05)  # the timer looked: not idle long enough on the clock
+        assert 41 in rig.table
+        rig.clock.advance(0.002)
+        await eventually(lambda: 41 not in rig.table, what="the idle sequence to be dropped")
+        with pytest.raises(BadRequest, match="past the model's sequence idle timeout"):
+            await (await rig.ask(1, 41))

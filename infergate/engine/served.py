@@ -177,6 +177,8 @@ class ServedVersion:
 
     async def stop(self) -> None:
         await self.scheduler.stop()
+        if self.sequences is not None:
+            self.sequences.stop()
         await asyncio.gather(*(i.stop() for i in self.instances))
         for instance in self.instances:
             self._context.placer.release(self._key(instance))

@@ -4,9 +4,10 @@ the instance each is bound to, and the implicit state carried between its reques
 A sequence starts with `sequence_start` and is bound to the ready instance that holds the
 fewest live sequences, until its `sequence_end` or until it stays idle past the model's
 idle timeout (read on the injected clock; idle sequences are dropped, state and all, when
-the model is next asked). An instance that dies takes its sequences with it: their next
-request is a SequenceLost (410) rather than a silent restart from zero state. Ids that
-ended badly (idle, lost) are remembered a while, so a late request is told why.
+the model is next asked, or by a timer that looks again when the oldest would expire). An
+instance that dies takes its sequences with it: their next request is a SequenceLost (410)
+rather than a silent restart from zero state. Ids that ended badly (idle, lost) are
+remembered a while, so a late request is told why.
 """
 
 from __future__ import annotations
@@ -85,12 +86,38 @@ class SequenceTable:
         self._clock = clock
         self._live: OrderedDict[SequenceId, Sequence] = OrderedDict()  # least recent first
         self._ended: OrderedDict[SequenceId, InfergateError] = OrderedDict()
+        self._timer: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         return len(self._live)
 
     def __contains__(self, sid: SequenceId) -> bool:
         return sid in self._live
+
+    def stop(self) -> None:
+        """The version stops: its sequences go with it."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._live.clear()
+
+    def _arm(self) -> None:
+        """Look again when the least recently used sequence would be idle too long (in
+        real time, as the loop counts it; the sweep itself reads the injected clock)."""
+        if self._timer is not None:
+            return
+        # A busy sequence is not idle, however old its last use: its release arms again.
+        oldest = next((s for s in self._live.values() if not s.busy), None)
+        if oldest is None:
+            return
+        due = oldest.last_used + self.settings.idle_timeout_s - self._clock.now()
+        delay = min(max(due, 0.0), self.settings.idle_timeout_s) + 0.001
+        self._timer = asyncio.get_running_loop().call_later(delay, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self.sweep(self._clock.now())
+        self._arm()
 
     def sweep(self, now: float) -> None:
         """Drop sequences idle past the timeout (their state with them)."""
@@ -166,6 +193,7 @@ class SequenceTable:
         seq.last_used = self._clock.now()
         if self._live.get(seq.id) is seq:
             self._live.move_to_end(seq.id)  # keeps the table ordered by last use
+        self._arm()
 
     def close(self, seq: Sequence) -> None:
         """It ended: forget it (unless a new sequence took its id since)."""
