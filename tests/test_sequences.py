@@ -26,7 +26,7 @@ from infergate.engine.scheduling.sequences import (
     SequenceTable,
     sequence_params,
 )
-from infergate.errors import BadRequest, ConfigError, SequenceLost
+from infergate.errors import BadRequest, ConfigError, Overloaded, SequenceLost
 from tests.fake_workers import FakeCall, FakeWorkers
 from tests.polling import eventually
 from tests.sequence_models import make_accumulator
@@ -40,7 +40,7 @@ MODEL_TOML = (
         f'[[outputs]]\nname = "{n}"\ndatatype = "INT32"\nshape = [-1, 1]\n'
         for n in ("OUTPUT", "STATE_OUT")
     )
-    + "[sequence]\nidle_timeout_ms = {idle_timeout_ms}\n"
+    + "[sequence]\nidle_timeout_ms = {idle_timeout_ms}\nmax_sequences = 3\n"
     + 'start = "START"\nend = "END"\nready = "READY"\ncorrid = "CORRID"\n'
     + '[[sequence.state]]\ninput = "STATE_IN"\noutput = "STATE_OUT"\n'
 )
@@ -295,3 +295,15 @@ async def test_an_idle_sequence_is_freed_without_another_request(tmp_path: Path)
         await eventually(lambda: 41 not in rig.table, what="the idle sequence to be dropped")
         with pytest.raises(BadRequest, match="past the model's sequence idle timeout"):
             await (await rig.ask(1, 41))
+
+
+async def test_live_sequences_are_bounded(tmp_path: Path) -> None:
+    async with started(tmp_path) as rig:  # max_sequences = 3
+        for sid in (51, 52, 53):
+            assert await answer(rig, await rig.ask(1, sid, start=True)) == 1
+        with pytest.raises(Overloaded, match="holds 3 live sequences, its limit") as full:
+            await (await rig.ask(1, 54, start=True))
+        assert full.value.retry_after_s is not None
+        assert await answer(rig, await rig.ask(1, 53, start=True)) == 1  # restarting one is fine
+        assert await answer(rig, await rig.ask(1, 52, end=True)) == 2
+        assert await answer(rig, await rig.ask(7, 54, start=True)) == 7  # 52's place

@@ -2,6 +2,7 @@
 
     [sequence]
     idle_timeout_ms = 1000     # Triton's max_sequence_idle_microseconds (default 1 s)
+    max_sequences = 1024       # live at once; a start past it is a 503 (Retry-After)
     start = "START"            # control inputs the gateway feeds with each request
     end = "END"
     ready = "READY"
@@ -38,6 +39,7 @@ class StatePair:
 @dataclass(frozen=True)
 class SequenceSettings:
     idle_timeout_s: float = 1.0
+    max_sequences: int = 1024  # each holds its state in the gateway's memory: a bound
     controls: tuple[tuple[str, str], ...] = ()  # (kind in CONTROLS, model input name)
     states: tuple[StatePair, ...] = ()
 
@@ -79,6 +81,7 @@ def parse_sequence(table: Table, present: bool) -> SequenceSettings | None:
     if not present:
         return None
     timeout_ms = table.number("idle_timeout_ms", 1000.0, minimum=1)
+    most = table.integer("max_sequences", 1024, minimum=1)
     controls = tuple(
         (kind, name) for kind in CONTROLS if (name := table.string(kind, None)) is not None
     )
@@ -91,4 +94,4 @@ def parse_sequence(table: Table, present: bool) -> SequenceSettings | None:
             f"{table.where('')}: input {twice[0]!r} is named twice; each control and state "
             "input must be its own model input"
         )
-    return SequenceSettings(timeout_ms / 1000.0, controls, states)
+    return SequenceSettings(timeout_ms / 1000.0, most, controls, states)

@@ -21,7 +21,7 @@ from infergate.clock import Clock
 from infergate.engine.instance import Instance
 from infergate.engine.sequence_config import SequenceSettings
 from infergate.engine.workers.protocol import Worker
-from infergate.errors import BadRequest, InfergateError, SequenceLost
+from infergate.errors import BadRequest, InfergateError, Overloaded, SequenceLost
 from infergate.tensors import Array
 
 SequenceId = int | str
@@ -147,6 +147,14 @@ class SequenceTable:
         self.sweep(now)
         sid = params.id
         if params.start:
+            if sid not in self._live and len(self._live) >= self.settings.max_sequences:
+                raise Overloaded(
+                    f"model {self.model!r} holds {len(self._live)} live sequences, its limit "
+                    f"(max_sequences = {self.settings.max_sequences} under [sequence] in "
+                    "model.toml); a sequence frees its place at its end or when idle past "
+                    f"{self.settings.idle_timeout_s:g} s. Hint: end sequences with "
+                    "sequence_end, retry after a pause, or raise max_sequences"
+                )
             self._ended.pop(sid, None)
             instance = self._least_loaded(instances)
             seq = Sequence(sid, instance, instance.handle, now)
