@@ -26,7 +26,7 @@ from infergate.engine.scheduling.sequences import (
     SequenceTable,
     sequence_params,
 )
-from infergate.errors import BadRequest, ConfigError, Overloaded, SequenceLost
+from infergate.errors import BadRequest, ConfigError, ModelFailed, Overloaded, SequenceLost
 from tests.fake_workers import FakeCall, FakeWorkers
 from tests.polling import eventually
 from tests.sequence_models import make_accumulator
@@ -86,10 +86,10 @@ async def answer(rig: Rig, task: asyncio.Task[InferenceResult]) -> int:
 
 @asynccontextmanager
 async def started(
-    tmp_path: Path, instances: int = 1, idle_timeout_ms: int = 5000
+    tmp_path: Path, instances: int = 1, idle_timeout_ms: int = 5000, toml: str = ""
 ) -> AsyncIterator[Rig]:
     make_accumulator(tmp_path / "models" / "m" / "1" / "model.onnx")
-    toml = MODEL_TOML.format(instances=instances, idle_timeout_ms=idle_timeout_ms)
+    toml = toml or MODEL_TOML.format(instances=instances, idle_timeout_ms=idle_timeout_ms)
     (tmp_path / "models" / "m" / "model.toml").write_text(toml)
     clock, workers = FakeClock(), FakeWorkers()
     engine = Engine(
@@ -307,3 +307,45 @@ async def test_live_sequences_are_bounded(tmp_path: Path) -> None:
         assert await answer(rig, await rig.ask(1, 53, start=True)) == 1  # restarting one is fine
         assert await answer(rig, await rig.ask(1, 52, end=True)) == 2
         assert await answer(rig, await rig.ask(7, 54, start=True)) == 7  # 52's place
+
+
+def tensor_toml(kind: str, name: str, datatype: str) -> str:
+    return f'[[{kind}]]\nname = "{name}"\ndatatype = "{datatype}"\nshape = [-1, 1]\n'
+
+
+async def test_controls_take_the_model_s_own_datatypes(tmp_path: Path) -> None:
+    toml = (
+        tensor_toml("inputs", "INPUT", "INT32")
+        + tensor_toml("inputs", "STATE_IN", "INT32")
+        + tensor_toml("inputs", "START", "BOOL")
+        + tensor_toml("inputs", "END", "FP32")
+        + tensor_toml("inputs", "CORRID", "BYTES")
+        + tensor_toml("outputs", "OUTPUT", "INT32")
+        + tensor_toml("outputs", "STATE_OUT", "INT32")
+        + '[sequence]\nstart = "START"\nend = "END"\ncorrid = "CORRID"\n'
+        + '[[sequence.state]]\ninput = "STATE_IN"\noutput = "STATE_OUT"\n'
+    )
+    async with started(tmp_path, toml=toml) as rig:
+        task = await rig.ask(1, "user-7", start=True, end=True)
+        call = await rig.workers.next_call()
+        assert call.inputs["START"].dtype == np.bool_
+        assert call.inputs["START"].tolist() == [[True]]
+        assert call.inputs["END"].dtype == np.float32
+        assert call.inputs["END"].tolist() == [[1.0]]
+        assert call.inputs["CORRID"].tolist() == [[b"user-7"]]
+        accumulate(call)
+        assert (await task).outputs["OUTPUT"].tolist() == [[1]]
+
+
+async def test_a_sequence_table_naming_a_missing_input_says_so(tmp_path: Path) -> None:
+    toml = (
+        tensor_toml("inputs", "INPUT", "INT32")
+        + tensor_toml("inputs", "STATE_IN", "INT32")
+        + tensor_toml("outputs", "OUTPUT", "INT32")
+        + tensor_toml("outputs", "STATE_OUT", "INT32")
+        + '[sequence]\nstart = "BEGIN"\n'
+    )
+    async with started(tmp_path, toml=toml) as rig:
+        with pytest.raises(ModelFailed, match="names input 'BEGIN', which the model does not"):
+            await (await rig.ask(1, 3, start=True))
+        assert rig.pending() == []
