@@ -10,6 +10,7 @@ InfergateError                    500
 ├── ModelFailed                   424  (failed to load, or its runtime is missing)
 ├── ModelNotReady                 503  (loading, restarting: Retry-After)
 ├── WorkerFailed                  503  (the worker died or was killed mid-request)
+├── SequenceLost                  410  (a sequence's instance died: its state is gone)
 ├── CircuitOpen / Overloaded      503  (Retry-After)
 ├── DeadlineExceeded              504  (the model ran past its execution timeout)
 │   └── QueueDeadlineExceeded     504  (never started: waited past its deadline)
@@ -107,6 +108,14 @@ class WorkerFailed(InfergateError):
 
 class WorkerOverMemory(WorkerFailed):
     """The worker was killed for using more than its memory limit (never retried)."""
+
+
+class SequenceLost(InfergateError):
+    """A sequence's instance died after it started: its state went with it. No retry of
+    this request can help; the client starts the sequence again."""
+
+    status = 410
+    reason = "sequence_lost"
 
 
 class Overloaded(InfergateError):

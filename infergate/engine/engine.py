@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -14,6 +15,7 @@ from infergate.engine.monitor import MemoryMonitor
 from infergate.engine.registry import ModelRecord, Registry
 from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.scheduling.queue import Fairness
+from infergate.engine.sequence_step import infer_in_sequence
 from infergate.engine.served import ServedVersion
 from infergate.engine.tenants import TenantState
 from infergate.engine.watcher import RepositoryWatcher
@@ -154,6 +156,14 @@ class Engine:
 
     async def _infer(self, request: InferenceRequest, tenant: TenantState) -> InferenceResult:
         served = self.version(request.model, request.version)
+        if request.sequence is not None or served.sequences is not None:
+            run = partial(self._run, served, tenant=tenant)
+            return await infer_in_sequence(served, request, run)
+        return await self._run(served, request, tenant)
+
+    async def _run(
+        self, served: ServedVersion, request: InferenceRequest, tenant: TenantState
+    ) -> InferenceResult:
         if not served.ready:
             raise served.not_ready_error()
         key = served.check_inputs(request.inputs)
@@ -188,6 +198,7 @@ class Engine:
                 served.config.timeout_s,
                 request.session,
                 fair,
+                request.instance,
             )
         except InfergateError as exc:
             # The breaker judges the model: its own failures count; load (queue deadlines,

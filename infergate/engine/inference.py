@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from infergate.engine.scheduling.scheduler import Timing
+from infergate.engine.scheduling.sequences import SequenceParams
 from infergate.tensors import Array
 
 
@@ -19,6 +20,8 @@ class InferenceRequest(NamedTuple):
     timeout_s: float | None = None  # the client's own deadline, if it gave one
     priority: Any = None  # V2 parameters.priority: a class name, or tritonclient's integer
     session: str | None = None  # V2 parameters.session: keep these on one instance
+    sequence: SequenceParams | None = None  # V2 parameters.sequence_id/_start/_end
+    instance: int | None = None  # the only instance that may run it (a sequence's)
 
 
 class InferenceResult(NamedTuple):

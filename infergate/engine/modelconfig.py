@@ -6,6 +6,7 @@ from pathlib import Path
 
 from infergate.engine.breaker import TUNABLE
 from infergate.engine.runtimes import runtime_names
+from infergate.engine.sequence_config import parse_sequence
 from infergate.engine.spec import (
     WARMUP_DATA,
     BatchingOverrides,
@@ -111,6 +112,7 @@ def parse_model_config(path: Path) -> ModelConfig:
         sha256=table.string("sha256", None),
         tenant=table.string("tenant", "default"),
         warmup=_warmup(table.table("warmup"), path.parent),
+        sequence=parse_sequence(table.table("sequence"), table.has("sequence")),
     )
     table.reject_unknown()
     return config

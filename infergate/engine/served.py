@@ -17,6 +17,7 @@ from infergate.engine.scheduling.batching import batch_key, has_batch_dimension
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness, QueuePolicy
 from infergate.engine.scheduling.scheduler import Scheduler, Timing
+from infergate.engine.scheduling.sequences import SequenceTable
 from infergate.engine.spec import (
     BatchingOverrides,
     ModelConfig,
@@ -110,6 +111,10 @@ class ServedVersion:
             context.clock,
             context.metrics,
         )
+        sequence = entry.config.sequence
+        self.sequences = (
+            None if sequence is None else SequenceTable(entry.name, sequence, context.clock)
+        )
 
     def _breaker_changed(self, state: str, reason: str) -> None:
         self._context.metrics.breaker_state.labels(self.name, str(self.version)).set(
@@ -172,6 +177,8 @@ class ServedVersion:
 
     async def stop(self) -> None:
         await self.scheduler.stop()
+        if self.sequences is not None:
+            self.sequences.stop()
         await asyncio.gather(*(i.stop() for i in self.instances))
         for instance in self.instances:
             self._context.placer.release(self._key(instance))
@@ -307,8 +314,9 @@ class ServedVersion:
         timeout_s: float,
         session: str | None = None,
         fair: Fairness | None = None,
+        instance: int | None = None,
     ) -> tuple[dict[str, Array], Timing]:
-        """Run checked inputs (`key` from check_inputs)."""
+        """Run checked inputs (`key` from check_inputs); only on `instance` when given."""
         # Counted from the same loop step that chose this version, so a drain never
         # misses a request that is about to start.
         self.in_flight += 1
@@ -317,7 +325,7 @@ class ServedVersion:
         started = clock.now()
         try:
             result = await self.scheduler.submit(
-                inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair
+                inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair, instance
             )
         except InfergateError:
             stats.request_failed(clock.now() - started)

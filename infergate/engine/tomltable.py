@@ -92,6 +92,9 @@ class Table:
         value = self._get(key, (dict,), "a table", {})
         return Table(value, self._source, f"{self._prefix}{key}.")
 
+    def has(self, key: str) -> bool:
+        return key in self._data
+
     def tables(self, key: str) -> list[Table]:
         """An array of tables ([[key]])."""
         items = self._get(key, (list,), "an array of tables", [])

@@ -7,8 +7,10 @@ from typing import Any
 
 from infergate.engine.config_override import BACKENDS
 from infergate.engine.registry import ModelRecord
+from infergate.engine.sequence_config import client_tensors
 from infergate.engine.served import ServedVersion
 from infergate.engine.spec import TensorSpec, VersionPolicy
+from infergate.engine.triton_sequence import sequence_batching
 
 # Triton's model-config data types for the V2 datatypes (BYTES is TYPE_STRING there).
 TRITON_TYPES = {
@@ -62,19 +64,24 @@ def model_config(served: ServedVersion, record: ModelRecord) -> dict[str, Any]:
     """GET /v2/models/{m}[/versions/{v}]/config: Triton's schema, from what serves."""
     policy = served.scheduler.policy
     batching = served.batchable
+    sequence = served.config.sequence
     doc: dict[str, Any] = {
         "name": served.name,
         "platform": served.platform,
         "backend": BACKENDS.get(served.platform, served.platform),
         "version_policy": _version_policy(served.config.version_policy),
         "max_batch_size": policy.max_batch_size if batching else 0,
-        "input": [_tensor(s, batching) for s in served.inputs],
-        "output": [_tensor(s, batching) for s in served.outputs],
+        "input": [_tensor(s, batching) for s in client_tensors(served.inputs, sequence)],
+        "output": [_tensor(s, batching) for s in client_tensors(served.outputs, sequence)],
         "instance_group": _instance_group(served),
         "default_model_filename": served.file.path.name,
         "parameters": {},
     }
-    if batching:
+    if sequence is not None:  # Triton's schedulers are one or the other
+        doc["sequence_batching"] = sequence_batching(
+            sequence, served.inputs, batching, TRITON_TYPES
+        )
+    elif batching:
         doc["dynamic_batching"] = {
             "preferred_batch_size": [],
             "max_queue_delay_microseconds": round(policy.max_delay_s * 1e6),

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from infergate.engine.classification import classify_outputs
 from infergate.engine.engine import Engine
 from infergate.engine.inference import InferenceRequest
+from infergate.engine.scheduling.sequences import sequence_params
 from infergate.engine.tenants import TenantState
 from infergate.errors import BadRequest, InfergateError
 from infergate.server.body import read_body
@@ -173,6 +174,7 @@ class InferRoute:
                     timeout_s=timeout_s(decoded.parameters),
                     priority=decoded.parameters.get("priority"),
                     session=session_of(decoded.parameters),
+                    sequence=sequence_params(decoded.parameters),
                 ),
                 tenant,
             )

@@ -19,6 +19,7 @@ EXTENSIONS = [
     "model_configuration",
     "model_repository",
     "parameters",
+    "sequence",
     "statistics",
     "system_shared_memory",
 ]

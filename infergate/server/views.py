@@ -7,6 +7,7 @@ from typing import Any
 
 from infergate.engine.engine import Engine
 from infergate.engine.registry import ModelRecord
+from infergate.engine.sequence_config import client_tensors
 from infergate.engine.served import ServedVersion
 from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, NO_RATE_LIMIT
 
@@ -21,8 +22,8 @@ def model_metadata(served: ServedVersion, record: ModelRecord) -> dict[str, Any]
         "name": served.name,
         "versions": [str(v) for v in sorted(record.versions)],
         "platform": served.platform,
-        "inputs": [s.to_json() for s in served.inputs],
-        "outputs": [s.to_json() for s in served.outputs],
+        "inputs": [s.to_json() for s in client_tensors(served.inputs, served.config.sequence)],
+        "outputs": [s.to_json() for s in client_tensors(served.outputs, served.config.sequence)],
         "parameters": {"sha256": served.sha256, "state": served.state},
     }
 

@@ -119,6 +119,7 @@ class _Work:
     index: int
     inputs: dict[str, Array]
     retried: bool = False
+    bound: bool = False  # a sequence's: it runs on its instance or not at all
 
 
 @dataclass(eq=False, slots=True)
@@ -200,10 +201,12 @@ class Scheduler:
         timeout_s: float,
         session: str | None = None,
         fair: Fairness | None = None,
+        instance: int | None = None,
     ) -> tuple[dict[str, Array], Timing]:
         """Queue a request and await its outputs. Requests with an equal, non-None `key`
         may run in one batch; None runs alone. `queue_deadline_s` bounds its wait to
-        start, `timeout_s` its execution (past it the worker is killed)."""
+        start, `timeout_s` its execution (past it the worker is killed). With `instance`
+        it runs there only, and is never retried elsewhere (a sequence's request)."""
         now = self._clock.now()
         batching = key is not None and self._queue.batching
         rows = rows_of(inputs) if batching else 1
@@ -225,14 +228,14 @@ class Scheduler:
         ticket = _Ticket(outputs, timeout_s, cls, len(chunks), future)
         if not batching:
             key = None
-        pin = self._pin(session)
+        pin = self._pin(session) if instance is None else instance
         deadline = now + queue_deadline_s
         whole = len(chunks) == 1  # then its rows are counted already
         group = None if whole else Group()
         fair = fair or _ANONYMOUS
         jobs = [
             Job(
-                _Work(ticket, i, c),
+                _Work(ticket, i, c, bound=instance is not None),
                 cls,
                 now,
                 deadline,
@@ -440,7 +443,7 @@ class Scheduler:
             i.ready for i in self._instances if i is not failed
         )
         for job in jobs:
-            if sibling_ready and not job.payload.retried:
+            if sibling_ready and not job.payload.retried and not job.payload.bound:
                 job.payload.retried = True
                 # It met its deadline once already: the retry gets a fresh one.
                 now = self._clock.now()
