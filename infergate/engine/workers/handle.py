@@ -355,16 +355,21 @@ class WorkerHandle:
         return future
 
     async def wait(
-        self, future: asyncio.Future[dict[str, Array]], timeout_s: float
+        self,
+        future: asyncio.Future[dict[str, Array]],
+        timeout_s: float,
+        limit_s: float | None = None,
     ) -> dict[str, Array]:
-        """The outputs of a call `begin` sent; a call past `timeout_s` kills the worker."""
+        """The outputs of a call `begin` sent; a call past `timeout_s` kills the worker.
+        `limit_s`: the execution timeout to name (the call may have started earlier)."""
         try:
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
-            self.kill(f"a request ran past the execution timeout of {timeout_s * 1000:.0f} ms")
+            limit_ms = (timeout_s if limit_s is None else limit_s) * 1000
+            self.kill(f"a request ran past the execution timeout of {limit_ms:.0f} ms")
             raise DeadlineExceeded(
                 f"model {self.spec.model!r} version {self.spec.version} did not answer within "
-                f"{timeout_s * 1000:.0f} ms; its worker was killed and is being restarted. "
+                f"{limit_ms:.0f} ms; its worker was killed and is being restarted. "
                 "Hint: raise timeout_ms in model.toml if the model is legitimately slow"
             ) from None
 

@@ -33,8 +33,14 @@ class Worker(Protocol):
     ) -> asyncio.Future[dict[str, Array]]: ...
 
     async def wait(
-        self, future: asyncio.Future[dict[str, Array]], timeout_s: float
-    ) -> dict[str, Array]: ...
+        self,
+        future: asyncio.Future[dict[str, Array]],
+        timeout_s: float,
+        limit_s: float | None = None,
+    ) -> dict[str, Array]:
+        """The call's outputs; past `timeout_s` the worker is killed. `limit_s` is the
+        execution timeout the error names (the call may have started before this wait)."""
+        ...
 
     def kill_over_memory(self, why: str) -> None: ...
 
