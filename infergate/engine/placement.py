@@ -19,17 +19,13 @@ from dataclasses import dataclass
 
 from infergate.engine.devices import DeviceBackend, DeviceUsage
 from infergate.engine.tenants import Tenant
-from infergate.errors import InfergateError
+from infergate.errors import PlacementRefused as PlacementRefused  # raised here
 
 
 def _usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-class PlacementRefused(InfergateError):
-    status = 507
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from tomlkit import TOMLDocument, table
 from infergate.engine.breaker import TUNABLE
 from infergate.engine.engine import Engine
 from infergate.engine.tenants import SETTABLE, TenantState, hash_key, new_key
-from infergate.errors import BadRequest, Forbidden, ModelNotFound, Unauthorized
+from infergate.errors import BadRequest, Forbidden, TenantNotFound, Unauthorized
 from infergate.profile_store import ProfileStore
 from infergate.server.codec import json_object
 from infergate.server.infer_route import api_key
@@ -181,7 +181,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
         doc = await _body(request)
         _check_fields(doc, TENANT_FIELDS, "tenant")
         if not any(s.tenant.name == name for s in tenants.states()):
-            raise ModelNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
+            raise TenantNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
 
         def change(document: TOMLDocument) -> None:
             section = document.setdefault("tenants", table(is_super_table=True))
@@ -195,7 +195,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
     @router.delete("/admin/tenants/{name}")
     async def remove_tenant(name: str) -> Response:
         if not any(s.tenant.name == name for s in tenants.states()):
-            raise ModelNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
+            raise TenantNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
 
         def change(document: TOMLDocument) -> None:
             section = document.get("tenants", {})

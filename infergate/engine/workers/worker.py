@@ -27,6 +27,7 @@ from infergate.engine.workers.messages import (
     encode,
 )
 from infergate.engine.workers.shm import MappedArena, layout_size, read_tensor, write_tensors
+from infergate.errors import WarmupFailed
 from infergate.tensors import to_wire, v2_datatype
 
 
@@ -58,10 +59,6 @@ def _load(spec: WorkerSpec) -> Runtime:
     _check_declared("outputs", spec.outputs, runtime.outputs)
     _warm_up(runtime, spec)
     return runtime
-
-
-class WarmupFailed(Exception):
-    """The gateway's warm-up input made the model fail (not necessarily the model's fault)."""
 
 
 _WARMUP_HINT = (
