@@ -167,7 +167,7 @@ class ProfileStore:
                     "",
                     f"[{table}] settings changed; they apply at the next start (infergate serve)",
                 )
-        self._engine.apply_profile(profile)
+        self._engine.apply_settings(profile.live_settings())
         self.profile = profile
         self.last_error = None
 

@@ -3,12 +3,16 @@ answers in-process through httpx's ASGI transport, with real workers behind it."
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
+import infergate.engine
 from infergate.profile import load_profile
 from infergate.server.gateway import build_gateway
 from tests.conftest import write_profile
@@ -48,3 +52,47 @@ async def test_the_gateway_answers_in_process_through_the_asgi_transport(
             assert tenants["profile"] == str(tmp_path / "profile.toml")  # the store is wired
     finally:
         await engine.stop()
+
+
+def test_the_engine_reads_no_profile() -> None:
+    """The engine takes its own settings types; infergate/profile.py builds them."""
+    engine_dir = Path(infergate.engine.__file__).parent
+    importers = []
+    for source in sorted(engine_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            if any(n in ("infergate.profile", "infergate.profile_store") for n in names):
+                importers.append(source.name)
+    assert importers == []
+
+
+def test_a_profile_change_swaps_in_a_new_frozen_record(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    first = load_profile(write_profile(tmp_path, "[breaker]\nmin_requests = 5\n"))
+    engine, _ = build_gateway(first, models)
+    before = engine.context.settings
+    assert before.breaker.min_requests == 5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        before.breaker = before.breaker  # type: ignore[misc]  # what the test checks
+    second = write_profile(
+        tmp_path,
+        "[breaker]\nmin_requests = 9\n[breaker.models.m]\nmin_requests = 2\n"
+        '[classes.gold]\nrank = 0\ndeadline_ms = 10\n[tenants.default]\nclass = "gold"\n',
+    )
+    engine.apply_settings(load_profile(second).live_settings())
+    after = engine.context.settings
+    assert after is not before
+    assert (before.breaker.min_requests, after.breaker.min_requests) == (5, 9)
+    assert [c.name for c in before.classes.ordered] == ["realtime", "burst", "batch"]
+    assert [c.name for c in after.classes.ordered] == ["gold"]
+    assert after.breaker_models["m"].min_requests == 2
+    assert engine.context.tenants.get("default").tenant.cls == "gold"
+    with pytest.raises(TypeError):
+        after.breaker_models["n"] = after.breaker  # type: ignore[index]  # read-only

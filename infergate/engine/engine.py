@@ -12,9 +12,9 @@ from infergate.engine.context import EngineContext
 from infergate.engine.inference import InferenceRequest, InferenceResult
 from infergate.engine.monitor import MemoryMonitor
 from infergate.engine.registry import ModelRecord, Registry
-from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.served import ServedVersion
+from infergate.engine.settings import LiveSettings
 from infergate.engine.tenants import TenantState
 from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
@@ -26,7 +26,6 @@ from infergate.errors import (
     ModelNotReady,
     RateLimited,
 )
-from infergate.profile import Profile
 from infergate.tensors import Array
 
 ModelControl = Literal["poll", "explicit"]
@@ -97,20 +96,16 @@ class Engine:
                 f"model {name!r} has no version {version} being served; live versions: {live}"
             ) from None
 
-    def apply_profile(self, profile: Profile) -> None:
+    def apply_settings(self, settings: LiveSettings) -> None:
         """A new profile while serving: tenants, classes and breakers change at once;
         batching defaults apply to versions loaded from now on."""
-        context = self.context
-        context.classes = ClassTable(profile.classes)
-        context.queue_policy = profile.batching
-        context.breaker = profile.breaker
-        context.breaker_models = dict(profile.breaker_models)
-        context.tenants.configure(
-            list(profile.tenants), profile.server.admin_keys, profile.server.allow_anonymous
+        self.context.settings = settings  # the swap: one assignment
+        self.context.tenants.configure(
+            list(settings.tenants), settings.admin_keys, settings.allow_anonymous
         )
         for record in self.registry.records():
             for served in record.versions.values():
-                served.breaker.reconfigure(context.breaker_policy(served.name, served.config))
+                served.breaker.reconfigure(settings.breaker_policy(served.name, served.config))
 
     async def load(self, name: str) -> ModelRecord:
         """Load (or reload) `name` from disk, as Triton's repository API does."""
@@ -158,8 +153,8 @@ class Engine:
             raise served.not_ready_error()
         key = served.check_inputs(request.inputs)
         outputs = served.check_outputs(request.outputs)
-        cap = self.context.classes.get(tenant.tenant.cls)
-        cls = self.context.classes.resolve(request.priority, cap=cap)
+        classes = self.context.settings.classes
+        cls = classes.resolve(request.priority, cap=classes.get(tenant.tenant.cls))
         if is_empty_batch(request.inputs):
             # Nothing to run: answered here, without the worker, the queue or the breaker.
             return InferenceResult(served.name, served.version, served.empty_outputs(outputs))

@@ -91,7 +91,7 @@ class ServedVersion:
         )
         self.instances = [Instance(spec, i, context) for i in range(entry.config.instances)]
         self.breaker = Breaker(
-            context.breaker_policy(entry.name, entry.config),
+            context.settings.breaker_policy(entry.name, entry.config),
             context.clock,
             on_change=self._breaker_changed,
         )
@@ -107,7 +107,7 @@ class ServedVersion:
             entry.name,
             file.version,
             self.instances,
-            queue_policy(context.queue_policy, entry.config.batching),
+            queue_policy(context.settings.queue_policy, entry.config.batching),
             context.clock,
             context.metrics,
         )

@@ -245,7 +245,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
             {
                 "model": model,
                 "policy": {
-                    k: getattr(engine.context.breaker_models[model], k)
+                    k: getattr(engine.context.settings.breaker_models[model], k)
                     for k in sorted(BREAKER_FIELDS)
                 },
             }

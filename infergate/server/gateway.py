@@ -16,7 +16,6 @@ from starlette.types import ASGIApp
 from infergate.engine.context import EngineContext
 from infergate.engine.devices import choose_backend
 from infergate.engine.engine import Engine, EngineSettings
-from infergate.engine.tenants import Tenants
 from infergate.engine.verify import VerifyPolicy, load_public_key
 from infergate.engine.workers.handle import WorkerHandle
 from infergate.engine.workers.protocol import WorkerFactory
@@ -66,9 +65,7 @@ def build_gateway(
         worker_nice=devices.worker_nice,
         worker_factory=worker_factory,
         max_concurrent_loads=settings.max_concurrent_loads,
-    )
-    context.tenants = Tenants(
-        list(profile.tenants), settings.admin_keys, settings.allow_anonymous, context.clock
+        settings=profile.live_settings(),
     )
     engine_settings = EngineSettings(
         models_dir=models_dir,
@@ -76,7 +73,6 @@ def build_gateway(
         stable_s=settings.file_stable_s,
     )
     engine = Engine(engine_settings, context)
-    engine.apply_profile(profile)
     store = ProfileStore(profile_path or profile.source, profile, engine)
     app = create_app(engine, int(settings.max_request_mb * 2**20), store)
     return Gateway(engine, app)
