@@ -1,4 +1,4 @@
-"""The profile (DESIGN §3): server settings, batching defaults, priority classes, breaker
+"""The profile: server settings, batching defaults, priority classes, breaker
 defaults (and per-model overrides), and tenants. Unknown sections and keys are named, not
 ignored; every error names the file, the key and what was expected."""
 

@@ -200,7 +200,7 @@ class Engine:
         # Its execution time (the longest batch it ran in), not its queue wait: other
         # tenants' traffic is not the model's doing, nor is the size of a chunked request.
         served.breaker.record(admission, True, timing.slowest_s)
-        return InferenceResult(served.name, served.version, result, timing)
+        return InferenceResult(served.name, served.version, result)
 
 
 def is_empty_batch(inputs: dict[str, Array]) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from infergate.engine.scheduling.scheduler import Timing
 from infergate.tensors import Array
 
 
@@ -25,4 +24,3 @@ class InferenceResult(NamedTuple):
     model: str
     version: int
     outputs: dict[str, Array]
-    timing: Timing | None = None

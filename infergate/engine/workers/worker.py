@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -126,7 +125,6 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
         os.sched_setaffinity(0, spec.cpus)
     if spec.nice:
         os.nice(spec.nice)
-    started = time.monotonic()
     try:
         runtime = _load(spec)
     except Exception as exc:  # any load failure is reported, not raised: the gateway decides
@@ -140,7 +138,6 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
                 runtime.device,
                 runtime.inputs,
                 runtime.outputs,
-                time.monotonic() - started,
                 os.environ.get("CUDA_VISIBLE_DEVICES"),
             )
         )
