@@ -47,6 +47,15 @@ async def test_the_gateway_answers_in_process_through_the_asgi_transport(
             unknown = await client.post("/v2/models/nope/infer", json=body)
             assert unknown.status_code == 404
             assert "Request for unknown model: 'nope' is not found" in unknown.json()["error"]
+            view = engine.model_view("echo")  # the read model the views are built from
+            (version,) = view.versions
+            (instance,) = version.instances
+            assert (view.state, version.state, instance.placed_on) == ("ready", "ready", "cpu")
+            assert instance.batches == 1
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                instance.batches = 0  # type: ignore[misc]  # what the test checks
+            listed = (await client.get("/admin/models/echo")).json()
+            assert listed["versions"][0]["instances"][0]["placed_on"] == "cpu"
             tenants = (await client.get("/admin/tenants")).json()
             assert [t["name"] for t in tenants["tenants"]] == ["default"]
             assert tenants["profile"] == str(tmp_path / "profile.toml")  # the store is wired

@@ -15,6 +15,7 @@ from infergate.engine.registry import ModelRecord, Registry
 from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.served import ServedVersion
 from infergate.engine.settings import LiveSettings
+from infergate.engine.snapshots import ModelView, model_view
 from infergate.engine.tenants import TenantState
 from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
@@ -80,6 +81,13 @@ class Engine:
 
     def model(self, name: str) -> ModelRecord:
         return self.registry.record(name)
+
+    def model_views(self) -> list[ModelView]:
+        """What is served, as frozen snapshots for readers (engine/snapshots.py)."""
+        return [model_view(r) for r in self.registry.records()]
+
+    def model_view(self, name: str) -> ModelView:
+        return model_view(self.registry.record(name))
 
     def version(self, name: str, version: int | None = None) -> ServedVersion:
         record = self.registry.record(name)

@@ -18,7 +18,7 @@ from infergate.errors import BadRequest, Forbidden, TenantNotFound, Unauthorized
 from infergate.profile_store import ProfileStore
 from infergate.server.codec import json_object
 from infergate.server.infer_route import api_key
-from infergate.server.views import limit
+from infergate.server.views import breaker_json, limit
 
 TENANT_FIELDS = set(SETTABLE)
 BREAKER_FIELDS = set(TUNABLE)
@@ -207,25 +207,10 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
 
     @router.get("/admin/breakers")
     async def list_breakers() -> Response:
-        rows = []
-        for record in engine.models():
-            for served in record.versions.values():
-                b = served.breaker
-                total, failed, p99 = b.window_stats()
-                rows.append(
-                    {
-                        "model": served.name,
-                        "version": served.version,
-                        "state": b.state,
-                        "reason": b.reason,
-                        "retry_after_s": round(b.retry_after(), 2),
-                        "window_requests": total,
-                        "window_failures": failed,
-                        "window_p99_ms": round(p99 * 1000, 1),
-                        "policy": {k: getattr(b.policy, k) for k in sorted(BREAKER_FIELDS)},
-                    }
-                )
-        return _json(rows)
+        fields = sorted(BREAKER_FIELDS)
+        return _json(
+            [breaker_json(v.breaker, fields) for m in engine.model_views() for v in m.versions]
+        )
 
     @router.patch("/admin/breakers/{model}")
     async def set_breaker(model: str, request: Request) -> Response:
