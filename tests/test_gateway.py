@@ -54,6 +54,8 @@ async def test_the_gateway_answers_in_process_through_the_asgi_transport(
             assert instance.batches == 1
             with pytest.raises(dataclasses.FrozenInstanceError):
                 instance.batches = 0  # type: ignore[misc]  # what the test checks
+            (tenant,) = engine.tenant_views()
+            assert (tenant.tenant.name, tenant.admitted, tenant.in_flight) == ("default", 1, 0)
             listed = (await client.get("/admin/models/echo")).json()
             assert listed["versions"][0]["instances"][0]["placed_on"] == "cpu"
             tenants = (await client.get("/admin/tenants")).json()

@@ -15,7 +15,7 @@ from infergate.engine.registry import ModelRecord, Registry
 from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.served import ServedVersion
 from infergate.engine.settings import LiveSettings
-from infergate.engine.snapshots import ModelView, model_view
+from infergate.engine.snapshots import ModelView, TenantView, model_view, tenant_view
 from infergate.engine.tenants import TenantState
 from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
@@ -88,6 +88,18 @@ class Engine:
 
     def model_view(self, name: str) -> ModelView:
         return model_view(self.registry.record(name))
+
+    def tenant_views(self) -> list[TenantView]:
+        placer = self.context.placer
+        return [
+            tenant_view(s, placer.reserved(tenant=s.tenant.name))
+            for s in self.context.tenants.states()
+        ]
+
+    def tenant_view(self, name: str) -> TenantView:
+        """KeyError for a tenant the profile does not define."""
+        state = self.context.tenants.get(name)
+        return tenant_view(state, self.context.placer.reserved(tenant=name))
 
     def version(self, name: str, version: int | None = None) -> ServedVersion:
         record = self.registry.record(name)

@@ -16,6 +16,7 @@ from infergate.engine.instance import Instance
 from infergate.engine.registry import ModelRecord
 from infergate.engine.served import ServedVersion
 from infergate.engine.spec import TensorSpec
+from infergate.engine.tenants import Tenant, TenantState
 
 
 @dataclass(frozen=True)
@@ -139,4 +140,29 @@ def model_view(record: ModelRecord) -> ModelView:
         default_version=default.version if default else None,
         versions=tuple(version_view(record.versions[v]) for v in sorted(record.versions)),
         failures=dict(sorted(record.failures.items())),
+    )
+
+
+@dataclass(frozen=True)
+class TenantView:
+    tenant: Tenant  # its settings, as the profile gives them
+    tokens: float  # left in its rate bucket now
+    in_flight: int
+    admitted: int
+    rate_limited: int
+    over_concurrency: int
+    forbidden: int
+    reserved_mb: float  # memory its models' instances hold against its quota
+
+
+def tenant_view(state: TenantState, reserved_mb: float) -> TenantView:
+    return TenantView(
+        tenant=state.tenant,
+        tokens=state.bucket.tokens,
+        in_flight=state.concurrency.active,
+        admitted=state.admitted,
+        rate_limited=state.rate_limited,
+        over_concurrency=state.over_concurrency,
+        forbidden=state.forbidden,
+        reserved_mb=reserved_mb,
     )

@@ -13,7 +13,8 @@ from tomlkit import TOMLDocument, table
 
 from infergate.engine.breaker import TUNABLE
 from infergate.engine.engine import Engine
-from infergate.engine.tenants import SETTABLE, TenantState, hash_key, new_key
+from infergate.engine.snapshots import TenantView
+from infergate.engine.tenants import SETTABLE, hash_key, new_key
 from infergate.errors import BadRequest, Forbidden, TenantNotFound, Unauthorized
 from infergate.profile_store import ProfileStore
 from infergate.server.codec import json_object
@@ -99,8 +100,8 @@ def admin_guard(engine: Engine) -> Any:
     return Depends(guard)
 
 
-def tenant_view(state: TenantState) -> dict[str, Any]:
-    t = state.tenant
+def tenant_json(view: TenantView) -> dict[str, Any]:
+    t = view.tenant
     return {
         "name": t.name,
         "class": t.cls,
@@ -111,12 +112,12 @@ def tenant_view(state: TenantState) -> dict[str, Any]:
         "devices": list(t.devices),
         "memory_mb": t.memory_mb,
         "keys": len(t.api_keys),
-        "tokens": limit(round(state.bucket.tokens, 2)),
-        "in_flight": state.concurrency.active,
-        "admitted": state.admitted,
-        "rate_limited": state.rate_limited,
-        "over_concurrency": state.over_concurrency,
-        "forbidden": state.forbidden,
+        "tokens": limit(round(view.tokens, 2)),
+        "in_flight": view.in_flight,
+        "admitted": view.admitted,
+        "rate_limited": view.rate_limited,
+        "over_concurrency": view.over_concurrency,
+        "forbidden": view.forbidden,
     }
 
 
@@ -135,13 +136,12 @@ def _check_fields(doc: dict[str, Any], allowed: set[str], what: str) -> None:
 
 def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
     router = APIRouter(dependencies=[admin_guard(engine)])
-    tenants = engine.context.tenants
 
     @router.get("/admin/tenants")
     async def list_tenants() -> Response:
         return _json(
             {
-                "tenants": [tenant_view(s) for s in tenants.states()],
+                "tenants": [tenant_json(v) for v in engine.tenant_views()],
                 "profile": str(store.path),
                 "profile_error": store.last_error,
             }
@@ -153,7 +153,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
         name = doc.pop("name", None)
         if not isinstance(name, str) or not name.isidentifier():
             raise BadRequest("give the tenant a 'name' (letters, digits and _)")
-        if any(s.tenant.name == name for s in tenants.states()):
+        if any(s.tenant.name == name for s in engine.tenant_views()):
             raise BadRequest(f"tenant {name!r} exists; use PATCH /admin/tenants/{name}")
         _check_fields(doc, TENANT_FIELDS, "tenant")
         key = new_key()
@@ -180,7 +180,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
     async def set_tenant(name: str, request: Request) -> Response:
         doc = await _body(request)
         _check_fields(doc, TENANT_FIELDS, "tenant")
-        if not any(s.tenant.name == name for s in tenants.states()):
+        if not any(s.tenant.name == name for s in engine.tenant_views()):
             raise TenantNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
 
         def change(document: TOMLDocument) -> None:
@@ -190,11 +190,11 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
                 entry[k] = v
 
         await store.edit(change)
-        return _json(tenant_view(tenants.get(name)))
+        return _json(tenant_json(engine.tenant_view(name)))
 
     @router.delete("/admin/tenants/{name}")
     async def remove_tenant(name: str) -> Response:
-        if not any(s.tenant.name == name for s in tenants.states()):
+        if not any(s.tenant.name == name for s in engine.tenant_views()):
             raise TenantNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
 
         def change(document: TOMLDocument) -> None:

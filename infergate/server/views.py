@@ -160,14 +160,14 @@ def stats_snapshot(engine: Engine) -> dict[str, Any]:
             "class": s.tenant.cls,
             "rps_limit": limit(s.tenant.rps),
             "rps": context.stats.tenant_rps(s.tenant.name),
-            "reserved_mb": context.placer.reserved(tenant=s.tenant.name),
-            "in_flight": s.concurrency.active,
+            "reserved_mb": s.reserved_mb,
+            "in_flight": s.in_flight,
             "max_concurrency": limit(s.tenant.max_concurrency),
             "admitted": s.admitted,
             "rejected": s.rate_limited + s.over_concurrency + s.forbidden,
             "memory_mb": s.tenant.memory_mb,
         }
-        for s in context.tenants.states()
+        for s in engine.tenant_views()
     ]
     return {
         "backend": context.devices.name,
