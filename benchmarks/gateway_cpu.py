@@ -33,12 +33,10 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infergate.engine.context import EngineContext  # noqa: E402
-from infergate.engine.engine import Engine, EngineSettings  # noqa: E402
-from infergate.engine.tenants import Tenants  # noqa: E402
+from infergate.engine.engine import Engine  # noqa: E402
 from infergate.loadgen import prepare  # noqa: E402
 from infergate.profile import load_profile  # noqa: E402
-from infergate.server.app import create_app  # noqa: E402
+from infergate.server.gateway import build_gateway  # noqa: E402
 from tests.onnx_models import make_mlp  # noqa: E402
 
 CONCURRENCY = 64
@@ -64,12 +62,7 @@ async def measure(seconds: float, profile_to: Path | None) -> dict[str, Any]:
         '[tenants.default]\nclass = "batch"\nrps = 1000000\nburst = 1000000\n'
         "max_concurrency = 10000\n"
     )
-    profile = load_profile(profile_file)
-    context = EngineContext()
-    context.tenants = Tenants(list(profile.tenants), (), True, context.clock)
-    engine = Engine(EngineSettings(models_dir=models), context)
-    engine.apply_profile(profile)
-    app = create_app(engine, 2**26)
+    engine, app = build_gateway(load_profile(profile_file), models)
     await engine.start()
     try:
         await _wait_ready(engine, "m")

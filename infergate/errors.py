@@ -1,21 +1,43 @@
-"""One exception tree for the engine; the HTTP edge maps each class to a status code.
+"""Every exception infergate raises on purpose. The HTTP edge (server/errors.py and the
+infer route) maps an InfergateError to its status code; the signals below it never reach
+HTTP: the engine catches them and turns them into a state, an event or an InfergateError.
 
 InfergateError                    500
 ├── BadRequest                    400  (shape, dtype, size, JSON)
 │   ├── PayloadTooLarge           413
 │   └── TooLargeForQueue          400  (more chunks than the queue can ever hold)
-├── Unauthorized / Forbidden      401 / 403
+├── Unauthorized                  401
+├── Forbidden                     403
 ├── RateLimited                   429  (reason: rate, concurrency)
 ├── ModelNotFound                 404  (unknown model or version, or unloaded)
+├── TenantNotFound                404  (the admin API names no such tenant)
+├── NoProfileFile                 409  (an admin change, but the server has no profile file)
 ├── ModelFailed                   424  (failed to load, or its runtime is missing)
+├── PlacementRefused              507  (no device or quota room; the version fails with it)
 ├── ModelNotReady                 503  (loading, restarting: Retry-After)
 ├── WorkerFailed                  503  (the worker died or was killed mid-request)
+│   ├── WorkerOverMemory          503  (killed past its memory limit: never retried)
+│   └── SharedMemoryUnavailable   503  (the system gave no arena large enough)
 ├── SequenceLost                  410  (a sequence's instance died: its state is gone)
-├── CircuitOpen / Overloaded      503  (Retry-After)
+├── CircuitOpen                   503  (Retry-After)
+├── Overloaded                    503  (Retry-After)
 ├── DeadlineExceeded              504  (the model ran past its execution timeout)
 │   └── QueueDeadlineExceeded     504  (never started: waited past its deadline)
 ├── ModelExecutionError           500  (the runtime raised)
 └── ConfigError                        (a model.toml or profile is wrong; not an HTTP error)
+
+Signals inside the engine (plain exceptions, never an HTTP answer):
+  VerificationFailed   a model file may not serve (hash, signature, open); the load fails
+  RuntimeUnavailable   a runtime's library is not installed; the version is "unavailable"
+  WarmupInputError     (ValueError) model.toml's warm-up sample cannot feed the model
+  WarmupFailed         the warm-up input made the model fail, in the worker
+  WorkerLoadError      a worker could not load its model
+  WorkerStartError     a worker process could not be started (fds, memory, processes)
+  QueueFull            no room in the queue and nothing lower to shed (becomes Overloaded)
+
+Outside the server: `client.ClientError` (the HTTP client's), `tui.source.SourceError`
+(the dashboard's data source) and `server.http_protocol._Refused` (a connection refused
+before it reaches the app).
 
 `reason` is a short, stable code for metrics labels: code reads it, never the message.
 `model_fault` says whether the model itself is to blame, so a breaker counts it; load,
@@ -84,6 +106,23 @@ class ModelNotFound(InfergateError):
     reason = "not_found"
 
 
+class TenantNotFound(InfergateError):
+    status = 404
+    reason = "tenant_not_found"
+
+
+class NoProfileFile(InfergateError):
+    """The server runs without a profile file, so an admin change has nowhere to persist."""
+
+    status = 409
+
+
+class PlacementRefused(InfergateError):
+    """No device the tenant may use has room, or its memory quota is spent."""
+
+    status = 507
+
+
 class ModelFailed(InfergateError):
     """No version can serve and none is on its way (failed to load, runtime missing):
     424 Failed Dependency, without Retry-After, as only a person can fix it. Not 409:
@@ -118,6 +157,10 @@ class SequenceLost(InfergateError):
     reason = "sequence_lost"
 
 
+class SharedMemoryUnavailable(WorkerFailed):
+    """A request's tensors need a larger arena and the system would not give one (503)."""
+
+
 class Overloaded(InfergateError):
     status = 503
     retry_after_s = 1.0
@@ -147,3 +190,34 @@ class ConfigError(InfergateError):
     """A configuration file is wrong: names the file, the key, and what was expected."""
 
     reason = "config"
+
+
+# Signals inside the engine: caught there, never an HTTP answer.
+
+
+class VerificationFailed(Exception):
+    """The file may not serve; the message says why and how to fix it."""
+
+
+class RuntimeUnavailable(Exception):
+    """The runtime's library is not installed; the message says how to install it."""
+
+
+class WarmupInputError(ValueError):
+    """The warm-up sample file cannot give the model's inputs; the message says why."""
+
+
+class WarmupFailed(Exception):
+    """The gateway's warm-up input made the model fail (not necessarily the model's fault)."""
+
+
+class WorkerLoadError(Exception):
+    """The worker could not load its model; the message says why."""
+
+
+class WorkerStartError(Exception):
+    """The worker process could not be started (out of fds, memory, processes...)."""
+
+
+class QueueFull(Exception):
+    """No room, and nothing of a lower class to shed for it."""

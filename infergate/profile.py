@@ -1,4 +1,4 @@
-"""The profile (DESIGN §3): server settings, batching defaults, priority classes, breaker
+"""The profile: server settings, batching defaults, priority classes, breaker
 defaults (and per-model overrides), and tenants. Unknown sections and keys are named, not
 ignored; every error names the file, the key and what was expected."""
 
@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infergate.engine.breaker import BreakerPolicy
-from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
+from infergate.engine.scheduling.classes import DEFAULT_CLASSES, ClassTable, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
+from infergate.engine.settings import LiveSettings
 from infergate.engine.tenants import DEFAULT_TENANT, Tenant
 from infergate.engine.tomltable import Table, load_toml
 from infergate.errors import ConfigError
@@ -89,6 +90,18 @@ class Profile:
     breaker_models: dict[str, BreakerPolicy] = field(default_factory=dict)
     tenants: tuple[Tenant, ...] = (Tenant(DEFAULT_TENANT),)
     devices: DeviceSettings = field(default_factory=DeviceSettings)
+
+    def live_settings(self) -> LiveSettings:
+        """What the engine takes from this profile, and swaps in on a live change."""
+        return LiveSettings(
+            classes=ClassTable(self.classes),
+            queue_policy=self.batching,
+            breaker=self.breaker,
+            breaker_models=self.breaker_models,
+            tenants=self.tenants,
+            admin_keys=self.server.admin_keys,
+            allow_anonymous=self.server.allow_anonymous,
+        )
 
     @property
     def default_class(self) -> str:

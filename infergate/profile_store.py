@@ -28,15 +28,11 @@ import tomlkit
 from tomlkit import TOMLDocument
 
 from infergate.engine.engine import Engine
-from infergate.errors import BadRequest, ConfigError, InfergateError
+from infergate.errors import BadRequest, ConfigError, NoProfileFile
 from infergate.profile import Profile, load_profile
 
 # (mtime, size, inode) of the file; None when it is missing
 Stamp = tuple[int, int, int] | None
-
-
-class NoProfileFile(InfergateError):
-    status = 409
 
 
 def _is_empty(path: Path) -> bool:
@@ -171,7 +167,7 @@ class ProfileStore:
                     "",
                     f"[{table}] settings changed; they apply at the next start (infergate serve)",
                 )
-        self._engine.apply_profile(profile)
+        self._engine.apply_settings(profile.live_settings())
         self.profile = profile
         self.last_error = None
 

@@ -91,7 +91,7 @@ class FakeWorker:
         if self.spec.path.suffix == ".scripted" and self.spec.path.exists():
             script = ScriptedRuntime(self.spec.path)  # what a real worker would report
             inputs, outputs = script.inputs, script.outputs
-        return Ready(self._pid, "cpu", inputs, outputs, 0.0)
+        return Ready(self._pid, "cpu", inputs, outputs)
 
     def begin(
         self,

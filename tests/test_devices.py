@@ -25,44 +25,46 @@ from tests.server import ServerProcess
 def test_placement_picks_the_most_free_device_the_tenant_may_use() -> None:
     placer = Placer(SimulatedGpuBackend([2000, 1000]))
     anyone = Tenant("a", memory_mb=10_000)
-    first = placer.place("m:1:0", "m", anyone, "auto", 600)
+    first = placer.place("m", anyone, "auto", 600)
     assert first.device == "sim:0"
-    assert dict(first.env) == {"CUDA_VISIBLE_DEVICES": "0"}
-    assert first.runtime_device == "cpu"  # simulated: the worker really runs on the CPU
-    assert placer.place("m:1:1", "m", anyone, "auto", 600).device == "sim:0"  # 1400 > 1000
-    assert placer.place("m:1:2", "m", anyone, "auto", 600).device == "sim:1"  # 800 < 1000
+    assert dict(first.placement.env) == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert first.placement.runtime_device == "cpu"  # simulated: the worker really runs on the CPU
+    assert placer.place("m", anyone, "auto", 600).device == "sim:0"  # 1400 > 1000
+    assert placer.place("m", anyone, "auto", 600).device == "sim:1"  # 800 < 1000
     only_one = Tenant("b", devices=("sim:1",), memory_mb=10_000)
-    assert placer.place("n:1:0", "n", only_one, "auto", 300).device == "sim:1"
+    assert placer.place("n", only_one, "auto", 300).device == "sim:1"
     with pytest.raises(PlacementRefused, match=r"no device tenant 'b' may use has 500 MB free"):
-        placer.place("n:1:1", "n", only_one, "auto", 500)
-    cpu = placer.place("c:1:0", "c", anyone, "cpu", None)
+        placer.place("n", only_one, "auto", 500)
+    cpu = placer.place("c", anyone, "cpu", None).placement
     assert cpu.device == "cpu"
     assert dict(cpu.env) == {"CUDA_VISIBLE_DEVICES": ""}
-    placer.release("m:1:0")
+    first.release()
+    assert placer.reserved(device="sim:0") == 600
+    first.release()  # twice: still only its own
     assert placer.reserved(device="sim:0") == 600
 
 
 def test_cpu_workers_get_their_share_of_the_cores() -> None:
     placer = Placer(SimulatedGpuBackend([1000]), cores=4)
     anyone = Tenant("a")
-    first = placer.place("a:1:0", "a", anyone, "cpu", None)
+    first = placer.place("a", anyone, "cpu", None).placement
     assert (first.threads, first.cpus) == (4, (0, 1, 2, 3))  # alone: all of them
-    second = placer.place("b:1:0", "b", anyone, "cpu", None)
+    second = placer.place("b", anyone, "cpu", None).placement
     assert (second.threads, second.cpus) == (2, (0, 1))  # two workers: half each
-    third = placer.place("c:1:0", "c", anyone, "cpu", None)
+    third = placer.place("c", anyone, "cpu", None).placement
     assert (third.threads, third.cpus) == (1, (2,))  # round-robin over the cores
-    pinned = placer.place("d:1:0", "d", anyone, "cpu", None, threads=3)
+    pinned = placer.place("d", anyone, "cpu", None, threads=3).placement
     assert (pinned.threads, pinned.cpus) == (3, (0, 1, 3))  # model.toml's threads win
-    gpu = placer.place("e:1:0", "e", anyone, "auto", None)
+    gpu = placer.place("e", anyone, "auto", None).placement
     assert (gpu.threads, gpu.cpus) == (None, None)  # GPU workers: the runtime's choice
 
 
 def test_a_full_tenant_quota_refuses_with_the_numbers() -> None:
     placer = Placer(SimulatedGpuBackend([8000]))
     team = Tenant("team", memory_mb=1000)
-    placer.place("a:1:0", "a", team, "auto", 700)
+    placer.place("a", team, "auto", 700)
     with pytest.raises(PlacementRefused) as refused:
-        placer.place("b:1:0", "b", team, "auto", 500)
+        placer.place("b", team, "auto", 500)
     message = str(refused.value)
     assert "tenant 'team' has 300 MB of its 1000 MB memory quota left" in message
     assert "model 'b' needs 500 MB" in message
@@ -120,6 +122,17 @@ def test_a_worker_over_its_memory_is_killed_and_restarted(hog_server: ServerProc
     failed = hog_server.wait_model_state("hog", "failed")
     assert "killed 2 times within 60 s" in failed["reason"]
     assert mlp_ok(hog_server)
+
+
+def test_each_holder_releases_only_its_own_reservation() -> None:
+    placer = Placer(SimulatedGpuBackend([8000]))
+    team = Tenant("team", memory_mb=1000)
+    old = placer.place("a", team, "auto", 400)
+    new = placer.place("a", team, "auto", 400)  # the same model again: a second holder
+    old.release()
+    assert placer.reserved(tenant="team") == 400
+    new.release()
+    assert placer.reserved(tenant="team") == 0
 
 
 QUOTA_PROFILE = """
@@ -205,5 +218,41 @@ def test_simulated_gpus_placement_environment_and_kills(tmp_path: Path) -> None:
             what="sim:0 to show its workers' memory",
         )
         assert devices["sim:1"]["memory_total_mb"] == 1000
+    finally:
+        server.stop()
+
+
+def test_reloading_an_unchanged_model_keeps_its_reservation(tmp_path: Path) -> None:
+    """The old version's stop releases the old version's reservation, not the new one's:
+    after the reload the quota still counts the model, so a second one does not fit.
+    (During the reload both versions' workers run, and both count: hence 1300 MB.)"""
+    models = tmp_path / "models"
+    make_scripted(models / "a" / "1" / "model.scripted", ())
+    (models / "a" / "model.toml").write_text("memory_mb = 600\n")
+    profile = write_profile(tmp_path, QUOTA_PROFILE.replace("1000", "1300"))
+    server = ServerProcess(models, profile, tmp_path / "server.log").start()
+    try:
+        assert server.wait_model_state("a", "ready")
+        reload = httpx.post(f"{server.url}/v2/repository/models/a/load", timeout=60)
+        assert reload.status_code == 200
+
+        def stats() -> dict[str, Any]:
+            return httpx.get(f"{server.url}/admin/stats").json()  # type: ignore[no-any-return]
+
+        wait_until(
+            lambda: any(
+                e["kind"] == "model_version_stopped" and e["model"] == "a"
+                for e in stats()["events"]
+            ),
+            what="the replaced version of a to stop",
+        )
+        tenant = next(t for t in stats()["tenants"] if t["name"] == "default")
+        assert tenant["reserved_mb"] == 600
+        make_scripted(models / "b" / "1" / "model.scripted", ())
+        (models / "b" / "model.toml").write_text("memory_mb = 800\n")
+        load = httpx.post(f"{server.url}/v2/repository/models/b/load", timeout=60)
+        assert load.status_code == 400
+        error = load.json()["error"]
+        assert "tenant 'default' has 700 MB of its 1300 MB memory quota left" in error
     finally:
         server.stop()

@@ -23,6 +23,7 @@ from infergate.engine.instance import Instance
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.scheduling.scheduler import Scheduler, Timing
+from infergate.engine.settings import LiveSettings
 from infergate.engine.spec import TensorSpec
 from infergate.engine.workers.messages import WorkerSpec
 from infergate.errors import (
@@ -355,7 +356,9 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     make_scripted(tmp_path / "models" / "m" / "1" / "model.scripted", controls=())
     (tmp_path / "models" / "m" / "model.toml").write_text("timeout_ms = 5000\n")
     clock, workers = FakeClock(), FakeWorkers()
-    context = EngineContext(clock=clock, worker_factory=workers, breaker=BREAKER)
+    context = EngineContext(
+        clock=clock, worker_factory=workers, settings=LiveSettings(breaker=BREAKER)
+    )
     engine = Engine(EngineSettings(tmp_path / "models", "explicit"), context)
     await engine.start()
     await eventually(lambda: engine.ready and engine.version("m").ready, what="m to load")

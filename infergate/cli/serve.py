@@ -110,53 +110,18 @@ def serve(
 
     import uvicorn
 
-    from infergate.engine.context import EngineContext
-    from infergate.engine.devices import choose_backend
-    from infergate.engine.engine import Engine, EngineSettings
-    from infergate.engine.tenants import Tenants
-    from infergate.engine.verify import VerifyPolicy, load_public_key
-    from infergate.profile_store import ProfileStore
-    from infergate.server.app import create_app
     from infergate.server.drain import Drain, DrainingServer
+    from infergate.server.gateway import build_gateway
     from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 
     try:
-        keys = tuple(load_public_key(k) for k in settings.trusted_keys)
+        _, gateway_app = build_gateway(
+            loaded, models_dir, loaded.source or (profile or DEFAULT_PROFILE)
+        )
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-    devices = loaded.devices
-    try:
-        backend = choose_backend(devices.backend, list(devices.simulated_mb))
-    except Exception as exc:  # the profile asked for NVML and it is not there
-        fail(
-            f'devices.backend = "nvml" but NVML does not answer: {exc}. Hint: install the '
-            'gpu extra (./install.sh on a machine where nvidia-smi works) or use "auto"',
-            EXIT_USAGE,
-        )
-    context = EngineContext(
-        verify=VerifyPolicy(settings.require_signed_models, keys),
-        load_timeout_s=settings.load_timeout_s,
-        drain_timeout_s=settings.drain_timeout_s,
-        devices=backend,
-        monitor_interval_s=devices.monitor_interval_s,
-        max_kills=devices.max_kills,
-        kill_window_s=devices.kill_window_s,
-        worker_nice=devices.worker_nice,
-        max_concurrent_loads=settings.max_concurrent_loads,
-    )
-    context.tenants = Tenants(
-        list(loaded.tenants), settings.admin_keys, settings.allow_anonymous, context.clock
-    )
-    engine_settings = EngineSettings(
-        models_dir=models_dir,
-        model_control="explicit" if settings.model_control == "explicit" else "poll",
-        stable_s=settings.file_stable_s,
-    )
-    engine = Engine(engine_settings, context)
-    engine.apply_profile(loaded)
-    store = ProfileStore(loaded.source or (profile or DEFAULT_PROFILE), loaded, engine)
     drain = Drain()
-    app = drain.wrap(create_app(engine, int(settings.max_request_mb * 2**20), store))
+    app = drain.wrap(gateway_app)
     limits = ConnectionLimits(
         max_header_bytes=int(settings.max_header_kb * 1024),
         header_timeout_s=settings.header_timeout_s,

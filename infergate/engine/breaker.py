@@ -80,7 +80,6 @@ class Breaker:
         self._backoff = policy.backoff_initial_s
         self._probes_left = 0
         self._probes_ok = 0
-        self.transitions: list[tuple[float, State, str]] = []
 
     @property
     def state(self) -> State:
@@ -97,7 +96,6 @@ class Breaker:
 
     def _move(self, state: State, reason: str) -> None:
         self._state, self.reason = state, reason
-        self.transitions.append((self._clock.now(), state, reason))
         if self._on_change is not None:
             self._on_change(state, reason)
 

@@ -1,31 +1,26 @@
 """What every part of the engine shares: the clock, the event stream, the metrics, the
-tenants, and the settings a profile gives. Passed down as one record instead of many
-arguments; a live profile change replaces its settings in place (Engine.apply_profile)."""
+tenants' state, the settings fixed at start, and the live settings (`settings`, a frozen
+LiveSettings). Passed down as one record instead of many arguments. A live profile
+change never edits a setting in place: the engine swaps in a new LiveSettings with one
+assignment (Engine.apply_settings)."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infergate.clock import Clock, MonotonicClock
-from infergate.engine.breaker import BreakerPolicy
 from infergate.engine.devices import DeviceBackend, HostBackend
 from infergate.engine.events import EventBus
 from infergate.engine.placement import Placer
-from infergate.engine.scheduling.classes import ClassTable
-from infergate.engine.scheduling.queue import QueuePolicy
-from infergate.engine.spec import ModelConfig
+from infergate.engine.settings import LiveSettings
 from infergate.engine.stats import RequestStats
-from infergate.engine.tenants import Tenant, Tenants
+from infergate.engine.tenants import Tenants
 from infergate.engine.verify import VerifyPolicy
 from infergate.engine.workers.handle import WorkerHandle
 from infergate.engine.workers.protocol import WorkerFactory
 from infergate.metrics import Metrics
-
-
-def _default_tenants() -> Tenants:
-    return Tenants([Tenant("default")], (), True, MonotonicClock())
 
 
 @dataclass
@@ -36,11 +31,7 @@ class EngineContext:
     verify: VerifyPolicy = field(default_factory=VerifyPolicy)
     load_timeout_s: float = 120.0
     drain_timeout_s: float = 30.0
-    classes: ClassTable = field(default_factory=ClassTable)
-    queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
-    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
-    breaker_models: dict[str, BreakerPolicy] = field(default_factory=dict)
-    tenants: Tenants = field(default_factory=_default_tenants)
+    settings: LiveSettings = field(default_factory=LiveSettings)  # swapped whole, never edited
     devices: DeviceBackend = field(default_factory=HostBackend)
     monitor_interval_s: float = 0.5
     max_kills: int = 3  # memory kills within kill_window_s before an instance is failed
@@ -54,16 +45,13 @@ class EngineContext:
     start_failing: dict[object, str] = field(init=False, default_factory=dict)
     stats: RequestStats = field(init=False)
     placer: Placer = field(init=False)
+    tenants: Tenants = field(init=False)  # their state: buckets, counters, admissions
 
     def __post_init__(self) -> None:
+        live = self.settings
+        self.tenants = Tenants(
+            list(live.tenants), live.admin_keys, live.allow_anonymous, self.clock
+        )
         self.stats = RequestStats(self.clock)
         self.placer = Placer(self.devices)
         self.load_slots = asyncio.Semaphore(self.max_concurrent_loads)
-
-    def breaker_policy(self, model: str, config: ModelConfig) -> BreakerPolicy:
-        """Profile defaults, then model.toml's [breaker], then the profile's
-        [breaker.models.NAME] (an operator's live setting wins)."""
-        if model in self.breaker_models:
-            return self.breaker_models[model]
-        overrides: dict[str, object] = dict(config.breaker)
-        return replace(self.breaker, **overrides)  # type: ignore[arg-type]  # keys checked

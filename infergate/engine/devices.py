@@ -1,4 +1,4 @@
-"""The DeviceBackend seam (DESIGN §6): list devices and read their use, per process.
+"""The DeviceBackend seam: list devices and read their use, per process.
 
 - HostBackend: the machine's CPUs and RAM, through psutil (no GPU).
 - NvmlBackend: NVIDIA GPUs through nvidia-ml-py; chosen when a GPU answers.

@@ -13,10 +13,11 @@ from infergate.engine.context import EngineContext
 from infergate.engine.inference import InferenceRequest, InferenceResult
 from infergate.engine.monitor import MemoryMonitor
 from infergate.engine.registry import ModelRecord, Registry
-from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.sequence_step import infer_in_sequence
 from infergate.engine.served import ServedVersion
+from infergate.engine.settings import LiveSettings
+from infergate.engine.snapshots import ModelView, TenantView, model_view, tenant_view
 from infergate.engine.tenants import TenantState
 from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
@@ -28,7 +29,6 @@ from infergate.errors import (
     ModelNotReady,
     RateLimited,
 )
-from infergate.profile import Profile
 from infergate.tensors import Array
 
 ModelControl = Literal["poll", "explicit"]
@@ -84,6 +84,25 @@ class Engine:
     def model(self, name: str) -> ModelRecord:
         return self.registry.record(name)
 
+    def model_views(self) -> list[ModelView]:
+        """What is served, as frozen snapshots for readers (engine/snapshots.py)."""
+        return [model_view(r) for r in self.registry.records()]
+
+    def model_view(self, name: str) -> ModelView:
+        return model_view(self.registry.record(name))
+
+    def tenant_views(self) -> list[TenantView]:
+        placer = self.context.placer
+        return [
+            tenant_view(s, placer.reserved(tenant=s.tenant.name))
+            for s in self.context.tenants.states()
+        ]
+
+    def tenant_view(self, name: str) -> TenantView:
+        """KeyError for a tenant the profile does not define."""
+        state = self.context.tenants.get(name)
+        return tenant_view(state, self.context.placer.reserved(tenant=name))
+
     def version(self, name: str, version: int | None = None) -> ServedVersion:
         record = self.registry.record(name)
         if version is None:
@@ -99,20 +118,16 @@ class Engine:
                 f"model {name!r} has no version {version} being served; live versions: {live}"
             ) from None
 
-    def apply_profile(self, profile: Profile) -> None:
+    def apply_settings(self, settings: LiveSettings) -> None:
         """A new profile while serving: tenants, classes and breakers change at once;
         batching defaults apply to versions loaded from now on."""
-        context = self.context
-        context.classes = ClassTable(profile.classes)
-        context.queue_policy = profile.batching
-        context.breaker = profile.breaker
-        context.breaker_models = dict(profile.breaker_models)
-        context.tenants.configure(
-            list(profile.tenants), profile.server.admin_keys, profile.server.allow_anonymous
+        self.context.settings = settings  # the swap: one assignment
+        self.context.tenants.configure(
+            list(settings.tenants), settings.admin_keys, settings.allow_anonymous
         )
         for record in self.registry.records():
             for served in record.versions.values():
-                served.breaker.reconfigure(context.breaker_policy(served.name, served.config))
+                served.breaker.reconfigure(settings.breaker_policy(served.name, served.config))
 
     async def load(self, name: str) -> ModelRecord:
         """Load (or reload) `name` from disk, as Triton's repository API does."""
@@ -168,8 +183,8 @@ class Engine:
             raise served.not_ready_error()
         key = served.check_inputs(request.inputs)
         outputs = served.check_outputs(request.outputs)
-        cap = self.context.classes.get(tenant.tenant.cls)
-        cls = self.context.classes.resolve(request.priority, cap=cap)
+        classes = self.context.settings.classes
+        cls = classes.resolve(request.priority, cap=classes.get(tenant.tenant.cls))
         if is_empty_batch(request.inputs):
             # Nothing to run: answered here, without the worker, the queue or the breaker.
             return InferenceResult(served.name, served.version, served.empty_outputs(outputs))
@@ -216,7 +231,7 @@ class Engine:
         # Its execution time (the longest batch it ran in), not its queue wait: other
         # tenants' traffic is not the model's doing, nor is the size of a chunked request.
         served.breaker.record(admission, True, timing.slowest_s)
-        return InferenceResult(served.name, served.version, result, timing)
+        return InferenceResult(served.name, served.version, result)
 
 
 def is_empty_batch(inputs: dict[str, Array]) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from infergate.engine.scheduling.scheduler import Timing
 from infergate.engine.scheduling.sequences import SequenceParams
 from infergate.tensors import Array
 
@@ -28,4 +27,3 @@ class InferenceResult(NamedTuple):
     model: str
     version: int
     outputs: dict[str, Array]
-    timing: Timing | None = None

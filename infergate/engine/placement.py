@@ -5,6 +5,11 @@ worker goes on a device its model's tenant may use, the one with the most memory
 that fits. GPU workers see only their GPU (CUDA_VISIBLE_DEVICES); CPU workers see none.
 A load that does not fit is refused with a message naming the tenant, the need and what
 is left; nothing crashes.
+
+A reservation is an object its holder owns and releases (`Reservation.release`), never a
+key: two holders of the same model, version and file (a reload of an unchanged file)
+hold two reservations, and each release frees only its own. A reload therefore counts
+both versions until the old one stops, as their workers really both run.
 """
 
 from __future__ import annotations
@@ -14,17 +19,13 @@ from dataclasses import dataclass
 
 from infergate.engine.devices import DeviceBackend, DeviceUsage
 from infergate.engine.tenants import Tenant
-from infergate.errors import InfergateError
+from infergate.errors import PlacementRefused as PlacementRefused  # raised here
 
 
 def _usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-class PlacementRefused(InfergateError):
-    status = 507
 
 
 @dataclass(frozen=True)
@@ -37,29 +38,37 @@ class Placement:
     cpus: tuple[int, ...] | None = None  # CPU affinity of a CPU worker
 
 
-@dataclass(frozen=True)
-class _Reservation:
-    device: str
+@dataclass(eq=False)  # compared by identity: each holder owns its own
+class Reservation:
+    """Memory on one device against one tenant's quota, held until its holder releases it."""
+
+    placement: Placement
     tenant: str
     memory_mb: float
+    _placer: Placer
+
+    @property
+    def device(self) -> str:
+        return self.placement.device
+
+    def release(self) -> None:
+        """Give the memory back; releasing twice is harmless."""
+        self._placer._held.discard(self)
 
 
 class Placer:
     def __init__(self, backend: DeviceBackend, cores: int | None = None) -> None:
         self.backend = backend
-        self._reserved: dict[str, _Reservation] = {}
+        self._held: set[Reservation] = set()
         self._cores = cores or _usable_cores()
         self._next_core = 0
 
     def reserved(self, tenant: str | None = None, device: str | None = None) -> float:
         return sum(
             r.memory_mb
-            for r in self._reserved.values()
+            for r in self._held
             if (tenant is None or r.tenant == tenant) and (device is None or r.device == device)
         )
-
-    def release(self, key: str) -> None:
-        self._reserved.pop(key, None)
 
     def _candidates(self, want: str, tenant: Tenant) -> list[DeviceUsage]:
         devices = self.backend.devices()
@@ -80,7 +89,7 @@ class Placer:
     def _cpu_share(self, threads: int | None) -> tuple[int, tuple[int, ...]]:
         """Threads for a new CPU worker (its share of the cores, unless model.toml sets
         them) and the cores it runs on, handed out round-robin so workers spread."""
-        workers = sum(1 for r in self._reserved.values() if r.device == "cpu")
+        workers = 1 + sum(1 for r in self._held if r.device == "cpu")  # with the new one
         count = min(threads or max(1, self._cores // max(workers, 1)), self._cores)
         first = self._next_core
         self._next_core = (first + count) % self._cores
@@ -88,15 +97,13 @@ class Placer:
 
     def place(
         self,
-        key: str,
         model: str,
         tenant: Tenant,
         want: str,
         memory_mb: int | None,
         threads: int | None = None,
-    ) -> Placement:
-        if key in self._reserved:
-            self.release(key)
+    ) -> Reservation:
+        """Reserve a device for one worker of `model`; the caller owns the reservation."""
         need = float(memory_mb or 0)
         used = self.reserved(tenant=tenant.name)
         if need and used + need > tenant.memory_mb:
@@ -122,12 +129,15 @@ class Placer:
                 f"{model!r} (free: {left})"
             )
         device = max(fitting, key=lambda d: free[d.name])
-        self._reserved[key] = _Reservation(device.name, tenant.name, need)
         if device.kind == "gpu":
             env = (("CUDA_VISIBLE_DEVICES", str(device.index)),)
             runtime = "cpu" if self.backend.name == "simulated" else "cuda:0"
-            return Placement(device.name, runtime, env, memory_mb, threads)
-        count, cpus = self._cpu_share(threads)
-        return Placement(
-            device.name, "cpu", (("CUDA_VISIBLE_DEVICES", ""),), memory_mb, count, cpus
-        )
+            placement = Placement(device.name, runtime, env, memory_mb, threads)
+        else:
+            count, cpus = self._cpu_share(threads)
+            placement = Placement(
+                device.name, "cpu", (("CUDA_VISIBLE_DEVICES", ""),), memory_mb, count, cpus
+            )
+        reservation = Reservation(placement, tenant.name, need, self)
+        self._held.add(reservation)
+        return reservation

@@ -1,4 +1,4 @@
-"""What is on disk: scan a models folder into ModelEntry records (DESIGN §2)."""
+"""What is on disk: scan a models folder into ModelEntry records."""
 
 from __future__ import annotations
 

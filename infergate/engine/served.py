@@ -11,7 +11,7 @@ import numpy as np
 from infergate.engine.breaker import Breaker
 from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
-from infergate.engine.placement import PlacementRefused
+from infergate.engine.placement import PlacementRefused, Reservation
 from infergate.engine.runtimes import runtime_kind, unavailable_reason
 from infergate.engine.scheduling.batching import batch_key, has_batch_dimension
 from infergate.engine.scheduling.classes import PriorityClass
@@ -74,6 +74,7 @@ class ServedVersion:
         self.platform = runtime_kind(file.runtime).platform
         self.unavailable = unavailable_reason(file.runtime)
         self.refused: str | None = None  # placement said no: the reason
+        self._reservations: list[Reservation] = []  # this version's own: released by stop
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -91,7 +92,7 @@ class ServedVersion:
         )
         self.instances = [Instance(spec, i, context) for i in range(entry.config.instances)]
         self.breaker = Breaker(
-            context.breaker_policy(entry.name, entry.config),
+            context.settings.breaker_policy(entry.name, entry.config),
             context.clock,
             on_change=self._breaker_changed,
         )
@@ -107,7 +108,7 @@ class ServedVersion:
             entry.name,
             file.version,
             self.instances,
-            queue_policy(context.queue_policy, entry.config.batching),
+            queue_policy(context.settings.queue_policy, entry.config.batching),
             context.clock,
             context.metrics,
         )
@@ -137,9 +138,6 @@ class ServedVersion:
         for instance in self.instances:
             instance.start()
 
-    def _key(self, instance: Instance) -> str:
-        return f"{self.name}:{self.version}:{self.sha256[:12]}:{instance.index}"
-
     def _place(self) -> None:
         """Reserve a device for every instance, or none of them."""
         context = self._context
@@ -153,23 +151,25 @@ class ServedVersion:
                     f"model.toml names tenant {self.config.tenant!r}, which the profile "
                     "does not define"
                 ) from None
-        placed = []
         try:
             for instance in self.instances:
-                placement = context.placer.place(
-                    self._key(instance),
+                reservation = context.placer.place(
                     self.name,
                     tenant,
                     self.config.device,
                     self.config.memory_mb,
                     self.config.threads,
                 )
-                placed.append(instance)
-                instance.place(placement)
+                self._reservations.append(reservation)
+                instance.place(reservation.placement)
         except PlacementRefused:
-            for instance in placed:
-                context.placer.release(self._key(instance))
+            self._release()
             raise
+
+    def _release(self) -> None:
+        for reservation in self._reservations:
+            reservation.release()
+        self._reservations.clear()
 
     async def wait_settled(self) -> None:
         if self.unavailable is None and self.refused is None:
@@ -180,8 +180,7 @@ class ServedVersion:
         if self.sequences is not None:
             self.sequences.stop()
         await asyncio.gather(*(i.stop() for i in self.instances))
-        for instance in self.instances:
-            self._context.placer.release(self._key(instance))
+        self._release()
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait for in-flight requests to finish (True), or the timeout (False)."""

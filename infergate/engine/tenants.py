@@ -71,7 +71,6 @@ class TenantState:
     rate_limited: int = 0
     over_concurrency: int = 0
     forbidden: int = 0
-    by_status: dict[int, int] = field(default_factory=dict)
 
 
 class Tenants:

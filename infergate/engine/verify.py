@@ -31,14 +31,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from infergate.errors import ConfigError
+from infergate.errors import VerificationFailed as VerificationFailed  # raised here
 
 CONTEXT = b"infergate-model-v1:"
 _CHUNK = 1 << 20
 MAX_SIGNATURE_BYTES = 4096  # a signature is 88 bytes of base64; anything huge is not one
-
-
-class VerificationFailed(Exception):
-    """The file may not serve; the message says why and how to fix it."""
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ from tomlkit import TOMLDocument, table
 
 from infergate.engine.breaker import TUNABLE
 from infergate.engine.engine import Engine
-from infergate.engine.tenants import SETTABLE, TenantState, hash_key, new_key
-from infergate.errors import BadRequest, Forbidden, ModelNotFound, Unauthorized
+from infergate.engine.snapshots import TenantView
+from infergate.engine.tenants import SETTABLE, hash_key, new_key
+from infergate.errors import BadRequest, Forbidden, TenantNotFound, Unauthorized
 from infergate.profile_store import ProfileStore
 from infergate.server.codec import json_object
 from infergate.server.infer_route import api_key
-from infergate.server.views import limit
+from infergate.server.views import breaker_json, limit
 
 TENANT_FIELDS = set(SETTABLE)
 BREAKER_FIELDS = set(TUNABLE)
@@ -99,8 +100,8 @@ def admin_guard(engine: Engine) -> Any:
     return Depends(guard)
 
 
-def tenant_view(state: TenantState) -> dict[str, Any]:
-    t = state.tenant
+def tenant_json(view: TenantView) -> dict[str, Any]:
+    t = view.tenant
     return {
         "name": t.name,
         "class": t.cls,
@@ -111,12 +112,12 @@ def tenant_view(state: TenantState) -> dict[str, Any]:
         "devices": list(t.devices),
         "memory_mb": t.memory_mb,
         "keys": len(t.api_keys),
-        "tokens": limit(round(state.bucket.tokens, 2)),
-        "in_flight": state.concurrency.active,
-        "admitted": state.admitted,
-        "rate_limited": state.rate_limited,
-        "over_concurrency": state.over_concurrency,
-        "forbidden": state.forbidden,
+        "tokens": limit(round(view.tokens, 2)),
+        "in_flight": view.in_flight,
+        "admitted": view.admitted,
+        "rate_limited": view.rate_limited,
+        "over_concurrency": view.over_concurrency,
+        "forbidden": view.forbidden,
     }
 
 
@@ -135,13 +136,12 @@ def _check_fields(doc: dict[str, Any], allowed: set[str], what: str) -> None:
 
 def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
     router = APIRouter(dependencies=[admin_guard(engine)])
-    tenants = engine.context.tenants
 
     @router.get("/admin/tenants")
     async def list_tenants() -> Response:
         return _json(
             {
-                "tenants": [tenant_view(s) for s in tenants.states()],
+                "tenants": [tenant_json(v) for v in engine.tenant_views()],
                 "profile": str(store.path),
                 "profile_error": store.last_error,
             }
@@ -153,7 +153,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
         name = doc.pop("name", None)
         if not isinstance(name, str) or not name.isidentifier():
             raise BadRequest("give the tenant a 'name' (letters, digits and _)")
-        if any(s.tenant.name == name for s in tenants.states()):
+        if any(s.tenant.name == name for s in engine.tenant_views()):
             raise BadRequest(f"tenant {name!r} exists; use PATCH /admin/tenants/{name}")
         _check_fields(doc, TENANT_FIELDS, "tenant")
         key = new_key()
@@ -180,8 +180,8 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
     async def set_tenant(name: str, request: Request) -> Response:
         doc = await _body(request)
         _check_fields(doc, TENANT_FIELDS, "tenant")
-        if not any(s.tenant.name == name for s in tenants.states()):
-            raise ModelNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
+        if not any(s.tenant.name == name for s in engine.tenant_views()):
+            raise TenantNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
 
         def change(document: TOMLDocument) -> None:
             section = document.setdefault("tenants", table(is_super_table=True))
@@ -190,12 +190,12 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
                 entry[k] = v
 
         await store.edit(change)
-        return _json(tenant_view(tenants.get(name)))
+        return _json(tenant_json(engine.tenant_view(name)))
 
     @router.delete("/admin/tenants/{name}")
     async def remove_tenant(name: str) -> Response:
-        if not any(s.tenant.name == name for s in tenants.states()):
-            raise ModelNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
+        if not any(s.tenant.name == name for s in engine.tenant_views()):
+            raise TenantNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
 
         def change(document: TOMLDocument) -> None:
             section = document.get("tenants", {})
@@ -207,25 +207,10 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
 
     @router.get("/admin/breakers")
     async def list_breakers() -> Response:
-        rows = []
-        for record in engine.models():
-            for served in record.versions.values():
-                b = served.breaker
-                total, failed, p99 = b.window_stats()
-                rows.append(
-                    {
-                        "model": served.name,
-                        "version": served.version,
-                        "state": b.state,
-                        "reason": b.reason,
-                        "retry_after_s": round(b.retry_after(), 2),
-                        "window_requests": total,
-                        "window_failures": failed,
-                        "window_p99_ms": round(p99 * 1000, 1),
-                        "policy": {k: getattr(b.policy, k) for k in sorted(BREAKER_FIELDS)},
-                    }
-                )
-        return _json(rows)
+        fields = sorted(BREAKER_FIELDS)
+        return _json(
+            [breaker_json(v.breaker, fields) for m in engine.model_views() for v in m.versions]
+        )
 
     @router.patch("/admin/breakers/{model}")
     async def set_breaker(model: str, request: Request) -> Response:
@@ -245,7 +230,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
             {
                 "model": model,
                 "policy": {
-                    k: getattr(engine.context.breaker_models[model], k)
+                    k: getattr(engine.context.settings.breaker_models[model], k)
                     for k in sorted(BREAKER_FIELDS)
                 },
             }

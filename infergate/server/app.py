@@ -101,7 +101,7 @@ def create_app(
 
     @app.post("/v2/repository/index", dependencies=guard)
     async def index() -> Response:
-        return _json(repository_index(engine.models()))
+        return _json(repository_index(engine.model_views()))
 
     @app.post("/v2/repository/models/{name}/unload", dependencies=guard)
     async def unload(name: str) -> Response:
@@ -110,11 +110,11 @@ def create_app(
 
     @app.get("/admin/models", dependencies=guard)
     async def admin_models() -> Response:
-        return _json([model_status(r) for r in engine.models()])
+        return _json([model_status(m) for m in engine.model_views()])
 
     @app.get("/admin/models/{name}", dependencies=guard)
     async def admin_model(name: str) -> Response:
-        status = model_status(engine.model(check_model_name(name)))
+        status = model_status(engine.model_view(check_model_name(name)))
         status["events"] = [e.to_json() for e in engine.context.events.recent(name)[-10:]]
         return _json(status)
 

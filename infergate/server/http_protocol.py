@@ -105,6 +105,8 @@ class _Refused(Exception):
 
 class GatewayHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    # Head and body in one write; False only to measure its gain (benchmarks/http_protocol.py).
+    one_write: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -121,8 +123,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         return type(cls.__name__, (cls,), {"limits": limits})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        wrapped = _HeadWithBody(transport, asyncio.get_running_loop())
-        super().connection_made(wrapped)  # type: ignore[arg-type]
+        if self.one_write:
+            transport = _HeadWithBody(transport, asyncio.get_running_loop())  # type: ignore[assignment]
+        super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self._answer_and_close(
                 error_message(

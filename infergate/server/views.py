@@ -9,6 +9,7 @@ from infergate.engine.engine import Engine
 from infergate.engine.registry import ModelRecord
 from infergate.engine.sequence_config import client_tensors
 from infergate.engine.served import ServedVersion
+from infergate.engine.snapshots import BreakerView, InstanceView, ModelView, VersionView
 from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, NO_RATE_LIMIT
 
 
@@ -28,54 +29,69 @@ def model_metadata(served: ServedVersion, record: ModelRecord) -> dict[str, Any]
     }
 
 
-def version_status(served: ServedVersion) -> dict[str, Any]:
+def instance_json(i: InstanceView) -> dict[str, Any]:
     return {
-        "version": served.version,
-        "state": served.state,
-        "reason": served.reason,
-        "path": str(served.file.path),
-        "sha256": served.sha256,
-        "platform": served.platform,
-        "in_flight": served.in_flight,
-        "instances": [
-            {
-                "index": i.index,
-                "state": i.state,
-                "pid": i.pid,
-                "restarts": i.restarts,
-                "batches": i.batches,
-                "device": i.ready_info.device if i.ready_info else None,
-                "placed_on": i.placement.device if i.placement else None,
-                "memory_limit_mb": i.placement.memory_mb if i.placement else None,
-                "threads": i.placement.threads if i.placement else None,
-                "cpus": list(i.placement.cpus) if i.placement and i.placement.cpus else None,
-                "visible_devices": i.ready_info.visible_devices if i.ready_info else None,
-                "reason": i.reason,
-            }
-            for i in served.instances
-        ],
-        "inputs": [s.to_json() for s in served.inputs],
-        "outputs": [s.to_json() for s in served.outputs],
+        "index": i.index,
+        "state": i.state,
+        "pid": i.pid,
+        "restarts": i.restarts,
+        "batches": i.batches,
+        "device": i.device,
+        "placed_on": i.placed_on,
+        "memory_limit_mb": i.memory_limit_mb,
+        "threads": i.threads,
+        "cpus": list(i.cpus) if i.cpus else None,
+        "visible_devices": i.visible_devices,
+        "reason": i.reason,
     }
 
 
-def model_status(record: ModelRecord) -> dict[str, Any]:
-    default = record.default_version()
+def version_status(v: VersionView) -> dict[str, Any]:
     return {
-        "name": record.name,
-        "state": record.state,
-        "reason": record.reason,
-        "default_version": default.version if default else None,
-        "versions": [version_status(record.versions[v]) for v in sorted(record.versions)],
-        "failures": {str(v): why for v, why in sorted(record.failures.items())},
+        "version": v.version,
+        "state": v.state,
+        "reason": v.reason,
+        "path": v.path,
+        "sha256": v.sha256,
+        "platform": v.platform,
+        "in_flight": v.in_flight,
+        "instances": [instance_json(i) for i in v.instances],
+        "inputs": [s.to_json() for s in v.inputs],
+        "outputs": [s.to_json() for s in v.outputs],
     }
 
 
-def repository_index(records: list[ModelRecord]) -> list[dict[str, Any]]:
+def model_status(model: ModelView) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "state": model.state,
+        "reason": model.reason,
+        "default_version": model.default_version,
+        "versions": [version_status(v) for v in model.versions],
+        "failures": {str(v): why for v, why in model.failures.items()},
+    }
+
+
+def breaker_json(b: BreakerView, fields: list[str]) -> dict[str, Any]:
+    return {
+        "model": b.model,
+        "version": b.version,
+        "state": b.state,
+        "reason": b.reason,
+        "retry_after_s": round(b.retry_after_s, 2),
+        "window_requests": b.window_requests,
+        "window_failures": b.window_failures,
+        "window_p99_ms": round(b.window_p99_s * 1000, 1),
+        "policy": {k: getattr(b.policy, k) for k in fields},
+    }
+
+
+def repository_index(models: list[ModelView]) -> list[dict[str, Any]]:
     """Triton's index: a row per model version, with state and reason."""
     rows: list[dict[str, Any]] = []
-    for record in records:
-        for served in sorted(record.versions.values(), key=lambda v: v.version):
+    for record in models:
+        served_versions = {v.version for v in record.versions}
+        for served in record.versions:
             state = "READY" if served.ready else served.state.upper()
             rows.append(
                 {
@@ -85,8 +101,8 @@ def repository_index(records: list[ModelRecord]) -> list[dict[str, Any]]:
                     "reason": served.reason or "",
                 }
             )
-        for version, why in sorted(record.failures.items()):
-            if version not in record.versions:
+        for version, why in record.failures.items():
+            if version not in served_versions:
                 rows.append(
                     {
                         "name": record.name,
@@ -105,38 +121,38 @@ def stats_snapshot(engine: Engine) -> dict[str, Any]:
     """Everything the dashboard shows, in one document (GET /admin/stats)."""
     context = engine.context
     models, workers = [], []
-    for record in engine.models():
-        default = record.default_version()
-        instances = [i for v in record.versions.values() for i in v.instances]
-        for served in record.versions.values():
-            for i in served.instances:
+    for model in engine.model_views():
+        default = next((v for v in model.versions if v.version == model.default_version), None)
+        instances = [i for v in model.versions for i in v.instances]
+        for version in model.versions:
+            for i in version.instances:
                 usage = context.devices.process(i.pid) if i.pid else None
                 workers.append(
                     {
-                        "model": served.name,
-                        "version": served.version,
+                        "model": version.name,
+                        "version": version.version,
                         "instance": i.index,
                         "pid": i.pid,
                         "state": i.state,
                         "restarts": i.restarts,
-                        "device": i.placement.device if i.placement else None,
+                        "device": i.placed_on,
                         "memory_mb": round(usage.memory_mb, 1) if usage else None,
-                        "memory_limit_mb": i.placement.memory_mb if i.placement else None,
+                        "memory_limit_mb": i.memory_limit_mb,
                         "cpu_percent": usage.cpu_percent if usage else None,
                     }
                 )
         models.append(
             {
-                "name": record.name,
-                "state": record.state,
-                "reason": record.reason,
-                "default_version": default.version if default else None,
-                "versions": sorted(record.versions),
+                "name": model.name,
+                "state": model.state,
+                "reason": model.reason,
+                "default_version": model.default_version,
+                "versions": [v.version for v in model.versions],
                 "instances_ready": sum(1 for i in instances if i.ready),
                 "instances": len(instances),
                 "breaker": default.breaker.state if default else None,
-                "queue": default.depth_by_class() if default else {},
-                **context.stats.model(record.name),
+                "queue": default.queue if default else {},
+                **context.stats.model(model.name),
             }
         )
     tenants = [
@@ -145,14 +161,14 @@ def stats_snapshot(engine: Engine) -> dict[str, Any]:
             "class": s.tenant.cls,
             "rps_limit": limit(s.tenant.rps),
             "rps": context.stats.tenant_rps(s.tenant.name),
-            "reserved_mb": context.placer.reserved(tenant=s.tenant.name),
-            "in_flight": s.concurrency.active,
+            "reserved_mb": s.reserved_mb,
+            "in_flight": s.in_flight,
             "max_concurrency": limit(s.tenant.max_concurrency),
             "admitted": s.admitted,
             "rejected": s.rate_limited + s.over_concurrency + s.forbidden,
             "memory_mb": s.tenant.memory_mb,
         }
-        for s in context.tenants.states()
+        for s in engine.tenant_views()
     ]
     return {
         "backend": context.devices.name,
@@ -171,15 +187,15 @@ def refresh_gauges(engine: Engine) -> None:
     metrics = context.metrics
     metrics.queue_depth.clear()
     metrics.worker_memory.clear()
-    for record in engine.models():
-        for served in record.versions.values():
-            for cls, depth in served.depth_by_class().items():
-                metrics.queue_depth.labels(served.name, cls).set(depth)
-            for i in served.instances:
+    for model in engine.model_views():
+        for version in model.versions:
+            for cls, depth in version.queue.items():
+                metrics.queue_depth.labels(version.name, cls).set(depth)
+            for i in version.instances:
                 usage = context.devices.process(i.pid) if i.pid else None
                 if usage is not None:
                     metrics.worker_memory.labels(
-                        served.name, str(served.version), str(i.index)
+                        version.name, str(version.version), str(i.index)
                     ).set(usage.memory_mb * 2**20)
     for device in context.devices.devices():
         metrics.device_utilization.labels(device.name).set(device.utilization)

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from infergate.engine.spec import TensorSpec, Warmup
+from infergate.errors import RuntimeUnavailable as RuntimeUnavailable  # raised here
+from infergate.errors import WarmupInputError as WarmupInputError  # raised here
 from infergate.tensors import Array, numpy_dtype
 
 
@@ -32,10 +34,6 @@ class Runtime(Protocol):
     def run(self, inputs: dict[str, Array], output_names: list[str]) -> dict[str, Array]: ...
 
 
-class RuntimeUnavailable(Exception):
-    """The runtime's library is not installed; the message says how to install it."""
-
-
 def sample_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, Array]:
     """Inputs for a warm-up run: free dimensions become 1, values are zeros."""
     out: dict[str, Array] = {}
@@ -48,10 +46,6 @@ def sample_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, Array]:
         else:
             out[spec.name] = np.zeros(shape, dtype=numpy_dtype(spec.datatype))
     return out
-
-
-class WarmupInputError(ValueError):
-    """The warm-up sample file cannot give the model's inputs; the message says why."""
 
 
 def warmup_inputs(specs: tuple[TensorSpec, ...], warmup: Warmup) -> dict[str, Array] | None:

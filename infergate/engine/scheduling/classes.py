@@ -1,4 +1,4 @@
-"""Priority classes (DESIGN §3): a rank (0 is the most urgent) and a queue deadline.
+"""Priority classes: a rank (0 is the most urgent) and a queue deadline.
 
 A request's class comes from its tenant, or from the V2 `parameters` (`priority` as
 tritonclient sends it, an integer where 1 is the highest and 0 the default, or a class

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Generic, NamedTuple, TypeVar
 
 from infergate.engine.scheduling.classes import PriorityClass
+from infergate.errors import QueueFull as QueueFull  # raised here
 
 T = TypeVar("T")
 
@@ -65,10 +66,6 @@ class Job(Generic[T]):
     def expirable(self) -> bool:
         """A request that started is never expired: its later chunks run."""
         return self.group is None or not self.group.started
-
-
-class QueueFull(Exception):
-    """No room, and nothing of a lower class to shed for it."""
 
 
 @dataclass(frozen=True)

@@ -59,27 +59,24 @@ _ANONYMOUS = Fairness()
 
 
 class Timing(NamedTuple):
-    """What a request went through, for metrics and the dashboard."""
+    """What a request went through: Triton's statistics read the first two, breakers the
+    last (the model's latency: the longest batch it ran in)."""
 
     queue_s: float
     compute_s: float
-    batch_size: int  # rows in the (largest) batch it ran in
-    cls: str
-    slowest_s: float = 0.0  # the longest batch it ran in: the model's latency, for breakers
+    slowest_s: float
 
 
 @dataclass(eq=False, slots=True)
 class _Ticket:
     outputs: tuple[str, ...]
     timeout_s: float
-    cls: PriorityClass
     parts: int
     future: asyncio.Future[tuple[dict[str, Array], Timing]]
     results: dict[int, dict[str, Array]] = field(default_factory=dict)
     queue_s: float = 0.0
     compute_s: float = 0.0
     slowest_s: float = 0.0
-    batch_size: int = 0
 
     def fail(self, error: InfergateError) -> None:
         if not self.future.done():
@@ -91,26 +88,18 @@ class _Ticket:
         outputs: dict[str, Array],
         queue_s: float,
         compute_s: float,
-        batch_size: int,
     ) -> None:
         if self.parts == 1:  # the usual case: the whole request ran in one batch
             if not self.future.done():
-                timing = Timing(queue_s, compute_s, batch_size, self.cls.name, compute_s)
-                self.future.set_result((outputs, timing))
+                self.future.set_result((outputs, Timing(queue_s, compute_s, compute_s)))
             return
         self.results[index] = outputs
         self.queue_s = max(self.queue_s, queue_s)
         self.compute_s += compute_s
         self.slowest_s = max(self.slowest_s, compute_s)
-        self.batch_size = max(self.batch_size, batch_size)
         if len(self.results) == self.parts and not self.future.done():
-            merged = (
-                outputs if self.parts == 1 else merge([self.results[i] for i in range(self.parts)])
-            )
-            timing = Timing(
-                self.queue_s, self.compute_s, self.batch_size, self.cls.name, self.slowest_s
-            )
-            self.future.set_result((merged, timing))
+            merged = merge([self.results[i] for i in range(self.parts)])
+            self.future.set_result((merged, Timing(self.queue_s, self.compute_s, self.slowest_s)))
 
 
 @dataclass(eq=False, slots=True)
@@ -225,7 +214,7 @@ class Scheduler:
         future: asyncio.Future[tuple[dict[str, Array], Timing]] = (
             asyncio.get_running_loop().create_future()
         )
-        ticket = _Ticket(outputs, timeout_s, cls, len(chunks), future)
+        ticket = _Ticket(outputs, timeout_s, len(chunks), future)
         if not batching:
             key = None
         pin = self._pin(session) if instance is None else instance
@@ -433,7 +422,7 @@ class Scheduler:
             wanted = work.ticket.outputs
             if tuple(piece) != wanted:  # others in the batch asked for more, or in another order
                 piece = {n: piece[n] for n in wanted}
-            work.ticket.part_done(work.index, piece, queue_s, compute_s, size)
+            work.ticket.part_done(work.index, piece, queue_s, compute_s)
 
     def _retry_or_fail(self, jobs: list[Job[_Work]], failed: Instance, exc: WorkerFailed) -> None:
         """Inference is idempotent: work on a worker that died gets one more try, on a

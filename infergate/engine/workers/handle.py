@@ -43,9 +43,12 @@ from infergate.engine.workers.worker import worker_main
 from infergate.errors import (
     DeadlineExceeded,
     ModelExecutionError,
+    SharedMemoryUnavailable,
     WorkerFailed,
     WorkerOverMemory,
 )
+from infergate.errors import WorkerLoadError as WorkerLoadError  # raised here
+from infergate.errors import WorkerStartError as WorkerStartError  # raised here
 from infergate.tensors import Array, from_wire
 
 log = logging.getLogger("infergate.workers")
@@ -53,18 +56,6 @@ _SPAWN = multiprocessing.get_context("spawn")
 INITIAL_ARENA = 1 << 20
 _READ = 1 << 20  # bytes asked of the pipe per read
 _LINGER_S = 5.0  # a worker whose pipe closed but which has not exited is killed after this
-
-
-class WorkerLoadError(Exception):
-    """The worker could not load its model; the message says why."""
-
-
-class WorkerStartError(Exception):
-    """The worker process could not be started (out of fds, memory, processes...)."""
-
-
-class SharedMemoryUnavailable(WorkerFailed):
-    """A request's tensors need a larger arena and the system would not give one (503)."""
 
 
 class _Frames:

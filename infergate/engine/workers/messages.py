@@ -47,7 +47,6 @@ class Ready:
     device: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    load_s: float
     visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES as the worker saw it
 
 

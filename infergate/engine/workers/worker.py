@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -27,6 +26,7 @@ from infergate.engine.workers.messages import (
     encode,
 )
 from infergate.engine.workers.shm import MappedArena, layout_size, read_tensor, write_tensors
+from infergate.errors import WarmupFailed
 from infergate.tensors import to_wire, v2_datatype
 
 
@@ -58,10 +58,6 @@ def _load(spec: WorkerSpec) -> Runtime:
     _check_declared("outputs", spec.outputs, runtime.outputs)
     _warm_up(runtime, spec)
     return runtime
-
-
-class WarmupFailed(Exception):
-    """The gateway's warm-up input made the model fail (not necessarily the model's fault)."""
 
 
 _WARMUP_HINT = (
@@ -129,7 +125,6 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
         os.sched_setaffinity(0, spec.cpus)
     if spec.nice:
         os.nice(spec.nice)
-    started = time.monotonic()
     try:
         runtime = _load(spec)
     except Exception as exc:  # any load failure is reported, not raised: the gateway decides
@@ -143,7 +138,6 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
                 runtime.device,
                 runtime.inputs,
                 runtime.outputs,
-                time.monotonic() - started,
                 os.environ.get("CUDA_VISIBLE_DEVICES"),
             )
         )

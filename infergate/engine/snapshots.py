@@ -1,0 +1,168 @@
+"""Read models: frozen snapshots of what the engine serves, for everyone who only looks.
+
+The HTTP views, the admin API and the dashboard's stats read these instead of walking
+registry → served versions → instances → placement themselves, so the engine's live
+objects can change shape without breaking them, and a reader never sees an object
+change under it. A snapshot is taken when asked (`Engine.snapshot`, `Engine.model_view`):
+cheap next to the JSON built from it, and never stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infergate.engine.breaker import BreakerPolicy
+from infergate.engine.instance import Instance
+from infergate.engine.registry import ModelRecord
+from infergate.engine.served import ServedVersion
+from infergate.engine.spec import TensorSpec
+from infergate.engine.tenants import Tenant, TenantState
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    index: int
+    state: str
+    ready: bool
+    pid: int | None
+    restarts: int
+    batches: int
+    reason: str | None
+    device: str | None  # what the worker's runtime reports it runs on
+    placed_on: str | None  # where placement put it: "cpu", "cuda:1", "sim:0"
+    memory_limit_mb: int | None
+    threads: int | None
+    cpus: tuple[int, ...] | None
+    visible_devices: str | None
+
+
+@dataclass(frozen=True)
+class BreakerView:
+    model: str
+    version: int
+    state: str
+    reason: str
+    retry_after_s: float
+    window_requests: int
+    window_failures: int
+    window_p99_s: float
+    policy: BreakerPolicy
+
+
+@dataclass(frozen=True)
+class VersionView:
+    name: str
+    version: int
+    state: str
+    ready: bool
+    reason: str | None
+    path: str
+    sha256: str
+    platform: str
+    in_flight: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    instances: tuple[InstanceView, ...]
+    breaker: BreakerView
+    queue: dict[str, int]  # waiting requests by priority class
+
+
+@dataclass(frozen=True)
+class ModelView:
+    name: str
+    state: str
+    reason: str | None
+    default_version: int | None
+    versions: tuple[VersionView, ...]  # by version number
+    failures: dict[int, str]  # version -> why it did not load
+
+
+def instance_view(instance: Instance) -> InstanceView:
+    placement, ready = instance.placement, instance.ready_info
+    return InstanceView(
+        index=instance.index,
+        state=instance.state,
+        ready=instance.ready,
+        pid=instance.pid,
+        restarts=instance.restarts,
+        batches=instance.batches,
+        reason=instance.reason,
+        device=ready.device if ready else None,
+        placed_on=placement.device if placement else None,
+        memory_limit_mb=placement.memory_mb if placement else None,
+        threads=placement.threads if placement else None,
+        cpus=placement.cpus if placement and placement.cpus else None,
+        visible_devices=ready.visible_devices if ready else None,
+    )
+
+
+def breaker_view(served: ServedVersion) -> BreakerView:
+    b = served.breaker
+    total, failed, p99 = b.window_stats()
+    return BreakerView(
+        model=served.name,
+        version=served.version,
+        state=b.state,
+        reason=b.reason,
+        retry_after_s=b.retry_after(),
+        window_requests=total,
+        window_failures=failed,
+        window_p99_s=p99,
+        policy=b.policy,
+    )
+
+
+def version_view(served: ServedVersion) -> VersionView:
+    return VersionView(
+        name=served.name,
+        version=served.version,
+        state=served.state,
+        ready=served.ready,
+        reason=served.reason,
+        path=str(served.file.path),
+        sha256=served.sha256,
+        platform=served.platform,
+        in_flight=served.in_flight,
+        inputs=served.inputs,
+        outputs=served.outputs,
+        instances=tuple(instance_view(i) for i in served.instances),
+        breaker=breaker_view(served),
+        queue=served.depth_by_class(),
+    )
+
+
+def model_view(record: ModelRecord) -> ModelView:
+    default = record.default_version()
+    return ModelView(
+        name=record.name,
+        state=record.state,
+        reason=record.reason,
+        default_version=default.version if default else None,
+        versions=tuple(version_view(record.versions[v]) for v in sorted(record.versions)),
+        failures=dict(sorted(record.failures.items())),
+    )
+
+
+@dataclass(frozen=True)
+class TenantView:
+    tenant: Tenant  # its settings, as the profile gives them
+    tokens: float  # left in its rate bucket now
+    in_flight: int
+    admitted: int
+    rate_limited: int
+    over_concurrency: int
+    forbidden: int
+    reserved_mb: float  # memory its models' instances hold against its quota
+
+
+def tenant_view(state: TenantState, reserved_mb: float) -> TenantView:
+    return TenantView(
+        tenant=state.tenant,
+        tokens=state.bucket.tokens,
+        in_flight=state.concurrency.active,
+        admitted=state.admitted,
+        rate_limited=state.rate_limited,
+        over_concurrency=state.over_concurrency,
+        forbidden=state.forbidden,
+        reserved_mb=reserved_mb,
+    )

@@ -1,0 +1,109 @@
+"""The composition root: `build_gateway` wires the engine and its app once, and the app
+answers in-process through httpx's ASGI transport, with real workers behind it."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import infergate.engine
+from infergate.profile import load_profile
+from infergate.server.gateway import build_gateway
+from tests.conftest import write_profile
+from tests.scripted_runtime import make_scripted, scripted_inputs
+
+
+async def _wait_ready(client: httpx.AsyncClient, model: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (await client.get(f"/v2/models/{model}/ready")).status_code != 200:
+        assert time.monotonic() < deadline, f"{model} not ready in {timeout_s} s"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_gateway_answers_in_process_through_the_asgi_transport(
+    tmp_path: Path,
+) -> None:
+    models = tmp_path / "models"
+    make_scripted(models / "echo" / "1" / "model.scripted", ("sleep_ms",))
+    profile = load_profile(write_profile(tmp_path, "[tenants.default]\nrps = 1000\n"))
+    engine, app = build_gateway(profile, models)
+    await engine.start()  # the transport runs no lifespan: start the engine ourselves
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            await _wait_ready(client, "echo")
+            body = scripted_inputs(rows=2, sleep_ms=1)
+            answer = await client.post("/v2/models/echo/infer", json=body)
+            assert answer.status_code == 200, answer.text
+            outputs = {o["name"]: o for o in answer.json()["outputs"]}
+            assert outputs["y"]["data"] == body["inputs"][0]["data"]
+            assert outputs["rows"]["data"] == [2, 2]
+            unknown = await client.post("/v2/models/nope/infer", json=body)
+            assert unknown.status_code == 404
+            assert "Request for unknown model: 'nope' is not found" in unknown.json()["error"]
+            view = engine.model_view("echo")  # the read model the views are built from
+            (version,) = view.versions
+            (instance,) = version.instances
+            assert (view.state, version.state, instance.placed_on) == ("ready", "ready", "cpu")
+            assert instance.batches == 1
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                instance.batches = 0  # type: ignore[misc]  # what the test checks
+            (tenant,) = engine.tenant_views()
+            assert (tenant.tenant.name, tenant.admitted, tenant.in_flight) == ("default", 1, 0)
+            listed = (await client.get("/admin/models/echo")).json()
+            assert listed["versions"][0]["instances"][0]["placed_on"] == "cpu"
+            tenants = (await client.get("/admin/tenants")).json()
+            assert [t["name"] for t in tenants["tenants"]] == ["default"]
+            assert tenants["profile"] == str(tmp_path / "profile.toml")  # the store is wired
+    finally:
+        await engine.stop()
+
+
+def test_the_engine_reads_no_profile() -> None:
+    """The engine takes its own settings types; infergate/profile.py builds them."""
+    engine_dir = Path(infergate.engine.__file__).parent
+    importers = []
+    for source in sorted(engine_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            if any(n in ("infergate.profile", "infergate.profile_store") for n in names):
+                importers.append(source.name)
+    assert importers == []
+
+
+def test_a_profile_change_swaps_in_a_new_frozen_record(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    first = load_profile(write_profile(tmp_path, "[breaker]\nmin_requests = 5\n"))
+    engine, _ = build_gateway(first, models)
+    before = engine.context.settings
+    assert before.breaker.min_requests == 5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        before.breaker = before.breaker  # type: ignore[misc]  # what the test checks
+    second = write_profile(
+        tmp_path,
+        "[breaker]\nmin_requests = 9\n[breaker.models.m]\nmin_requests = 2\n"
+        '[classes.gold]\nrank = 0\ndeadline_ms = 10\n[tenants.default]\nclass = "gold"\n',
+    )
+    engine.apply_settings(load_profile(second).live_settings())
+    after = engine.context.settings
+    assert after is not before
+    assert (before.breaker.min_requests, after.breaker.min_requests) == (5, 9)
+    assert [c.name for c in before.classes.ordered] == ["realtime", "burst", "batch"]
+    assert [c.name for c in after.classes.ordered] == ["gold"]
+    assert after.breaker_models["m"].min_requests == 2
+    assert engine.context.tenants.get("default").tenant.cls == "gold"
+    with pytest.raises(TypeError):
+        after.breaker_models["n"] = after.breaker  # type: ignore[index]  # read-only
