@@ -147,6 +147,16 @@ def serve(
     context.tenants = Tenants(
         list(loaded.tenants), settings.admin_keys, settings.allow_anonymous, context.clock
     )
+    if loaded.cluster.enabled:  # read at start: a new redis_url needs a restart
+        from infergate.engine.cluster.metrics import ClusterMetrics
+        from infergate.engine.cluster.redis_limits import SharedLimits
+
+        context.shared_limits = SharedLimits(
+            loaded.cluster,
+            context.tenants,
+            ClusterMetrics(context.metrics.registry),
+            context.clock,
+        )
     engine_settings = EngineSettings(
         models_dir=models_dir,
         model_control="explicit" if settings.model_control == "explicit" else "poll",
