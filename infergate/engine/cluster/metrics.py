@@ -9,7 +9,7 @@ class ClusterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.redis_errors = Counter(
             "infergate_cluster_redis_errors",
-            "Calls to Redis that failed or timed out, by operation (admit, release, renew)",
+            "Calls to Redis that failed or timed out, by operation (admit, release, renew, probe)",
             ["op"],
             registry=registry,
         )

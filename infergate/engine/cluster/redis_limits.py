@@ -36,14 +36,16 @@ from infergate.errors import Overloaded
 log = logging.getLogger("infergate.cluster")
 T = TypeVar("T")
 
-# Opens within a tenth of a second of most calls failing, and tries again after half a
-# second (then up to 5 s): a Redis that is down costs a few requests a timeout each.
+# Opens within a few tenths of a second of most calls failing (the window is short, so
+# the successes from before an outage soon leave it). While it is open, no request calls
+# Redis: a background probe does (half-open), after 0.5 s, then up to every 5 s.
 REDIS_BREAKER = BreakerPolicy(
-    window_seconds=1.0,
+    window_seconds=0.3,
+    buckets=3,
     failure_rate=0.5,
     latency_p99_ms=math.inf,  # a slow answer is a timeout, counted as a failure
     consecutive_windows=1,
-    min_requests=3,
+    min_requests=2,
     backoff_initial_s=0.5,
     backoff_max_s=5.0,
     probes=1,
@@ -102,6 +104,7 @@ class SharedLimits:
         self.replicas_seen = 1
         self.breaker = Breaker(REDIS_BREAKER, clock, self._on_breaker)
         self._renewer: asyncio.Task[None] | None = None
+        self._prober: asyncio.Task[None] | None = None
         metrics.breaker_state.set(0)
         metrics.replicas.set(1)
 
@@ -125,9 +128,9 @@ class SharedLimits:
             return Ticket(state)
         if rated and tenant.rps <= 0:  # never a token: no need to ask
             self._tenants.refuse_rate(state, math.inf)
-        admission = self.breaker.allow()
-        if admission == "refused":
+        if self.breaker.state != "closed":  # open, or half-open: the prober's turn
             return self._without_redis(state)
+        admission = self.breaker.allow()
         interval = 1e6 / tenant.rps if rated else 0.0
         lease_id = f"{self.replica}:{next(self._ids)}" if slots else ""
         lease_key = self._key(tenant.name, "leases")
@@ -222,6 +225,7 @@ class SharedLimits:
         with contextlib.suppress(Exception):
             await _bounded(self._load_scripts(), max(1.0, self._timeout_s))
         self._renewer = asyncio.create_task(self._renew_forever(), name="cluster:renew")
+        self._prober = asyncio.create_task(self._probe_forever(), name="cluster:probe")
 
     async def _load_scripts(self) -> None:
         await self._redis.script_load(scripts.ADMIT)
@@ -233,6 +237,20 @@ class SharedLimits:
             with contextlib.suppress(RedisUnavailable):
                 await self.renew()
             await asyncio.sleep(period)
+
+    async def _probe_forever(self) -> None:
+        """Requests never probe a Redis that failed (each would risk the timeout): this
+        does, when the breaker turns half-open."""
+        while True:
+            await asyncio.sleep(0.05)
+            if self.breaker.state != "half_open" or self.breaker.allow() != "probe":
+                continue
+            try:
+                await self._call("probe", self._redis.ping())
+            except RedisUnavailable:
+                self.breaker.record("probe", False, None)
+            else:
+                self.breaker.record("probe", True, None)
 
     async def renew(self) -> None:
         held = list(self._held.items())
@@ -249,10 +267,11 @@ class SharedLimits:
     async def stop(self) -> None:
         """Release what this replica still holds (requests cut off by the end of a drain)
         and leave the replicas' count."""
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        for task in (self._renewer, self._prober):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         with contextlib.suppress(RedisUnavailable):
             await self._call("release", self._release_all())
         await self._redis.aclose()
