@@ -195,11 +195,13 @@ class SharedLimits:
             ticket.share.concurrency.leave()
         if ticket.lease_id is None or ticket.lease_key is None:
             return
+        if self.breaker.state == "closed":
+            # Forgotten only once released (or failed: then it expires within one TTL):
+            # a request cut off by the end of a drain is cancelled here again, and
+            # `stop` must still find its lease.
+            with contextlib.suppress(RedisUnavailable):
+                await self._call("release", self._redis.zrem(ticket.lease_key, ticket.lease_id))
         self._held.pop(ticket.lease_id, None)
-        if self.breaker.state == "open":
-            return  # not renewed any more: it expires within one TTL
-        with contextlib.suppress(RedisUnavailable):  # then it expires within one TTL
-            await self._call("release", self._redis.zrem(ticket.lease_key, ticket.lease_id))
 
     async def _call(self, op: str, call: Awaitable[Any]) -> Any:
         try:
