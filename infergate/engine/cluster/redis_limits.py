@@ -67,6 +67,13 @@ class Ticket:
     share: Share | None = None  # the local share whose slot it holds (fail_mode local)
 
 
+def _admitted(ticket: Ticket) -> Ticket:
+    """Counted in the tenant's own state too (this replica's part, for the admin API)."""
+    ticket.state.admitted += 1
+    ticket.state.concurrency.active += 1
+    return ticket
+
+
 async def _bounded(call: Awaitable[T], seconds: float) -> T:
     if sys.version_info >= (3, 11):  # no task per call, unlike wait_for before 3.12
         async with asyncio.timeout(seconds):
@@ -125,8 +132,7 @@ class SharedLimits:
         rated = math.isfinite(tenant.rps)
         slots = tenant.max_concurrency if tenant.max_concurrency != NO_CONCURRENCY_LIMIT else 0
         if not rated and not slots:  # nothing to share: no round trip
-            state.admitted += 1
-            return Ticket(state)
+            return _admitted(Ticket(state))
         if rated and tenant.rps <= 0:  # never a token: no need to ask
             self._tenants.refuse_rate(state, math.inf)
         if self.breaker.state != "closed":  # open, or half-open: the prober's turn
@@ -157,19 +163,17 @@ class SharedLimits:
             self._tenants.refuse_rate(state, int(wait_us) / 1e6)
         if code == 2:
             self._tenants.refuse_concurrency(state)
-        state.admitted += 1
         if not slots:
-            return Ticket(state)
+            return _admitted(Ticket(state))
         self._held[lease_id] = lease_key
-        return Ticket(state, lease_key, lease_id)
+        return _admitted(Ticket(state, lease_key, lease_id))
 
     def _without_redis(self, state: TenantState) -> Ticket:
         mode = self.settings.fail_mode
         counter = self._metrics.without_redis
         if mode == "open":
             counter.labels(mode, "admitted").inc()
-            state.admitted += 1
-            return Ticket(state)
+            return _admitted(Ticket(state))
         if mode == "closed":
             counter.labels(mode, "refused").inc()
             raise Overloaded(
@@ -186,13 +190,13 @@ class SharedLimits:
             counter.labels(mode, "refused").inc()
             self._tenants.refuse_concurrency(state)
         counter.labels(mode, "admitted").inc()
-        state.admitted += 1
-        return Ticket(state, share=share)
+        return _admitted(Ticket(state, share=share))
 
     def release(self, ticket: Ticket) -> None:
         """End an admitted request. Its lease is removed in the background, so the answer
         does not wait for a second round trip: the removal is on its way to Redis before
         the client can have read the answer and sent another request."""
+        ticket.state.concurrency.leave()
         if ticket.share is not None:
             ticket.share.concurrency.leave()
         if ticket.lease_id is None or ticket.lease_key is None:
