@@ -166,3 +166,14 @@ def test_script_flush_is_survived(tmp_path: Path, redis_server: RedisProcess) ->
         assert metric(server, "infergate_cluster_redis_errors_total", absent=0, op="admit") == 0
         assert metric(server, "infergate_cluster_decisions_without_redis_total", absent=0) == 0
         assert redis_server.client().script_exists(admit_sha) == [True]
+
+
+def test_one_request_after_another_is_never_refused_by_its_own_lease(
+    tmp_path: Path, redis_server: RedisProcess
+) -> None:
+    """The lease is released after the answer is sent, yet before the client's next
+    request can ask for the slot, on the same replica or another."""
+    profile = cluster_profile(redis_server, "socket_timeout_ms = 500", "max_concurrency = 1")
+    with replicas(tmp_path, profile, 2) as servers, httpx.Client(timeout=30) as client:
+        statuses = [_infer(client, servers[i % 2]).status_code for i in range(300)]
+        assert statuses == [200] * 300

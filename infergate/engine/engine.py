@@ -162,9 +162,9 @@ class Engine:
             self.context.metrics.rate_limited.labels(state.tenant.name, exc.reason).inc()
             raise
 
-    def leave_shared(self, ticket: Ticket) -> None:
+    async def leave_shared(self, ticket: Ticket) -> None:
         assert self.context.shared_limits is not None
-        self.context.shared_limits.release(ticket)
+        await self.context.shared_limits.release(ticket)
 
     async def infer_admitted(
         self, request: InferenceRequest, state: TenantState

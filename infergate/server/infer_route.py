@@ -184,7 +184,7 @@ class InferRoute:
             if ticket is None:
                 self._engine.leave(tenant)
             else:
-                self._engine.leave_shared(ticket)
+                await self._engine.leave_shared(ticket)
         outputs = classify_outputs(
             result.outputs, decoded.output_parameters, served.batchable, served.file.path
         )

@@ -112,7 +112,6 @@ class SharedLimits:
         self.breaker = Breaker(REDIS_BREAKER, clock, self._on_breaker)
         self._renewer: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
-        self._releasing: set[asyncio.Task[None]] = set()
         metrics.breaker_state.set(0)
         metrics.replicas.set(1)
 
@@ -192,20 +191,16 @@ class SharedLimits:
         counter.labels(mode, "admitted").inc()
         return _admitted(Ticket(state, share=share))
 
-    def release(self, ticket: Ticket) -> None:
-        """End an admitted request. Its lease is removed in the background, so the answer
-        does not wait for a second round trip: the removal is on its way to Redis before
-        the client can have read the answer and sent another request."""
+    async def release(self, ticket: Ticket) -> None:
+        """End an admitted request, before it is answered: a client that sends one request
+        after another must never find its previous request's slot still taken (a release
+        in the background lost that race, see tests/test_cluster_limits.py)."""
         ticket.state.concurrency.leave()
         if ticket.share is not None:
             ticket.share.concurrency.leave()
         if ticket.lease_id is None or ticket.lease_key is None:
             return
-        task = asyncio.create_task(self._release(ticket.lease_key, ticket.lease_id))
-        self._releasing.add(task)
-        task.add_done_callback(self._releasing.discard)
-
-    async def _release(self, lease_key: str, lease_id: str) -> None:
+        lease_key, lease_id = ticket.lease_key, ticket.lease_id
         if self.breaker.state == "closed":
             # Forgotten only once released (or failed: then it expires within one TTL):
             # a request cut off by the end of a drain is cancelled here again, and
@@ -285,8 +280,6 @@ class SharedLimits:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if self._releasing:
-            await asyncio.wait(self._releasing, timeout=self._timeout_s * 2)
         with contextlib.suppress(RedisUnavailable):
             await self._call("release", self._release_all())
         await self._redis.aclose()
