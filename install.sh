@@ -46,4 +46,15 @@ if [[ " ${extras[*]} " == *" gpu "* ]]; then
   .venv/bin/python -m pip uninstall --quiet -y onnxruntime
   .venv/bin/python -m pip install --quiet --force-reinstall --no-deps onnxruntime-gpu
 fi
+if [[ " ${extras[*]} " == *" dev "* ]] && ! command -v redis-server >/dev/null 2>&1; then
+  # The cluster tests start a real redis-server (Debian's package).
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "install.sh: installing redis-server (apt-get) for the cluster tests"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; }
+  else
+    echo "install.sh: redis-server is missing and the cluster tests need it;" \
+      "install it (sudo apt-get install -y redis-server)" >&2
+  fi
+fi
 echo "install.sh: done. Next: .venv/bin/infergate serve   (and .venv/bin/infergate doctor)"

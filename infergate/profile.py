@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infergate.engine.breaker import BreakerPolicy
+from infergate.engine.cluster.settings import FAIL_MODES, ClusterSettings
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, ClassTable, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.settings import LiveSettings
@@ -90,6 +91,7 @@ class Profile:
     breaker_models: dict[str, BreakerPolicy] = field(default_factory=dict)
     tenants: tuple[Tenant, ...] = (Tenant(DEFAULT_TENANT),)
     devices: DeviceSettings = field(default_factory=DeviceSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
 
     def live_settings(self) -> LiveSettings:
         """What the engine takes from this profile, and swaps in on a live change."""
@@ -107,6 +109,29 @@ class Profile:
     def default_class(self) -> str:
         default = next((t for t in self.tenants if t.name == DEFAULT_TENANT), None)
         return default.cls if default else self.classes[-1].name
+
+
+def _cluster(table: Table) -> ClusterSettings:
+    """[cluster]: tenant limits shared through Redis (engine/cluster/)."""
+    d = ClusterSettings()
+    url = table.string("redis_url", d.redis_url)
+    if url and not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(
+            f"{table.where('redis_url')}: expected a Redis URL such as "
+            f'"redis://127.0.0.1:6379/0" (or rediss://, unix://), got {url!r}'
+        )
+    mode = table.string("fail_mode", d.fail_mode, choices=FAIL_MODES)
+    settings = ClusterSettings(
+        redis_url=url,
+        fail_mode="open" if mode == "open" else "closed" if mode == "closed" else "local",
+        socket_timeout_ms=table.number("socket_timeout_ms", d.socket_timeout_ms, minimum=1),
+        connect_timeout_ms=table.number("connect_timeout_ms", d.connect_timeout_ms, minimum=1),
+        lease_ttl_s=table.number("lease_ttl_s", d.lease_ttl_s, minimum=0.3),
+        replicas=table.integer("replicas", d.replicas, minimum=1),
+        key_prefix=table.string("key_prefix", d.key_prefix),
+    )
+    table.reject_unknown()
+    return settings
 
 
 def _batching(table: Table) -> QueuePolicy:
@@ -299,6 +324,7 @@ def load_profile(path: Path | None) -> Profile:
         breaker_models=breaker_models,
         tenants=_tenants(root.table("tenants"), classes),
         devices=_devices(root.table("devices")),
+        cluster=_cluster(root.table("cluster")),
     )
     root.reject_unknown()
     return profile

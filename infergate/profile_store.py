@@ -160,7 +160,7 @@ class ProfileStore:
                 f"server.{' and server.'.join(held)} changed in a way that opens access; "
                 "that applies at the next start (infergate serve), not live",
             )
-        for table in ("server", "devices"):
+        for table in ("server", "devices", "cluster"):
             if getattr(profile, table) != getattr(self.profile, table):
                 events.publish(
                     "profile_restart_needed",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infergate.clock import Clock, MonotonicClock
+from infergate.engine.cluster.redis_limits import SharedLimits
 from infergate.engine.devices import DeviceBackend, HostBackend
 from infergate.engine.events import EventBus
 from infergate.engine.placement import Placer
@@ -40,6 +41,7 @@ class EngineContext:
     worker_factory: WorkerFactory = WorkerHandle  # tests pass in-process fakes
     store_dir: Path | None = None  # verified copies of model files; None: a temp folder
     max_concurrent_loads: int = 4  # workers loading at once ([server])
+    shared_limits: SharedLimits | None = None  # [cluster]: limits shared through Redis
     load_slots: asyncio.Semaphore = field(init=False)
     # instance -> why its worker process cannot be started now (/v2/health/ready says so)
     start_failing: dict[object, str] = field(init=False, default_factory=dict)

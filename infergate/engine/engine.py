@@ -9,6 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from infergate.engine.cluster.redis_limits import Ticket
 from infergate.engine.context import EngineContext
 from infergate.engine.inference import InferenceRequest, InferenceResult
 from infergate.engine.monitor import MemoryMonitor
@@ -55,6 +56,8 @@ class Engine:
         """Start loading every model and, in poll mode, watching; returns at once."""
         self._startup = asyncio.create_task(self._load_all(), name="engine:initial-load")
         self._monitor.start()
+        if self.context.shared_limits is not None:
+            await self.context.shared_limits.start()
 
     async def _load_all(self) -> None:
         if self.settings.model_control == "poll":
@@ -71,6 +74,8 @@ class Engine:
         return self._loaded.is_set()
 
     async def stop(self) -> None:
+        if self.context.shared_limits is not None:
+            await self.context.shared_limits.stop()  # leases cut off by a drain
         await self._monitor.stop()
         if self._watcher is not None:
             await self._watcher.stop()
@@ -162,6 +167,21 @@ class Engine:
 
     def leave(self, state: TenantState) -> None:
         self.context.tenants.leave(state)
+
+    async def admit_shared(self, state: TenantState, model: str) -> Ticket:
+        """`admit` against the limits every replica shares ([cluster]); on success the
+        caller must `leave_shared`. Only for an engine whose context has shared_limits."""
+        shared = self.context.shared_limits
+        assert shared is not None
+        try:
+            return await shared.admit(state, model)
+        except (RateLimited, Forbidden) as exc:
+            self.context.metrics.rate_limited.labels(state.tenant.name, exc.reason).inc()
+            raise
+
+    async def leave_shared(self, ticket: Ticket) -> None:
+        assert self.context.shared_limits is not None
+        await self.context.shared_limits.release(ticket)
 
     async def infer_admitted(
         self, request: InferenceRequest, state: TenantState

@@ -14,6 +14,7 @@ import re
 import secrets
 import sys
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from infergate.clock import Clock
 from infergate.engine.limits import ConcurrencyLimit, TokenBucket, retry_seconds
@@ -142,6 +143,18 @@ class Tenants:
 
     def admit(self, state: TenantState, model: str) -> None:
         """Allow-list, then rate, then concurrency; on success the caller must `leave`."""
+        self.check_allowed(state, model)
+        wait = state.bucket.try_take()
+        if wait > 0:
+            self.refuse_rate(state, wait)
+        if not state.concurrency.try_enter():
+            self.refuse_concurrency(state)
+        state.admitted += 1
+
+    # The refusals, shared with the limits kept in Redis (engine/cluster/), so a client
+    # reads the same answer whichever replica or path refused it.
+    @staticmethod
+    def check_allowed(state: TenantState, model: str) -> None:
         tenant = state.tenant
         if not tenant.may_use(model):
             state.forbidden += 1
@@ -149,32 +162,35 @@ class Tenants:
                 f"tenant {tenant.name!r} may not use model {model!r} (allowed: "
                 f"{', '.join(tenant.models) or 'none'})"
             )
-        wait = state.bucket.try_take()
-        if wait > 0:
-            state.rate_limited += 1
-            # Whole seconds, so the message says what the Retry-After header says.
-            seconds = retry_seconds(wait)
-            hint = (
-                "; its rps is 0, so it gets no more requests until an operator raises it "
-                "(infergate tenant set)"
-                if tenant.rps <= 0
-                else ""
-            )
-            raise RateLimited(
-                f"tenant {tenant.name!r} is over its rate of {tenant.rps:g} requests/s "
-                f"(burst {tenant.burst:g}); retry in {seconds} s{hint}",
-                seconds,
-                reason="rate",
-            )
-        if not state.concurrency.try_enter():
-            state.over_concurrency += 1
-            raise RateLimited(
-                f"tenant {tenant.name!r} already has {tenant.max_concurrency} requests in "
-                "flight (max_concurrency); retry in 1 s, or when one finishes",
-                1,
-                reason="concurrency",
-            )
-        state.admitted += 1
+
+    @staticmethod
+    def refuse_rate(state: TenantState, wait_s: float) -> NoReturn:
+        tenant = state.tenant
+        state.rate_limited += 1
+        # Whole seconds, so the message says what the Retry-After header says.
+        seconds = retry_seconds(wait_s)
+        hint = (
+            "; its rps is 0, so it gets no more requests until an operator raises it "
+            "(infergate tenant set)"
+            if tenant.rps <= 0
+            else ""
+        )
+        raise RateLimited(
+            f"tenant {tenant.name!r} is over its rate of {tenant.rps:g} requests/s "
+            f"(burst {tenant.burst:g}); retry in {seconds} s{hint}",
+            seconds,
+            reason="rate",
+        )
+
+    @staticmethod
+    def refuse_concurrency(state: TenantState) -> NoReturn:
+        state.over_concurrency += 1
+        raise RateLimited(
+            f"tenant {state.tenant.name!r} already has {state.tenant.max_concurrency} "
+            "requests in flight (max_concurrency); retry in 1 s, or when one finishes",
+            1,
+            reason="concurrency",
+        )
 
     @staticmethod
     def leave(state: TenantState) -> None:

@@ -25,6 +25,10 @@ log = logging.getLogger("infergate.server")
 
 # A long-lived stream (the dashboard's event feed) is not a request to wait for.
 _NOT_WAITED_FOR = ("/admin/events",)
+# Still answered while draining: the process is alive (a failing liveness probe would
+# have Kubernetes kill it mid-drain) and its metrics are still worth a scrape. Readiness
+# is not among them: it answers 503, so a load balancer stops sending first.
+_SERVED_WHILE_DRAINING = ("/v2/health/live", "/metrics")
 
 
 class Drain:
@@ -45,10 +49,10 @@ class Drain:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
-            if self.draining:
+            if self.draining and scope["path"] not in _SERVED_WHILE_DRAINING:
                 await _shutting_down(send, "it is not taking new requests")
                 return
-            if scope["path"] in _NOT_WAITED_FOR:
+            if scope["path"] in _NOT_WAITED_FOR or scope["path"] in _SERVED_WHILE_DRAINING:
                 await app(scope, receive, send)
                 return
             started = False

@@ -67,6 +67,16 @@ def build_gateway(
         max_concurrent_loads=settings.max_concurrent_loads,
         settings=profile.live_settings(),
     )
+    if profile.cluster.enabled:  # read at start: a new redis_url needs a restart
+        from infergate.engine.cluster.metrics import ClusterMetrics
+        from infergate.engine.cluster.redis_limits import SharedLimits
+
+        context.shared_limits = SharedLimits(
+            profile.cluster,
+            context.tenants,
+            ClusterMetrics(context.metrics.registry),
+            context.clock,
+        )
     engine_settings = EngineSettings(
         models_dir=models_dir,
         model_control="explicit" if settings.model_control == "explicit" else "poll",

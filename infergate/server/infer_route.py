@@ -160,8 +160,12 @@ class InferRoute:
         if not served.ready:
             raise served.not_ready_error()
         # Admission (allow-list, rate, concurrency) before the body: a refused request
-        # is answered without waiting for its upload or decoding it.
-        self._engine.admit(tenant, name)
+        # is answered without waiting for its upload or decoding it. With [cluster] the
+        # limits live in Redis (a round trip); without, the check stays synchronous.
+        shared = self._engine.context.shared_limits is not None
+        ticket = await self._engine.admit_shared(tenant, name) if shared else None
+        if ticket is None:
+            self._engine.admit(tenant, name)
         try:
             body = await read_body(headers, receive, self._limit)
             decoded = await self._decoder.decode(body, header_text(headers, HEADER_LENGTH), keeper)
@@ -179,7 +183,10 @@ class InferRoute:
                 tenant,
             )
         finally:
-            self._engine.leave(tenant)
+            if ticket is None:
+                self._engine.leave(tenant)
+            else:
+                await self._engine.leave_shared(ticket)
         outputs = classify_outputs(
             result.outputs, decoded.output_parameters, served.batchable, served.file.path
         )

@@ -1,0 +1,1 @@
+"""Tenant limits shared by every replica through Redis (the profile's [cluster] table)."""
