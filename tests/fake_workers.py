@@ -108,7 +108,11 @@ class FakeWorker:
         return future
 
     async def wait(
-        self, future: asyncio.Future[dict[str, Array]], timeout_s: float
+        self,
+        future: asyncio.Future[dict[str, Array]],
+        timeout_s: float,
+        *,
+        limit_s: float | None = None,
     ) -> dict[str, Array]:
         # The scheduler may hand over a shield of the call's future (a caller that gives up
         # must not cancel the batch): then it is the newest call not yet waited for.

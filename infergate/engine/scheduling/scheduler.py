@@ -392,7 +392,7 @@ class Scheduler:
         left = max(0.0, batch.started + timeout - self._clock.now())
         try:
             # Shielded: a caller that gives up must not cancel the batch's own reply.
-            outputs = await batch.handle.wait(asyncio.shield(batch.future), left)
+            outputs = await batch.handle.wait(asyncio.shield(batch.future), left, limit_s=timeout)
         except asyncio.CancelledError:
             if batch.future.done():
                 self._release(batch)

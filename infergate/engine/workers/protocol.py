@@ -33,7 +33,11 @@ class Worker(Protocol):
     ) -> asyncio.Future[dict[str, Array]]: ...
 
     async def wait(
-        self, future: asyncio.Future[dict[str, Array]], timeout_s: float
+        self,
+        future: asyncio.Future[dict[str, Array]],
+        timeout_s: float,
+        *,
+        limit_s: float | None = None,
     ) -> dict[str, Array]: ...
 
     def kill_over_memory(self, why: str) -> None: ...
