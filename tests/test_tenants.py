@@ -36,7 +36,7 @@ failure_rate = 0.5
 latency_p99_ms = 150
 consecutive_windows = 2
 min_requests = 4
-backoff_initial_s = 1
+backoff_initial_s = 3  # the open breaker is looked at within it, by a few calls
 backoff_max_s = 4
 probes = 2
 
@@ -152,9 +152,9 @@ def test_failures_trip_the_breaker_and_it_recovers(tenant_server: ServerProcess)
     assert "failure rate" in opened.json()["error"]
     assert int(opened.headers["Retry-After"]) >= 1
     # A good request is refused too while it is open; other models serve throughout.
+    assert breaker_state(tenant_server, "flaky")["state"] == "open"
     assert call(tenant_server, "flaky", BOB, flaky(0)).status_code == 503
     assert call(tenant_server, "mlp", BOB).status_code == 200
-    assert breaker_state(tenant_server, "flaky")["state"] == "open"
     # After the backoff, good probes close it.
     wait_until(
         lambda: call(tenant_server, "flaky", BOB, flaky(0)).status_code == 200,
