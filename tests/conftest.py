@@ -79,3 +79,29 @@ def breaker_server(tmp_path: Path) -> Iterator[ServerProcess]:
     proc = ServerProcess(models, write_profile(tmp_path, BREAKER_PROFILE), tmp_path / "server.log")
     yield proc.start()
     proc.stop()
+
+
+def _parallel(config: pytest.Config) -> bool:
+    """An xdist run: this is one of its workers, or the controller of some."""
+    return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A parallel run (-n N) leaves out the tests marked `serial`: they measure latency
+    against a wall clock, which other workers' servers would skew. The README's test
+    command runs them in a second pass of their own (`pytest -m serial`)."""
+    if not _parallel(config):
+        return
+    serial = [item for item in items if item.get_closest_marker("serial")]
+    if serial:
+        config.hook.pytest_deselected(items=serial)
+        items[:] = [item for item in items if not item.get_closest_marker("serial")]
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    if _parallel(config):
+        terminalreporter.write_line(
+            "tests marked serial were left out of this parallel run: run `pytest -m serial`"
+        )

@@ -33,6 +33,19 @@ class ServerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 90.0) -> ServerProcess:
+        # free_port() lets the port go before the server binds it, and tests running in
+        # parallel (pytest -n) open connections meanwhile: one may take it. The server says
+        # so in one line and exits at once; start it again on another port.
+        for _ in range(3):
+            if self._start(timeout_s):
+                return self
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+        raise RuntimeError(f"no free port after 3 tries:\n{self.log.read_text()}")
+
+    def _start(self, timeout_s: float) -> bool:
+        """Whether the server came up; False if its port was taken before it bound it."""
+        logged = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [
@@ -55,13 +68,16 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                said = self.log.read_bytes()[logged:].decode(errors="replace")
+                if f"cannot listen on 127.0.0.1:{self.port}" in said:
+                    return False
                 raise RuntimeError(f"server exited early:\n{self.log.read_text()}")
             try:
                 if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
-                    return self
+                    return True
             except httpx.HTTPError:
                 pass
-            time.sleep(0.1)
+            time.sleep(0.02)
         raise RuntimeError(f"server not ready in {timeout_s} s:\n{self.log.read_text()}")
 
     def stop(self) -> None:

@@ -241,6 +241,7 @@ def test_refused_sends_are_failures(bench_server: ServerProcess, tmp_path: Path)
     assert lv["latency_ms"]["p50"] >= 200  # no 0 ms latencies from refused sends
 
 
+@pytest.mark.serial  # a p50 ceiling against a wall clock: run alone
 async def test_open_loop_latency_counts_from_when_a_request_was_due(
     bench_server: ServerProcess,
 ) -> None:

@@ -252,6 +252,7 @@ async def test_names_and_events_are_shown_as_written() -> None:
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.serial  # "within 2 s" of a wall clock: run alone
 def test_top_in_a_real_terminal_shows_models_quickly(
     breaker_server: ServerProcess, tmp_path: Path
 ) -> None:

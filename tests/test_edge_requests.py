@@ -174,6 +174,7 @@ def _big_bytes_body() -> tuple[bytes, dict[str, str]]:
     return body, headers
 
 
+@pytest.mark.serial  # health latency against a wall clock: run alone
 @pytest.mark.parametrize("make_body", [_big_json_body, _big_bytes_body], ids=["json", "bytes"])
 def test_health_answers_quickly_while_a_60_mb_body_decodes(
     edge: ServerProcess, make_body: object

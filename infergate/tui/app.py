@@ -22,6 +22,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
+from textual.timer import Timer
 from textual.widgets import Button, DataTable, Footer, Header, Label, RichLog, Sparkline, Static
 
 from infergate.tui.source import SourceError, StatsSource
@@ -128,6 +129,7 @@ class Dashboard(App[None]):
         self.connected: bool | None = None
         self.stats: dict[str, Any] = {}
         self._seen_events: set[tuple[int, float]] = set()  # (id, time): ids restart with the server
+        self._poller: Timer | None = None
         self.tenant_latency = TenantLatency()
 
     def compose(self) -> ComposeResult:
@@ -171,9 +173,14 @@ class Dashboard(App[None]):
         tenants.can_focus = False  # the arrow keys belong to the models table
         models.focus()
         self.poll()
-        self.set_interval(self.interval_s, self.poll)
+        self._poller = self.set_interval(self.interval_s, self.poll)
 
     async def on_unmount(self) -> None:
+        # No poll may use the client once it is closed: stop the timer, end a poll in
+        # flight (closing mid-fetch failed the app with "the client has been closed").
+        if self._poller is not None:
+            self._poller.stop()
+        self.workers.cancel_group(self, "poll")
         await self.source.close()
 
     @work(exclusive=True, group="poll")
