@@ -34,6 +34,7 @@ Signals inside the engine (plain exceptions, never an HTTP answer):
   WorkerLoadError      a worker could not load its model
   WorkerStartError     a worker process could not be started (fds, memory, processes)
   QueueFull            no room in the queue and nothing lower to shed (becomes Overloaded)
+  RedisUnavailable     a call to Redis failed or ran past its socket timeout ([cluster])
 
 Outside the server: `client.ClientError` (the HTTP client's), `tui.source.SourceError`
 (the dashboard's data source) and `server.http_protocol._Refused` (a connection refused
@@ -221,3 +222,8 @@ class WorkerStartError(Exception):
 
 class QueueFull(Exception):
     """No room, and nothing of a lower class to shed for it."""
+
+
+class RedisUnavailable(Exception):
+    """A call to Redis failed or ran past the socket timeout ([cluster]: the shared limits
+    fall back to their fail_mode)."""

@@ -60,14 +60,26 @@ FORM_TYPES = [
 def test_a_body_a_form_can_send_cannot_change_state(
     admin_server: ServerProcess, content_type: str
 ) -> None:
+    # What such a form sends: fields, never a JSON object (a form percent-encodes "{").
+    body = b'{"a": "=b"}' if content_type.startswith("text/plain") else b"model=mlp"
     r = httpx.post(
         f"{admin_server.url}/v2/repository/models/mlp/unload",
-        content=b"{}",
+        content=body,
         headers={"Content-Type": content_type},
     )
     assert r.status_code == 403
     assert "HTML form" in r.json()["error"]
     assert httpx.get(f"{admin_server.url}/v2/models/mlp/ready").status_code == 200
+
+
+def test_a_json_object_labelled_form_encoded_is_not_a_form(admin_server: ServerProcess) -> None:
+    # libcurl (perf_analyzer) labels every POST body form-encoded unless told otherwise.
+    r = httpx.post(
+        f"{admin_server.url}/v2/repository/index",
+        content=b"{}",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://127.0.0.1:1"])
@@ -115,3 +127,14 @@ def test_a_tenant_that_sets_rps_alone_gets_a_burst_of_two_seconds(tmp_path: Path
     assert by_name["default"].burst == 100
     assert by_name["team"].max_concurrency == 4
     assert by_name["team"].rps == float("inf")
+
+
+def test_an_empty_form_body_drops_shm_registrations_at_most(admin_server: ServerProcess) -> None:
+    # perf_analyzer unregisters with an empty body that libcurl labels form-encoded; the
+    # same body on any other route is still what a form sends.
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    shm = httpx.post(f"{admin_server.url}/v2/systemsharedmemory/unregister", headers=form)
+    assert shm.status_code == 200, shm.text
+    unload = httpx.post(f"{admin_server.url}/v2/repository/models/mlp/unload", headers=form)
+    assert unload.status_code == 403
+    assert httpx.get(f"{admin_server.url}/v2/models/mlp/ready").status_code == 200

@@ -75,22 +75,12 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     [
         [],
         ["--input-tensor-format", "json", "--output-tensor-format", "json"],
-        pytest.param(
-            ["--shared-memory", "system"],
-            # A known bug, kept visible: strict, so this fails as soon as it is fixed.
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the admin guard refuses perf_analyzer's shared-memory (un)register "
-                "calls: libcurl labels their JSON bodies application/x-www-form-urlencoded, a "
-                "type an HTML form can send (infergate/server/admin.py)",
-            ),
-        ),
+        ["--shared-memory", "system"],
     ],
     ids=["binary", "json", "system-shm"],
 )
 def test_perf_analyzer_runs(plain_server: str, mode: list[str]) -> None:
     # A fixed request count: no stability loop, so a busy machine gives the same verdict.
-    # 100 requests stay within the default tenant's burst of 400.
     command = [str(PERF_ANALYZER), "-m", "simple", "-u", plain_server, "-i", "http"]
     done = subprocess.run(
         [*command, "--request-count", "100", *mode],

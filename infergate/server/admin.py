@@ -57,11 +57,27 @@ def _same_origin(origin: bytes, host: bytes | None) -> bool:
     )
 
 
-def check_not_from_a_browser_page(method: str, headers: dict[bytes, bytes]) -> None:
+def _json_object_body(body: bytes) -> bool:
+    return body.lstrip()[:1] == b"{"
+
+
+_SHM_PATHS = ("/v2/systemsharedmemory/", "/v2/cudasharedmemory/")
+
+
+def check_not_from_a_browser_page(
+    method: str, headers: dict[bytes, bytes], body: bytes, path: str = ""
+) -> None:
     """Refuse a state-changing request that a web page in the operator's browser could have
     sent: another site's `Origin`, or a body type a form can send. Without admin keys the
     admin API trusts anything that reaches it on loopback, and that includes pages the
-    browser on the same machine opens."""
+    browser on the same machine opens.
+
+    One exception: a form-encoded body that is a JSON object. A form percent-encodes `{`,
+    so no HTML form sends one, while libcurl labels every POST body form-encoded unless
+    told otherwise (perf_analyzer's shared-memory calls do exactly that); script from a
+    page that could send it also sends its `Origin`, refused above. perf_analyzer also
+    unregisters with an empty form-encoded body: allowed on the shared-memory routes only,
+    where the worst an empty form could do is drop registrations, never a model."""
     if method in _SAFE_METHODS:
         return
     origin = headers.get(b"origin")
@@ -72,6 +88,10 @@ def check_not_from_a_browser_page(method: str, headers: dict[bytes, bytes]) -> N
             "call it from the CLI or a script, which send no Origin header"
         )
     kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower().decode("latin-1")
+    if kind == "application/x-www-form-urlencoded" and (
+        _json_object_body(body) or (not body.strip() and path.startswith(_SHM_PATHS))
+    ):
+        return
     if kind in _FORM_TYPES:
         raise Forbidden(
             f"refused: a {method} with Content-Type {kind} is what an HTML form sends, and "
@@ -83,7 +103,8 @@ def check_not_from_a_browser_page(method: str, headers: dict[bytes, bytes]) -> N
 def admin_guard(engine: Engine) -> Any:
     async def guard(request: Request) -> None:
         headers = {k.lower(): v for k, v in request.headers.raw}
-        check_not_from_a_browser_page(request.method, headers)
+        body = b"" if request.method in _SAFE_METHODS else await request.body()
+        check_not_from_a_browser_page(request.method, headers, body, request.url.path)
         key = api_key(headers)
         if engine.context.tenants.is_admin(key):
             return

@@ -31,7 +31,7 @@ from infergate.engine.cluster.local_share import LocalShares, Share
 from infergate.engine.cluster.metrics import ClusterMetrics
 from infergate.engine.cluster.settings import ClusterSettings
 from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, Tenants, TenantState
-from infergate.errors import Overloaded
+from infergate.errors import Overloaded, RedisUnavailable
 
 log = logging.getLogger("infergate.cluster")
 T = TypeVar("T")
@@ -51,10 +51,6 @@ REDIS_BREAKER = BreakerPolicy(
     probes=1,
 )
 _BREAKER_GAUGE = {"closed": 0, "half_open": 1, "open": 2}
-
-
-class RedisUnavailable(Exception):
-    """A call to Redis failed or ran past the socket timeout."""
 
 
 @dataclass
