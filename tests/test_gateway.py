@@ -107,3 +107,45 @@ def test_a_profile_change_swaps_in_a_new_frozen_record(tmp_path: Path) -> None:
     assert engine.context.tenants.get("default").tenant.cls == "gold"
     with pytest.raises(TypeError):
         after.breaker_models["n"] = after.breaker  # type: ignore[index]  # read-only
+
+
+class _StuckDevices:
+    """A device backend whose sampling waits until the test lets it go (as a hung NVML
+    call or a slow /proc would)."""
+
+    name = "stuck"
+
+    def __init__(self, inner: object) -> None:
+        import threading
+
+        self.inner = inner
+        self.sampling = threading.Event()
+        self.go = threading.Event()
+
+    def devices(self) -> list[object]:
+        self.sampling.set()
+        self.go.wait(30)
+        return self.inner.devices()  # type: ignore[attr-defined, no-any-return]
+
+    def process(self, pid: int) -> object:
+        return self.inner.process(pid)  # type: ignore[attr-defined]
+
+
+async def test_scrapes_sample_devices_off_the_event_loop(tmp_path: Path) -> None:
+    profile = load_profile(write_profile(tmp_path))
+    engine, app = build_gateway(profile, tmp_path)
+    stuck = _StuckDevices(engine.context.devices)
+    engine.context.devices = stuck  # type: ignore[assignment]  # the fake under test
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        for path in ("/metrics", "/admin/stats"):
+            stuck.go.clear()
+            stuck.sampling.clear()
+            scrape = asyncio.create_task(client.get(path))
+            while not stuck.sampling.is_set():  # the sample has begun, and hangs
+                await asyncio.sleep(0.005)
+            live = await asyncio.wait_for(client.get("/v2/health/live"), 10)
+            assert live.status_code == 200  # answered while the sample hangs
+            assert not scrape.done()
+            stuck.go.set()
+            assert (await scrape).status_code == 200, path

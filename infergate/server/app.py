@@ -26,6 +26,7 @@ from infergate.server.errors import error_response, install_error_handlers
 from infergate.server.infer_route import InferRoute, version_number
 from infergate.server.triton import EXTENSIONS, strict_not_ready, triton_router
 from infergate.server.views import (
+    device_sample,
     model_metadata,
     model_status,
     refresh_gauges,
@@ -137,11 +138,11 @@ def create_app(
 
     @app.get("/admin/stats", dependencies=guard)
     async def stats() -> Response:
-        return _json(stats_snapshot(engine))
+        return _json(stats_snapshot(engine, await device_sample(engine)))
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        refresh_gauges(engine)
+        refresh_gauges(engine, await device_sample(engine))
         return Response(
             generate_latest(engine.context.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )

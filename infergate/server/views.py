@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NamedTuple
 
+from infergate.engine.devices import DeviceBackend, DeviceUsage, ProcessUsage
 from infergate.engine.engine import Engine
 from infergate.engine.registry import ModelRecord
 from infergate.engine.sequence_config import client_tensors
@@ -117,7 +119,25 @@ def repository_index(models: list[ModelView]) -> list[dict[str, Any]]:
     return rows
 
 
-def stats_snapshot(engine: Engine) -> dict[str, Any]:
+class DeviceSample(NamedTuple):
+    """Devices and workers' processes as sampled for one scrape or stats document."""
+
+    devices: list[DeviceUsage]
+    usage: dict[int, ProcessUsage | None]  # by worker pid
+
+
+def _sample(backend: DeviceBackend, pids: list[int]) -> DeviceSample:
+    return DeviceSample(backend.devices(), {pid: backend.process(pid) for pid in pids})
+
+
+async def device_sample(engine: Engine) -> DeviceSample:
+    """Sample the devices and the workers' processes in a thread: psutil and NVML read
+    /proc and the driver, and the event loop waits for neither."""
+    pids = [i.pid for m in engine.model_views() for v in m.versions for i in v.instances if i.pid]
+    return await asyncio.to_thread(_sample, engine.context.devices, pids)
+
+
+def stats_snapshot(engine: Engine, sample: DeviceSample) -> dict[str, Any]:
     """Everything the dashboard shows, in one document (GET /admin/stats)."""
     context = engine.context
     models, workers = [], []
@@ -126,7 +146,7 @@ def stats_snapshot(engine: Engine) -> dict[str, Any]:
         instances = [i for v in model.versions for i in v.instances]
         for version in model.versions:
             for i in version.instances:
-                usage = context.devices.process(i.pid) if i.pid else None
+                usage = sample.usage.get(i.pid) if i.pid else None
                 workers.append(
                     {
                         "model": version.name,
@@ -172,7 +192,7 @@ def stats_snapshot(engine: Engine) -> dict[str, Any]:
     ]
     return {
         "backend": context.devices.name,
-        "devices": [asdict(d) for d in context.devices.devices()],
+        "devices": [asdict(d) for d in sample.devices],
         "workers": workers,
         "models": models,
         "tenants": tenants,
@@ -181,7 +201,7 @@ def stats_snapshot(engine: Engine) -> dict[str, Any]:
     }
 
 
-def refresh_gauges(engine: Engine) -> None:
+def refresh_gauges(engine: Engine, sample: DeviceSample) -> None:
     """Point-in-time gauges, set just before a scrape: queues, devices, workers."""
     context = engine.context
     metrics = context.metrics
@@ -192,11 +212,11 @@ def refresh_gauges(engine: Engine) -> None:
             for cls, depth in version.queue.items():
                 metrics.queue_depth.labels(version.name, cls).set(depth)
             for i in version.instances:
-                usage = context.devices.process(i.pid) if i.pid else None
+                usage = sample.usage.get(i.pid) if i.pid else None
                 if usage is not None:
                     metrics.worker_memory.labels(
                         version.name, str(version.version), str(i.index)
                     ).set(usage.memory_mb * 2**20)
-    for device in context.devices.devices():
+    for device in sample.devices:
         metrics.device_utilization.labels(device.name).set(device.utilization)
         metrics.device_memory.labels(device.name).set(device.memory_used_mb * 2**20)
