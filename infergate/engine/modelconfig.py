@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infergate.engine.breaker import TUNABLE
+from infergate.engine.remote.config import remote_config
 from infergate.engine.runtimes import runtime_names
 from infergate.engine.spec import (
     WARMUP_DATA,
@@ -111,6 +112,7 @@ def parse_model_config(path: Path) -> ModelConfig:
         sha256=table.string("sha256", None),
         tenant=table.string("tenant", "default"),
         warmup=_warmup(table.table("warmup"), path.parent),
+        remote=remote_config(table.table("remote"), runtime),
     )
     table.reject_unknown()
     return config

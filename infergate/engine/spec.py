@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infergate.engine.remote.config import RemoteConfig
+
 RuntimeName = str  # a name in the runtime registry (infergate.engine.runtimes)
 
 
@@ -85,6 +87,7 @@ class ModelConfig:
     tenant: str = "default"  # whose devices and memory quota the instances use
     sha256: str | None = None
     warmup: Warmup = field(default_factory=Warmup)
+    remote: RemoteConfig | None = None  # [remote], for runtime = "remote"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from typing import Any
 
 from infergate.engine.engine import Engine
 from infergate.engine.registry import ModelRecord
+from infergate.engine.remote.served import RemoteServedVersion
 from infergate.engine.served import ServedVersion
 from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, NO_RATE_LIMIT
 
@@ -28,6 +29,13 @@ def model_metadata(served: ServedVersion, record: ModelRecord) -> dict[str, Any]
 
 
 def version_status(served: ServedVersion) -> dict[str, Any]:
+    status = _version_status(served)
+    if isinstance(served, RemoteServedVersion):  # where it runs, and how each endpoint is
+        status["remote"] = {"model": served.model_path, "endpoints": served.endpoints_status()}
+    return status
+
+
+def _version_status(served: ServedVersion) -> dict[str, Any]:
     return {
         "version": served.version,
         "state": served.state,

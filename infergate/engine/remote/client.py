@@ -1,0 +1,250 @@
+"""Reaching a remote model's endpoints: one pooled httpx client per endpoint, the balancer
+and outlier detector in front of them, and `forward`, which sends one request with
+retries on another endpoint.
+
+Only two failures are retried, as neither can have run the model twice: a connection that
+could not be opened, and a 503 (the upstream said it did not take the request). Answers
+are read in full before anything goes back to the client, so a 503 is always "before any
+body". Each retry takes a share of the retry budget, so a sick cluster is not sent
+twice the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import orjson
+
+from infergate.clock import Clock
+from infergate.engine.remote.balancer import Balancer, RetryBudget
+from infergate.engine.remote.config import RemoteConfig
+from infergate.engine.remote.health import HealthChecks
+from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
+from infergate.errors import (
+    DeadlineExceeded,
+    InfergateError,
+    QueueDeadlineExceeded,
+    UpstreamAnswered,
+    UpstreamFailed,
+)
+
+# Headers that describe the body: forwarded both ways, unchanged.
+BODY_HEADERS = ("content-type", "inference-header-content-length", "content-encoding")
+
+
+@dataclass(frozen=True)
+class UpstreamReply:
+    status: int
+    headers: list[tuple[bytes, bytes]]  # BODY_HEADERS the upstream sent, and retry-after
+    body: bytes
+    endpoint: str
+    attempts: int
+
+
+def _connection_failure(exc: Exception) -> bool:
+    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
+class RemotePool:
+    def __init__(
+        self,
+        config: RemoteConfig,
+        clock: Clock,
+        on_event: Callable[[str, str], None] | None = None,
+        rng: random.Random | None = None,
+        transport: Callable[[str], httpx.AsyncBaseTransport] | None = None,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        event = on_event or (lambda kind, text: None)
+        endpoints = list(config.endpoints)
+        self.health = HealthChecks(
+            endpoints,
+            config.unhealthy_threshold,
+            config.healthy_threshold,
+            lambda e, ok, why: event("remote_healthy" if ok else "remote_unhealthy", f"{e}: {why}"),
+        )
+        self.outliers = OutlierDetector(
+            endpoints,
+            OutlierPolicy(
+                config.consecutive_5xx,
+                config.interval_s,
+                config.base_ejection_time_s,
+                config.max_ejection_time_s,
+                config.max_ejection_percent,
+            ),
+            clock,
+            lambda e, out, why: event(
+                "remote_ejected" if out else "remote_returned", f"{e}: {why}"
+            ),
+        )
+        self.balancer = Balancer(endpoints, self.health, self.outliers, rng)
+        self.budget = RetryBudget(config.retry_budget_percent, config.min_retry_concurrency)
+        limits = httpx.Limits(
+            max_connections=config.max_connections,
+            max_keepalive_connections=config.max_keepalive,
+        )
+        self._clients = {
+            e: httpx.AsyncClient(
+                base_url=e,
+                limits=limits,
+                timeout=httpx.Timeout(30.0, connect=config.connect_timeout_s),
+                transport=transport(e) if transport else None,
+            )
+            for e in endpoints
+        }
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self._clients.values()))
+
+    async def get(self, endpoint: str, path: str, timeout_s: float) -> httpx.Response:
+        """A control request (metadata, readiness, health) to one endpoint."""
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, self.config.connect_timeout_s))
+        return await self._clients[endpoint].get(path, timeout=timeout)
+
+    async def check_health(self) -> None:
+        """One round of active health checks, every endpoint at once."""
+
+        async def one(endpoint: str) -> None:
+            try:
+                response = await self.get(
+                    endpoint, "/v2/health/ready", self.config.health_timeout_s
+                )
+            except httpx.HTTPError as exc:
+                self.health.record(endpoint, False, f"{type(exc).__name__}: {exc}")
+                return
+            self.health.record(
+                endpoint, response.status_code == 200, f"HTTP {response.status_code}"
+            )
+
+        await asyncio.gather(*(one(e) for e in self.config.endpoints))
+        self.outliers.maybe_sweep()
+
+    async def forward(
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        start_by: float,
+        finish_by: float,
+    ) -> UpstreamReply:
+        """POST `body` to `path` on the best endpoint. `start_by` (clock time) bounds the
+        wait for a connection (the request's queue deadline: it has not started yet);
+        `finish_by` bounds the whole exchange, retries included (the model's timeout)."""
+        budget, tried = self.budget, list[str]()
+        last: InfergateError | None = None
+        retrying = False
+        budget.requests += 1
+        try:
+            while True:
+                endpoint = self.balancer.pick(tried)
+                if last is not None:  # this would be a retry: is one allowed?
+                    if endpoint is None or len(tried) > self.config.retries:
+                        raise last
+                    if not retrying and not budget.try_acquire():
+                        raise last
+                    retrying = True
+                assert endpoint is not None  # the first pick has every endpoint to choose
+                tried.append(endpoint)
+                try:
+                    reply = await self._attempt(endpoint, path, body, headers, start_by, finish_by)
+                except UpstreamFailed as exc:
+                    if not exc.retriable:
+                        raise
+                    last = exc
+                    continue
+                if reply.status == 503:
+                    last = answered(reply)
+                    continue
+                return UpstreamReply(reply.status, reply.headers, reply.body, endpoint, len(tried))
+        finally:
+            budget.requests -= 1
+            if retrying:
+                budget.release()
+
+    async def _attempt(
+        self,
+        endpoint: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        start_by: float,
+        finish_by: float,
+    ) -> UpstreamReply:
+        now = self._clock.now()
+        if now >= start_by:
+            raise QueueDeadlineExceeded(
+                "the request's deadline passed before an upstream connection was free. "
+                "Hint: raise the class deadline or [remote] max_connections"
+            )
+        total = finish_by - now
+        if total <= 0:
+            raise DeadlineExceeded(f"the model's timeout passed before {endpoint} answered")
+        wait = start_by - now
+        timeout = httpx.Timeout(
+            total,
+            connect=min(self.config.connect_timeout_s, wait, total),
+            pool=min(wait, total),
+        )
+        self.balancer.started(endpoint)
+        try:
+            response = await asyncio.wait_for(
+                self._clients[endpoint].post(path, content=body, headers=headers, timeout=timeout),
+                total,
+            )
+        except httpx.PoolTimeout:
+            raise QueueDeadlineExceeded(
+                f"no connection to {endpoint} came free before the request's deadline "
+                f"({self.config.max_connections} in use). Hint: raise [remote] max_connections"
+            ) from None
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            self.outliers.failure(endpoint)
+            if _connection_failure(exc):
+                raise _failed(endpoint, exc, retriable=True) from None
+            raise DeadlineExceeded(
+                f"{endpoint} did not answer within the model's timeout ({total:.3g} s left). "
+                "Hint: timeout_ms in model.toml"
+            ) from None
+        except httpx.HTTPError as exc:
+            self.outliers.failure(endpoint)
+            raise _failed(endpoint, exc, retriable=_connection_failure(exc)) from None
+        finally:
+            self.balancer.finished(endpoint)
+        if response.status_code >= 500:
+            self.outliers.failure(endpoint)
+        else:
+            self.outliers.success(endpoint)
+        kept = [
+            (k.encode(), response.headers[k].encode())
+            for k in (*BODY_HEADERS, "retry-after")
+            if k in response.headers
+        ]
+        return UpstreamReply(response.status_code, kept, response.content, endpoint, 1)
+
+
+def _failed(endpoint: str, exc: Exception, retriable: bool) -> UpstreamFailed:
+    return UpstreamFailed(f"upstream {endpoint} failed: {type(exc).__name__}: {exc}", retriable)
+
+
+def answered(reply: UpstreamReply) -> UpstreamAnswered:
+    """An upstream error answer as our error, its message kept."""
+    try:
+        doc = orjson.loads(reply.body)
+        text = doc.get("error") if isinstance(doc, dict) else None
+    except orjson.JSONDecodeError:
+        text = None
+    message = str(text) if text else reply.body[:200].decode("utf-8", "replace")
+    retry_after = next((v for k, v in reply.headers if k == b"retry-after"), None)
+    seconds = None
+    if retry_after is not None:
+        try:
+            seconds = float(retry_after)
+        except ValueError:
+            seconds = None
+    return UpstreamAnswered(
+        reply.status, f"upstream {reply.endpoint} answered {reply.status}: {message}", seconds
+    )
