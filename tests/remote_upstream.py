@@ -127,7 +127,7 @@ class Upstream:
                 return _reply(500, {"error": "upstream model failed"})
             if self.mode == "busy":
                 return _reply(503, {"error": "upstream busy"}, retry_after="2")
-            doc = {
+            doc: dict[str, Any] = {
                 "model_name": self.model,
                 "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}],
                 "parameters": {"upstream": self.port},

@@ -80,7 +80,11 @@ QUIET = "health_interval_s = 600"  # no active checks: what the test sees is the
 def started(proc: ServerProcess, *names: str) -> ServerProcess:
     proc.start()
     for name in names or ("front",):
-        wait_until(lambda n=name: proc.model(n)["state"] != "loading", 30, f"{name} to load")
+
+        def loaded(name: str = name) -> bool:
+            return bool(proc.model(name)["state"] != "loading")
+
+        wait_until(loaded, 30, f"{name} to load")
     return proc
 
 
