@@ -127,12 +127,12 @@ class Upstream:
                 return _reply(500, {"error": "upstream model failed"})
             if self.mode == "busy":
                 return _reply(503, {"error": "upstream busy"}, retry_after="2")
-            doc: dict[str, Any] = {
+            answer: dict[str, Any] = {
                 "model_name": self.model,
                 "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}],
                 "parameters": {"upstream": self.port},
             }
-            return _reply(200, doc)
+            return _reply(200, answer)
         return _reply(404, {"error": f"no route {method} {path}"})
 
 
