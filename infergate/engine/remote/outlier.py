@@ -99,14 +99,16 @@ class OutlierDetector:
         now = self._clock.now()
         if now < self._next_sweep:
             return
-        # Sweeps happen on interval boundaries, however late someone looks.
+        # Sweeps happen on interval boundaries, however late someone looks: the last one
+        # due is judged at its own time, and each missed one lowers the multipliers.
         missed = math.floor((now - self._next_sweep) / self.policy.interval_s)
-        self._next_sweep += (missed + 1) * self.policy.interval_s
+        sweep_at = self._next_sweep + missed * self.policy.interval_s
+        self._next_sweep = sweep_at + self.policy.interval_s
         for endpoint, state in self.states.items():
             if state.ejected_until is not None:
-                if now >= state.ejected_until:
+                if sweep_at >= state.ejected_until:
                     state.ejected_until = None
                     state.consecutive_5xx = 0
                     self._on_change(endpoint, False, "ejection time passed; back in service")
             elif state.ejections > 0:
-                state.ejections -= 1
+                state.ejections = max(0, state.ejections - (missed + 1))
