@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 
 from infergate.client import encode_infer_request
 from tests.conftest import write_profile
@@ -114,7 +117,7 @@ def test_metadata_and_results_come_from_another_infergate(
     tmp_path: Path, upstreams: list[Upstream]
 ) -> None:
     models = tmp_path / "up-models"
-    make_scripted(models / "remote-mlp" / "1" / "model.scripted", ("sleep_ms",))
+    make_scripted(models / "remote-mlp" / "1" / "model.scripted", ())
     (tmp_path / "up").mkdir()
     back = ServerProcess(models, write_profile(tmp_path / "up"), tmp_path / "up" / "log")
     back.start()
@@ -127,7 +130,7 @@ def test_metadata_and_results_come_from_another_infergate(
             theirs = httpx.get(f"{back.url}/v2/models/remote-mlp", timeout=5).json()
             assert ours["inputs"] == theirs["inputs"]
             assert ours["outputs"] == theirs["outputs"]
-            request = scripted_inputs(rows=2, sleep_ms=0)
+            request = scripted_inputs(rows=2)
             x = request["inputs"][0]["data"]
             body = json.dumps({**request, "outputs": [{"name": "y"}]}).encode()
             response = infer(proc, body, {"content-type": "application/json"})
@@ -135,6 +138,7 @@ def test_metadata_and_results_come_from_another_infergate(
             (y,) = response.json()["outputs"]
             assert y["name"] == "y"
             assert y["data"] == x
+            shm_round_trip(proc)
         finally:
             proc.stop()
     finally:
@@ -282,3 +286,23 @@ def test_model_timeout_bounds_the_upstream_call(tmp_path: Path, upstreams: list[
         assert "did not answer within the model's timeout" in response.json()["error"]
     finally:
         proc.stop()
+
+
+def shm_round_trip(proc: ServerProcess) -> None:
+    """Inputs in this machine's shared memory cannot pass through: the gateway reads them,
+    and sends them upstream as binary tensors."""
+    key = f"/remote_{uuid.uuid4().hex[:8]}"
+    region = shm.create_shared_memory_region("remote_in", key, 16)
+    c = httpclient.InferenceServerClient(proc.url.removeprefix("http://"))
+    try:
+        x = np.array([[1.5, 2.5, 3.5, 4.5]], dtype=np.float32)
+        shm.set_shared_memory_region(region, [x])
+        c.register_system_shared_memory("remote_in", key, 16)
+        given = httpclient.InferInput("x", [1, 4], "FP32")
+        given.set_shared_memory("remote_in", 16)
+        result = c.infer("front", [given], outputs=[httpclient.InferRequestedOutput("y")])
+        np.testing.assert_array_equal(result.as_numpy("y"), x)
+    finally:
+        c.unregister_system_shared_memory()
+        c.close()
+        shm.destroy_shared_memory_region(region)
