@@ -19,6 +19,7 @@ from infergate.client import encode_infer_request
 from tests.conftest import write_profile
 from tests.polling import wait_until
 from tests.remote_upstream import Upstream
+from tests.scrape import metric
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess, free_port
 
@@ -156,6 +157,29 @@ def test_connection_failures_are_retried_on_another_endpoint(
         statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(20)]
         assert statuses == [200] * 20
         assert len(good.received) == 20
+        refused = metric(proc, "infergate_remote_attempts_total", outcome="connect_failed")
+        assert metric(proc, "infergate_remote_retries_total", why="connect_failed") == refused
+        assert 1 <= refused <= 5  # then outlier detection ejects it
+    finally:
+        proc.stop()
+
+
+def test_editing_model_toml_moves_the_model_to_other_endpoints(
+    tmp_path: Path, upstreams: list[Upstream]
+) -> None:
+    first, second = start_upstreams(upstreams, 2)
+    proc = started(gateway(tmp_path, remote_toml([first.url])))
+    try:
+        assert infer(proc, BODY, HEADERS).json()["parameters"]["upstream"] == first.port
+        (proc.models / "front" / "model.toml").write_text(remote_toml([second.url]))
+
+        def moved() -> bool:
+            answer = infer(proc, BODY, HEADERS)
+            assert answer.status_code == 200, answer.text  # never a failed request
+            return bool(answer.json()["parameters"]["upstream"] == second.port)
+
+        wait_until(moved, 30, "requests to reach the second upstream")
+        assert endpoints(proc).keys() == {second.url}
     finally:
         proc.stop()
 
@@ -193,6 +217,10 @@ def test_five_consecutive_5xx_eject_an_endpoint(tmp_path: Path, upstreams: list[
         assert state[bad.url]["ejected"] is True
         assert state[bad.url]["ejections"] == 1
         assert state[good.url]["ejected"] is False
+        assert metric(proc, "infergate_remote_ejections_total", endpoint=bad.url) == 1
+        assert metric(proc, "infergate_remote_endpoint_ejected", endpoint=bad.url) == 1
+        assert metric(proc, "infergate_remote_endpoint_ejected", endpoint=good.url) == 0
+        assert metric(proc, "infergate_remote_attempts_total", endpoint=bad.url) == 5
     finally:
         proc.stop()
 

@@ -23,6 +23,7 @@ from infergate.clock import Clock
 from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
+from infergate.engine.remote.metrics import RemoteMetrics
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.errors import (
     DeadlineExceeded,
@@ -57,16 +58,21 @@ class RemotePool:
         on_event: Callable[[str, str], None] | None = None,
         rng: random.Random | None = None,
         transport: Callable[[str], httpx.AsyncBaseTransport] | None = None,
+        metrics: RemoteMetrics | None = None,
+        model: str = "",
     ) -> None:
         self.config = config
         self._clock = clock
-        event = on_event or (lambda kind, text: None)
+        self._event = on_event or (lambda kind, text: None)
+        self._metrics = metrics
+        self._model = model
         endpoints = list(config.endpoints)
+        if metrics is not None:
+            for e in endpoints:
+                metrics.healthy.labels(model, e).set(1)
+                metrics.ejected.labels(model, e).set(0)
         self.health = HealthChecks(
-            endpoints,
-            config.unhealthy_threshold,
-            config.healthy_threshold,
-            lambda e, ok, why: event("remote_healthy" if ok else "remote_unhealthy", f"{e}: {why}"),
+            endpoints, config.unhealthy_threshold, config.healthy_threshold, self._health_changed
         )
         self.outliers = OutlierDetector(
             endpoints,
@@ -78,9 +84,7 @@ class RemotePool:
                 config.max_ejection_percent,
             ),
             clock,
-            lambda e, out, why: event(
-                "remote_ejected" if out else "remote_returned", f"{e}: {why}"
-            ),
+            self._ejection_changed,
         )
         self.balancer = Balancer(endpoints, self.health, self.outliers, rng)
         self.budget = RetryBudget(config.retry_budget_percent, config.min_retry_concurrency)
@@ -97,6 +101,26 @@ class RemotePool:
             )
             for e in endpoints
         }
+
+    def _health_changed(self, endpoint: str, healthy: bool, why: str) -> None:
+        self._event("remote_healthy" if healthy else "remote_unhealthy", f"{endpoint}: {why}")
+        if self._metrics is not None:
+            self._metrics.healthy.labels(self._model, endpoint).set(int(healthy))
+
+    def _ejection_changed(self, endpoint: str, ejected: bool, why: str) -> None:
+        self._event("remote_ejected" if ejected else "remote_returned", f"{endpoint}: {why}")
+        if self._metrics is not None:
+            self._metrics.ejected.labels(self._model, endpoint).set(int(ejected))
+            if ejected:
+                self._metrics.ejections.labels(self._model, endpoint).inc()
+
+    def _count(self, endpoint: str, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.attempts.labels(self._model, endpoint, outcome).inc()
+
+    def _retry(self, why: str) -> None:
+        if self._metrics is not None:
+            self._metrics.retries.labels(self._model, why).inc()
 
     async def close(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self._clients.values()))
@@ -143,11 +167,15 @@ class RemotePool:
             while True:
                 endpoint = self.balancer.pick(tried)
                 if last is not None:  # this would be a retry: is one allowed?
-                    if endpoint is None or len(tried) > self.config.retries:
-                        raise last
-                    if not retrying and not budget.try_acquire():
+                    if (
+                        endpoint is None
+                        or len(tried) > self.config.retries
+                        or (not retrying and not budget.try_acquire())
+                    ):
+                        self._retry("refused")
                         raise last
                     retrying = True
+                    self._retry("503" if isinstance(last, UpstreamAnswered) else "connect_failed")
                 assert endpoint is not None  # the first pick has every endpoint to choose
                 tried.append(endpoint)
                 try:
@@ -197,6 +225,7 @@ class RemotePool:
                 total,
             )
         except httpx.PoolTimeout:
+            self._count(endpoint, "pool_timeout")
             raise QueueDeadlineExceeded(
                 f"no connection to {endpoint} came free before the request's deadline "
                 f"({self.config.max_connections} in use). Hint: raise [remote] max_connections"
@@ -204,16 +233,21 @@ class RemotePool:
         except (TimeoutError, httpx.TimeoutException) as exc:
             self.outliers.failure(endpoint)
             if _connection_failure(exc):
+                self._count(endpoint, "connect_failed")
                 raise _failed(endpoint, exc, retriable=True) from None
+            self._count(endpoint, "timeout")
             raise DeadlineExceeded(
                 f"{endpoint} did not answer within the model's timeout ({total:.3g} s left). "
                 "Hint: timeout_ms in model.toml"
             ) from None
         except httpx.HTTPError as exc:
             self.outliers.failure(endpoint)
-            raise _failed(endpoint, exc, retriable=_connection_failure(exc)) from None
+            refused = _connection_failure(exc)
+            self._count(endpoint, "connect_failed" if refused else "broken")
+            raise _failed(endpoint, exc, retriable=refused) from None
         finally:
             self.balancer.finished(endpoint)
+        self._count(endpoint, f"{response.status_code // 100}xx")
         if response.status_code >= 500:
             self.outliers.failure(endpoint)
         else:

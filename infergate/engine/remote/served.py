@@ -25,6 +25,7 @@ from infergate.client import decode_infer_response, encode_infer_request
 from infergate.engine.context import EngineContext
 from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
 from infergate.engine.remote.config import RemoteConfig
+from infergate.engine.remote.metrics import remote_metrics
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.scheduling.scheduler import Timing
@@ -82,7 +83,13 @@ class RemoteServedVersion(ServedVersion):
         base = f"/v2/models/{quote(self.remote_model, safe='')}"
         self.model_path = base + (f"/versions/{remote.version}" if remote.version else "")
         self.infer_path = self.model_path + "/infer"
-        self.pool = RemotePool(remote, context.clock, self._event)
+        self.pool = RemotePool(
+            remote,
+            context.clock,
+            self._event,
+            metrics=remote_metrics(context.metrics),
+            model=entry.name,
+        )
         self._state = "loading"
         self._why: str | None = None
         self._inputs: tuple[TensorSpec, ...] = ()
