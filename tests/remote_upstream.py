@@ -40,6 +40,7 @@ class Upstream:
     outputs: list[dict[str, Any]] = field(default_factory=lambda: list(METADATA_OUTPUTS))
     received: list[Received] = field(default_factory=list)
     health_checks: int = 0
+    connections: int = 0  # accepted, ever
     port: int = field(default_factory=free_port)
 
     def __post_init__(self) -> None:
@@ -77,6 +78,7 @@ class Upstream:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        self.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")

@@ -3,10 +3,10 @@ meanings), health thresholds, least-request choice, retries and their budget."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 
-import httpx
 import pytest
 
 from infergate.clock import FakeClock
@@ -15,9 +15,11 @@ from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.client import RemotePool
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
+from infergate.engine.remote.http1 import BrokenReply, ConnectFailed, Http1Pool, Reply
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.engine.repository import scan_model
 from infergate.errors import ConfigError, QueueDeadlineExceeded, UpstreamAnswered, UpstreamFailed
+from tests.remote_upstream import Upstream
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 
@@ -145,25 +147,32 @@ def test_retry_budget_is_a_share_of_requests_in_flight_with_a_minimum() -> None:
     assert sum(budget.try_acquire() for _ in range(30)) == 17  # 20 in all
 
 
+class FakeSender:
+    """An endpoint that answers `what`: a status, or "refuse" (never connects)."""
+
+    def __init__(self, what: int | str) -> None:
+        self.what = what
+        self.calls = 0
+
+    async def request(
+        self, path: str, headers: dict[str, str], body: bytes, connect_s: float, pool_s: float
+    ) -> Reply:
+        self.calls += 1
+        if self.what == "refuse":
+            raise ConnectFailed("connection refused")
+        status = int(self.what)
+        return Reply(status, {"content-type": "application/json"}, b'{"error": "no"}')
+
+    async def close(self) -> None:
+        pass
+
+
 def pool(
     handler: dict[str, int | str], clock: FakeClock, **settings: object
-) -> tuple[RemotePool, dict[str, int]]:
-    """A pool on MockTransports: each endpoint answers `handler[endpoint]` (a status, or
-    "refuse" for a connection that never opens)."""
-    calls = dict.fromkeys(handler, 0)
-
-    def transport(endpoint: str) -> httpx.AsyncBaseTransport:
-        def answer(request: httpx.Request) -> httpx.Response:
-            calls[endpoint] += 1
-            what = handler[endpoint]
-            if what == "refuse":
-                raise httpx.ConnectError("connection refused", request=request)
-            return httpx.Response(int(what), json={"error": "no"} if what != 200 else {})
-
-        return httpx.MockTransport(answer)
-
+) -> tuple[RemotePool, dict[str, FakeSender]]:
+    senders = {e: FakeSender(what) for e, what in handler.items()}
     config = RemoteConfig(tuple(handler), **settings)  # type: ignore[arg-type]
-    return RemotePool(config, clock, rng=random.Random(3), transport=transport), calls
+    return RemotePool(config, clock, rng=random.Random(3), sender=senders.__getitem__), senders
 
 
 async def forward(p: RemotePool, clock: FakeClock) -> int:
@@ -175,44 +184,44 @@ async def forward(p: RemotePool, clock: FakeClock) -> int:
 @pytest.mark.parametrize("failure", ["refuse", 503])
 async def test_connection_failures_and_503_go_to_another_endpoint(failure: int | str) -> None:
     clock = FakeClock()
-    p, calls = pool({A: failure, B: 200}, clock)
+    p, senders = pool({A: failure, B: 200}, clock)
     statuses = [await forward(p, clock) for _ in range(20)]
     assert statuses == [200] * 20
-    assert calls[B] == 20
-    assert 0 < calls[A] <= 5  # then ejected: 5 consecutive failures
+    assert senders[B].calls == 20
+    assert 0 < senders[A].calls <= 5  # then ejected: 5 consecutive failures
     await p.close()
 
 
 async def test_500_and_4xx_are_not_retried() -> None:
     clock = FakeClock()
-    p, calls = pool({A: 500, B: 400}, clock)
+    p, senders = pool({A: 500, B: 400}, clock)
     statuses = sorted([await forward(p, clock) for _ in range(4)])
-    assert sum(calls.values()) == 4
+    assert sum(s.calls for s in senders.values()) == 4
     assert set(statuses) <= {400, 500}
     await p.close()
 
 
 async def test_retries_stop_at_the_limit_and_the_budget() -> None:
     clock = FakeClock()
-    p, calls = pool({A: "refuse", B: "refuse", C: "refuse"}, clock, retries=1)
+    p, senders = pool({A: "refuse", B: "refuse", C: "refuse"}, clock, retries=1)
     with pytest.raises(UpstreamFailed, match="connection refused"):
         await forward(p, clock)
-    assert sum(calls.values()) == 2  # one try, one retry
-    p, calls = pool({A: 503, B: 503}, clock, min_retry_concurrency=0, retry_budget_percent=0)
+    assert sum(s.calls for s in senders.values()) == 2  # one try, one retry
+    p, senders = pool({A: 503, B: 503}, clock, min_retry_concurrency=0, retry_budget_percent=0)
     with pytest.raises(UpstreamAnswered) as raised:
         await forward(p, clock)
     assert raised.value.status == 503
-    assert sum(calls.values()) == 1  # no budget: no retry
+    assert sum(s.calls for s in senders.values()) == 1  # no budget: no retry
     await p.close()
 
 
 async def test_a_request_past_its_deadline_is_not_sent() -> None:
     clock = FakeClock()
-    p, calls = pool({A: 200}, clock)
+    p, senders = pool({A: 200}, clock)
     now = clock.now()
     with pytest.raises(QueueDeadlineExceeded):
         await p.forward("/v2/models/m/infer", b"{}", {}, now, now + 5)
-    assert calls[A] == 0
+    assert senders[A].calls == 0
     await p.close()
 
 
@@ -249,3 +258,28 @@ def test_a_remote_model_is_version_1_of_its_model_toml(tmp_path: Path) -> None:
 def test_bad_remote_settings_name_the_problem(tmp_path: Path, text: str, error: str) -> None:
     with pytest.raises(ConfigError, match=error):
         parse_model_config(write(tmp_path / "m", text))
+
+
+async def test_http1_pool_reuses_connections_and_names_its_failures() -> None:
+    upstream = Upstream().start()
+    try:
+        p = Http1Pool(upstream.url, max_connections=2, max_keepalive=1)
+        path = f"/v2/models/{upstream.model}/infer"
+        headers = {"Content-Type": "application/json"}
+        for body in (b'{"inputs": []}', b"x" * 100_000):
+            reply = await p.request(path, headers, body, 1.0, 1.0)
+            assert reply.status == 200
+            assert reply.headers["content-type"] == "application/json"
+        assert [r.sha256 for r in upstream.received] == [
+            hashlib.sha256(b'{"inputs": []}').hexdigest(),
+            hashlib.sha256(b"x" * 100_000).hexdigest(),
+        ]
+        assert upstream.connections == 1  # kept alive between the two
+        upstream.mode = "close"
+        with pytest.raises(BrokenReply):
+            await p.request(path, headers, b"{}", 1.0, 1.0)
+        await p.close()
+    finally:
+        upstream.stop()
+    with pytest.raises(ConnectFailed):
+        await Http1Pool(upstream.url, 1, 1).request(path, headers, b"{}", 1.0, 1.0)

@@ -1,4 +1,4 @@
-"""Reaching a remote model's endpoints: one pooled httpx client per endpoint, the balancer
+"""Reaching a remote model's endpoints: a connection pool per endpoint, the balancer
 and outlier detector in front of them, and `forward`, which sends one request with
 retries on another endpoint.
 
@@ -23,6 +23,13 @@ from infergate.clock import Clock
 from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
+from infergate.engine.remote.http1 import (
+    BrokenReply,
+    ConnectFailed,
+    Http1Pool,
+    PoolTimeout,
+    Sender,
+)
 from infergate.engine.remote.metrics import RemoteMetrics
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.errors import (
@@ -46,10 +53,6 @@ class UpstreamReply:
     attempts: int
 
 
-def _connection_failure(exc: Exception) -> bool:
-    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
-
-
 class RemotePool:
     def __init__(
         self,
@@ -57,7 +60,7 @@ class RemotePool:
         clock: Clock,
         on_event: Callable[[str, str], None] | None = None,
         rng: random.Random | None = None,
-        transport: Callable[[str], httpx.AsyncBaseTransport] | None = None,
+        sender: Callable[[str], Sender] | None = None,
         metrics: RemoteMetrics | None = None,
         model: str = "",
     ) -> None:
@@ -88,19 +91,18 @@ class RemotePool:
         )
         self.balancer = Balancer(endpoints, self.health, self.outliers, rng)
         self.budget = RetryBudget(config.retry_budget_percent, config.min_retry_concurrency)
-        limits = httpx.Limits(
-            max_connections=config.max_connections,
-            max_keepalive_connections=config.max_keepalive,
-        )
+        # Control calls (metadata, readiness, health) through httpx; requests through
+        # the lean HTTP/1.1 pools (http1.py says why).
         self._clients = {
             e: httpx.AsyncClient(
                 base_url=e,
-                limits=limits,
+                limits=httpx.Limits(max_connections=4, max_keepalive_connections=1),
                 timeout=httpx.Timeout(30.0, connect=config.connect_timeout_s),
-                transport=transport(e) if transport else None,
             )
             for e in endpoints
         }
+        make = sender or (lambda e: Http1Pool(e, config.max_connections, config.max_keepalive))
+        self._senders = {e: make(e) for e in endpoints}
 
     def _health_changed(self, endpoint: str, healthy: bool, why: str) -> None:
         self._event("remote_healthy" if healthy else "remote_unhealthy", f"{endpoint}: {why}")
@@ -124,6 +126,7 @@ class RemotePool:
 
     async def close(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self._clients.values()))
+        await asyncio.gather(*(s.close() for s in self._senders.values()))
 
     async def get(self, endpoint: str, path: str, timeout_s: float) -> httpx.Response:
         """A control request (metadata, readiness, health) to one endpoint."""
@@ -213,51 +216,48 @@ class RemotePool:
         if total <= 0:
             raise DeadlineExceeded(f"the model's timeout passed before {endpoint} answered")
         wait = start_by - now
-        timeout = httpx.Timeout(
-            total,
-            connect=min(self.config.connect_timeout_s, wait, total),
-            pool=min(wait, total),
-        )
         self.balancer.started(endpoint)
         try:
-            response = await asyncio.wait_for(
-                self._clients[endpoint].post(path, content=body, headers=headers, timeout=timeout),
+            reply = await asyncio.wait_for(
+                self._senders[endpoint].request(
+                    path, headers, body, min(self.config.connect_timeout_s, wait), wait
+                ),
                 total,
             )
-        except httpx.PoolTimeout:
+        except PoolTimeout:
             self._count(endpoint, "pool_timeout")
             raise QueueDeadlineExceeded(
                 f"no connection to {endpoint} came free before the request's deadline "
                 f"({self.config.max_connections} in use). Hint: raise [remote] max_connections"
             ) from None
-        except (TimeoutError, httpx.TimeoutException) as exc:
+        except ConnectFailed as exc:
             self.outliers.failure(endpoint)
-            if _connection_failure(exc):
-                self._count(endpoint, "connect_failed")
-                raise _failed(endpoint, exc, retriable=True) from None
+            self._count(endpoint, "connect_failed")
+            raise _failed(endpoint, exc, retriable=True) from None
+        except TimeoutError:
+            self.outliers.failure(endpoint)
             self._count(endpoint, "timeout")
             raise DeadlineExceeded(
                 f"{endpoint} did not answer within the model's timeout ({total:.3g} s left). "
                 "Hint: timeout_ms in model.toml"
             ) from None
-        except httpx.HTTPError as exc:
+        except BrokenReply as exc:
             self.outliers.failure(endpoint)
-            refused = _connection_failure(exc)
-            self._count(endpoint, "connect_failed" if refused else "broken")
-            raise _failed(endpoint, exc, retriable=refused) from None
+            self._count(endpoint, "broken")
+            raise _failed(endpoint, exc, retriable=False) from None
         finally:
             self.balancer.finished(endpoint)
-        self._count(endpoint, f"{response.status_code // 100}xx")
-        if response.status_code >= 500:
+        self._count(endpoint, f"{reply.status // 100}xx")
+        if reply.status >= 500:
             self.outliers.failure(endpoint)
         else:
             self.outliers.success(endpoint)
         kept = [
-            (k.encode(), response.headers[k].encode())
+            (k.encode(), reply.headers[k].encode())
             for k in (*BODY_HEADERS, "retry-after")
-            if k in response.headers
+            if k in reply.headers
         ]
-        return UpstreamReply(response.status_code, kept, response.content, endpoint, 1)
+        return UpstreamReply(reply.status, kept, reply.body, endpoint, 1)
 
 
 def _failed(endpoint: str, exc: Exception, retriable: bool) -> UpstreamFailed:
