@@ -283,3 +283,15 @@ async def test_http1_pool_reuses_connections_and_names_its_failures() -> None:
         upstream.stop()
     with pytest.raises(ConnectFailed):
         await Http1Pool(upstream.url, 1, 1).request(path, headers, b"{}", 1.0, 1.0)
+
+
+def test_the_readme_remote_example_parses_to_the_defaults(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Remote models", 1)[1]
+    example = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = parse_model_config(write(tmp_path / "resnet", example))
+    assert config.remote is not None
+    assert config.remote.endpoints == ("http://10.0.0.5:8000", "http://10.0.0.6:8000")
+    assert (config.remote.model, config.remote.version) == ("resnet50", "3")
+    defaults = RemoteConfig(config.remote.endpoints, "resnet50", "3")
+    assert config.remote == defaults  # the values it shows are the defaults
