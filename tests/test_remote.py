@@ -112,6 +112,37 @@ def test_bodies_arrive_byte_identical(front: ServerProcess, upstreams: list[Upst
     assert got[0].header_length == binary_headers["Inference-Header-Content-Length"]
     assert got[0].content_type == "application/octet-stream"
     assert got[1].header_length is None
+    # Triton's views of it work as for a local model.
+    for path in ("config", "stats", "ready"):
+        answer = httpx.get(f"{front.url}/v2/models/front/{path}", timeout=5)
+        assert answer.status_code == 200, (path, answer.text)
+    stats = httpx.get(f"{front.url}/v2/models/front/stats", timeout=5).json()
+    assert stats["model_stats"][0]["inference_stats"]["success"]["count"] == 2
+
+
+def test_health_checks_keep_requests_off_an_endpoint_that_is_not_ready(
+    tmp_path: Path, upstreams: list[Upstream]
+) -> None:
+    sick, good = start_upstreams(upstreams, 2)
+    checks = "health_interval_s = 0.1\nunhealthy_threshold = 2"
+    proc = started(gateway(tmp_path, remote_toml([sick.url, good.url], remote_extra=checks)))
+    try:
+        sick.ready = False
+        wait_until(lambda: endpoints(proc)[sick.url]["healthy"] is False, 30, "it to be out")
+        statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(10)]
+        assert statuses == [200] * 10
+        assert len(sick.received) == 0
+        assert metric(proc, "infergate_remote_endpoint_healthy", endpoint=sick.url) == 0
+        sick.ready = True
+        wait_until(lambda: endpoints(proc)[sick.url]["healthy"] is True, 30, "it to be back")
+
+        def both_used() -> bool:
+            assert infer(proc, BODY, HEADERS).status_code == 200
+            return len(sick.received) > 0
+
+        wait_until(both_used, 30, "requests to reach it again")
+    finally:
+        proc.stop()
 
 
 def test_metadata_and_results_come_from_another_infergate(

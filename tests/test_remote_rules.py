@@ -3,8 +3,11 @@ meanings), health thresholds, least-request choice, retries and their budget."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,13 @@ from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.client import RemotePool
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
-from infergate.engine.remote.http1 import BrokenReply, ConnectFailed, Http1Pool, Reply
+from infergate.engine.remote.http1 import (
+    BrokenReply,
+    ConnectFailed,
+    Http1Pool,
+    PoolTimeout,
+    Reply,
+)
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.engine.repository import scan_model
 from infergate.errors import ConfigError, QueueDeadlineExceeded, UpstreamAnswered, UpstreamFailed
@@ -295,3 +304,29 @@ def test_the_readme_remote_example_parses_to_the_defaults(tmp_path: Path) -> Non
     assert (config.remote.model, config.remote.version) == ("resnet50", "3")
     defaults = RemoteConfig(config.remote.endpoints, "resnet50", "3")
     assert config.remote == defaults  # the values it shows are the defaults
+
+
+async def test_http1_pool_waits_for_a_free_connection_only_so_long() -> None:
+    upstream = Upstream(delay_s=30).start()
+    try:
+        p = Http1Pool(upstream.url, max_connections=1, max_keepalive=1)
+        path = f"/v2/models/{upstream.model}/infer"
+        first = asyncio.create_task(p.request(path, {}, b"{}", 1.0, 1.0))
+        await wait_for_async(lambda: len(upstream.received) == 1)
+        with pytest.raises(PoolTimeout):
+            await p.request(path, {}, b"{}", 1.0, 0.05)
+        assert len(upstream.received) == 1  # the second never went out
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await p.close()
+    finally:
+        upstream.stop()
+
+
+async def wait_for_async(check: Callable[[], bool], timeout_s: float = 10) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met")
