@@ -40,8 +40,9 @@ from infergate.errors import (
     UpstreamFailed,
 )
 
-# Headers that describe the body: forwarded both ways, unchanged.
-BODY_HEADERS = ("content-type", "inference-header-content-length", "content-encoding")
+# Headers that describe the body: forwarded both ways, unchanged. (Content-Encoding is not
+# among them: the body upstream is the inflated one, and we never ask upstream to compress.)
+BODY_HEADERS = ("content-type", "inference-header-content-length")
 
 
 @dataclass(frozen=True)
