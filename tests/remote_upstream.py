@@ -3,7 +3,8 @@
 A raw-asyncio HTTP/1.1 server on a free loopback port, run on its own thread and loop. It
 serves one model's metadata, readiness and /v2/health/ready, and answers infer requests
 as `mode` says: "ok" (a small JSON answer naming this upstream), "fail" (500), "busy"
-(503), "close" (drops the connection without an answer). `delay_s` holds each answer.
+(503), "close" (drops the connection without an answer), "one_shot" (answers, then closes
+the connection without saying so, as a server's idle timeout does). `delay_s` holds each answer.
 It records the sha256 of every infer body it got, with its Inference-Header-Content-Length
 and Content-Type, so tests can show bodies arrive byte-identical.
 """
@@ -47,6 +48,7 @@ class Upstream:
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
     @property
@@ -65,6 +67,9 @@ class Upstream:
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
+            for task in list(self._handlers):  # those holding an answer (delay_s) too
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
             for writer in list(self._writers):
                 writer.close()
             if self._server is not None:
@@ -79,6 +84,9 @@ class Upstream:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -96,10 +104,15 @@ class Upstream:
                     return
                 writer.write(answer)
                 await writer.drain()
+                if self.mode == "one_shot":
+                    writer.close()
+                    return
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
         finally:
+            writer.close()
             self._writers.discard(writer)
+            self._handlers.discard(task)
 
     async def _answer(
         self, method: str, path: str, headers: dict[str, str], body: bytes

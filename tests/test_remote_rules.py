@@ -284,6 +284,12 @@ async def test_http1_pool_reuses_connections_and_names_its_failures() -> None:
             hashlib.sha256(b"x" * 100_000).hexdigest(),
         ]
         assert upstream.connections == 1  # kept alive between the two
+        upstream.mode = "one_shot"  # closes each connection after its answer, silently
+        for _ in range(5):
+            reply = await p.request(path, headers, b"{}", 1.0, 1.0)
+            assert reply.status == 200
+        assert len(upstream.received) == 7  # each sent once, though 4 found it closed
+        assert upstream.connections >= 5
         upstream.mode = "close"
         with pytest.raises(BrokenReply):
             await p.request(path, headers, b"{}", 1.0, 1.0)

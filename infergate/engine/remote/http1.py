@@ -30,6 +30,10 @@ class BrokenReply(Exception):
     pass
 
 
+class _Stale(BrokenReply):
+    """A kept-alive connection the server had closed: nothing of an answer came back."""
+
+
 @dataclass(frozen=True)
 class Reply:
     status: int
@@ -118,8 +122,19 @@ class Http1Pool:
             raise PoolTimeout(f"no connection came free within {pool_timeout_s:.3g} s") from None
         connection: _Connection | None = None
         try:
-            connection = self._take_idle() or await self._connect(connect_timeout_s)
-            reply, keep = await self._exchange(connection, path, headers, body)
+            connection = self._take_idle()
+            try:
+                if connection is None:
+                    connection = await self._connect(connect_timeout_s)
+                reply, keep = await self._exchange(connection, path, headers, body)
+            except _Stale:
+                if connection is None:
+                    raise
+                # The server closed it while it sat idle (the race every keep-alive client
+                # has): nothing was answered, so the same request goes on a new connection.
+                connection.close()
+                connection = await self._connect(connect_timeout_s)
+                reply, keep = await self._exchange(connection, path, headers, body)
             if keep and len(self._idle) < self._max_keepalive:
                 self._idle.append(connection)
             else:
@@ -141,10 +156,23 @@ class Http1Pool:
             *(f"{k}: {v}" for k, v in headers.items()),
         ]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        reader = connection.reader
+        answered = False
         try:
             connection.writer.writelines((head, body))
             await connection.writer.drain()
-            return await _read_reply(connection.reader)
+            try:
+                raw = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as exc:
+                if not exc.partial:
+                    raise _Stale("the connection closed before any answer") from None
+                raise
+            answered = True
+            return await _read_reply(raw, reader)
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            if not answered:
+                raise _Stale(f"{type(exc).__name__}: {exc}") from None
+            raise BrokenReply(f"{type(exc).__name__}: {exc}") from None
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             raise BrokenReply(f"{type(exc).__name__}: {exc}") from None
 
@@ -152,10 +180,10 @@ class Http1Pool:
         for connection in self._idle:
             connection.close()
         self._idle.clear()
+        await asyncio.sleep(0)  # one loop turn: closed transports finish closing
 
 
-async def _read_reply(reader: asyncio.StreamReader) -> tuple[Reply, bool]:
-    raw = await reader.readuntil(b"\r\n\r\n")
+async def _read_reply(raw: bytes, reader: asyncio.StreamReader) -> tuple[Reply, bool]:
     status_line, *header_lines = raw[:-4].decode("latin-1").split("\r\n")
     version, _, rest = status_line.partition(" ")
     try:
