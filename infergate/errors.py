@@ -24,6 +24,8 @@ InfergateError                    500
 ├── DeadlineExceeded              504  (the model ran past its execution timeout)
 │   └── QueueDeadlineExceeded     504  (never started: waited past its deadline)
 ├── ModelExecutionError           500  (the runtime raised)
+├── UpstreamFailed                502  (a remote model's endpoints gave no answer)
+├── UpstreamAnswered              (the upstream's status: a remote model's error answer)
 └── ConfigError                        (a model.toml or profile is wrong; not an HTTP error)
 
 Signals inside the engine (plain exceptions, never an HTTP answer):
@@ -185,6 +187,31 @@ class ModelExecutionError(InfergateError):
     status = 500
     reason = "execution_failed"
     model_fault = True
+
+
+class UpstreamFailed(InfergateError):
+    """No endpoint of a remote model answered (refused, reset, or a broken reply).
+    `retriable`: the request cannot have reached the model (the connection never opened)."""
+
+    status = 502
+    reason = "upstream_failed"
+    model_fault = True
+
+    def __init__(self, message: str, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class UpstreamAnswered(InfergateError):
+    """A remote model's upstream answered with an error: its status and Retry-After are
+    passed on; its 5xx count against the breaker, its 4xx (the caller's fault) do not."""
+
+    def __init__(self, status: int, message: str, retry_after_s: float | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.reason = "upstream_5xx" if status >= 500 else "upstream_4xx"
+        self.model_fault = status >= 500
 
 
 class ConfigError(InfergateError):

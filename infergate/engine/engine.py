@@ -22,7 +22,6 @@ from infergate.engine.snapshots import ModelView, TenantView, model_view, tenant
 from infergate.engine.tenants import TenantState
 from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
-    CircuitOpen,
     Forbidden,
     InfergateError,
     ModelFailed,
@@ -215,13 +214,7 @@ class Engine:
             queue_deadline = min(queue_deadline, request.timeout_s)
         admission = served.breaker.allow()
         if admission == "refused":
-            wait = served.breaker.retry_after()
-            raise CircuitOpen(
-                f"model {served.name!r} version {served.version} is cut off by its circuit "
-                f"breaker ({served.breaker.reason}); retry in {wait:.1f} s. Hint: infergate "
-                f"breaker list shows it, infergate breaker reset {served.name} closes it",
-                wait,
-            )
+            raise served.circuit_open()
         fair = Fairness(tenant.tenant.name, tenant.tenant.weight)
         try:
             result, timing = await served.infer(

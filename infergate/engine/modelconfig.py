@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infergate.engine.breaker import TUNABLE
+from infergate.engine.remote.config import remote_config
 from infergate.engine.runtimes import runtime_names
 from infergate.engine.sequence_config import parse_sequence
 from infergate.engine.spec import (
@@ -113,6 +114,7 @@ def parse_model_config(path: Path) -> ModelConfig:
         tenant=table.string("tenant", "default"),
         warmup=_warmup(table.table("warmup"), path.parent),
         sequence=parse_sequence(table.table("sequence"), table.has("sequence")),
+        remote=remote_config(table.table("remote"), runtime),
     )
     table.reject_unknown()
     return config

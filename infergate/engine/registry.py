@@ -17,6 +17,7 @@ from typing import TypeVar
 from infergate.engine.config_override import ConfigOverrides
 from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
+from infergate.engine.remote.served import REMOTE, RemoteServedVersion, file_digest
 from infergate.engine.repository import model_names, scan_model
 from infergate.engine.served import ServedVersion
 from infergate.engine.spec import ModelConfig, ModelEntry, ModelVersionFile
@@ -183,23 +184,31 @@ class Registry:
     ) -> list[ServedVersion]:
         """Verified new ServedVersions for the files that differ from what serves. Each
         gets its own read-only copy of the bytes that passed (see VerifiedStore)."""
-        out = []
+        out: list[ServedVersion] = []
         pin, policy = entry.config.sha256, self._context.verify
         for file in desired:
+            remote = file.runtime == REMOTE
             try:
-                sha = await self._off_loop(verify_file, file.path, pin, policy)
+                if remote:  # no model file: model.toml's digest names what serves
+                    sha = await self._off_loop(file_digest, file.path)
+                else:
+                    sha = await self._off_loop(verify_file, file.path, pin, policy)
                 current = record.versions.get(file.version)
                 if not explicit:
                     if current is not None and current.same_as(file, sha, entry.config):
                         continue
                     if record.failed_files.get(file.version) == (sha, entry.config):
                         continue  # the same bad file: wait for it to change
-                # Hashed again while copying: the copy's digest is the one that counts.
-                sha, stored = await self._off_loop(self.store.admit, file.path, pin, policy)
+                if not remote:
+                    # Hashed again while copying: the copy's digest is the one that counts.
+                    sha, stored = await self._off_loop(self.store.admit, file.path, pin, policy)
             except (VerificationFailed, OSError) as exc:
                 self._failed(record, file.version, f"verification failed: {exc}")
                 continue
-            out.append(ServedVersion(entry, file, sha, self._context, stored_path=stored))
+            if remote:
+                out.append(RemoteServedVersion(entry, file, sha, self._context))
+            else:
+                out.append(ServedVersion(entry, file, sha, self._context, stored_path=stored))
             self._context.events.publish(
                 "model_loading",
                 record.name,

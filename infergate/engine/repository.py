@@ -39,6 +39,11 @@ def _scan_folder(folder: Path) -> ModelEntry:
             config = parse_model_config(toml_path)
         except ConfigError as exc:
             return ModelEntry(name=name, config=config, versions=(), problem=str(exc))
+    if config.runtime == "remote":
+        # Nothing on disk to serve: version 1 is the remote model (and version) that
+        # model.toml names, and model.toml's digest says which configuration serves.
+        remote = ModelVersionFile(1, toml_path, "remote")
+        return ModelEntry(name=name, config=config, versions=(remote,))
     versions: list[ModelVersionFile] = []
     for child in sorted(folder.iterdir()):
         if not child.is_dir() or not child.name.isdigit() or int(child.name) <= 0:

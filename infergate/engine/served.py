@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from infergate.engine.spec import (
 from infergate.engine.tenants import DEFAULT_TENANT, Tenant
 from infergate.engine.validate import check_inputs, check_outputs
 from infergate.engine.workers.messages import Ready, WorkerSpec
-from infergate.errors import InfergateError, ModelFailed, ModelNotReady
+from infergate.errors import CircuitOpen, InfergateError, ModelFailed, ModelNotReady
 from infergate.tensors import Array, numpy_dtype
 
 
@@ -234,6 +235,10 @@ class ServedVersion:
         info = self._ready_info()
         return info.outputs if info else self.config.outputs
 
+    def upstream_status(self) -> dict[str, Any] | None:
+        """Where a remote model's requests go, and how each endpoint is; None here."""
+        return None
+
     def not_ready_error(self) -> InfergateError:
         """503 with Retry-After while it is on its way (loading, restarting, or stopped
         while a reload replaces it); 424 without it when only a person can fix it (failed,
@@ -248,6 +253,16 @@ class ServedVersion:
             f"model {self.name!r} version {self.version} is {state}{why}. Hint: fix the model "
             f"and reload it (infergate model status {self.name} shows why, infergate model "
             f"load {self.name} retries)"
+        )
+
+    def circuit_open(self) -> CircuitOpen:
+        """The answer while the breaker refuses requests."""
+        wait = self.breaker.retry_after()
+        return CircuitOpen(
+            f"model {self.name!r} version {self.version} is cut off by its circuit "
+            f"breaker ({self.breaker.reason}); retry in {wait:.1f} s. Hint: infergate "
+            f"breaker list shows it, infergate breaker reset {self.name} closes it",
+            wait,
         )
 
     def depth_by_class(self) -> dict[str, int]:

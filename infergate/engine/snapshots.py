@@ -10,6 +10,7 @@ cheap next to the JSON built from it, and never stale.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from infergate.engine.breaker import BreakerPolicy
 from infergate.engine.instance import Instance
@@ -65,6 +66,7 @@ class VersionView:
     instances: tuple[InstanceView, ...]
     breaker: BreakerView
     queue: dict[str, int]  # waiting requests by priority class
+    upstream: dict[str, Any] | None = None  # a remote model's endpoints, as they are now
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ def version_view(served: ServedVersion) -> VersionView:
         instances=tuple(instance_view(i) for i in served.instances),
         breaker=breaker_view(served),
         queue=served.depth_by_class(),
+        upstream=served.upstream_status(),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.sequence_config import SequenceSettings
 
 RuntimeName = str  # a name in the runtime registry (infergate.engine.runtimes)
@@ -88,6 +89,7 @@ class ModelConfig:
     sha256: str | None = None
     warmup: Warmup = field(default_factory=Warmup)
     sequence: SequenceSettings | None = None  # [sequence]: None takes no sequences
+    remote: RemoteConfig | None = None  # [remote], for runtime = "remote"
 
 
 @dataclass(frozen=True)

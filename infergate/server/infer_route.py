@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from infergate.engine.classification import classify_outputs
 from infergate.engine.engine import Engine
 from infergate.engine.inference import InferenceRequest
+from infergate.engine.remote.served import RemoteServedVersion
 from infergate.engine.scheduling.sequences import sequence_params
 from infergate.engine.tenants import TenantState
 from infergate.errors import BadRequest, InfergateError
@@ -26,6 +27,7 @@ from infergate.server.codec import encode_response
 from infergate.server.compression import compress_response
 from infergate.server.decoding import BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
+from infergate.server.remote_pass import header_of, pass_through
 
 log = logging.getLogger("infergate.server")
 
@@ -168,7 +170,25 @@ class InferRoute:
             self._engine.admit(tenant, name)
         try:
             body = await read_body(headers, receive, self._limit)
-            decoded = await self._decoder.decode(body, header_text(headers, HEADER_LENGTH), keeper)
+            length = header_text(headers, HEADER_LENGTH)
+            if isinstance(served, RemoteServedVersion):
+                doc = header_of(body, length)
+                if doc is not None:  # no tensor decoded: the body goes on as it came
+                    params = doc.get("parameters") or {}
+                    if not isinstance(params, dict):
+                        raise BadRequest("parameters must be a JSON object")
+                    return await pass_through(
+                        self._engine,
+                        served,
+                        body,
+                        doc,
+                        length,
+                        header_text(headers, b"content-type"),
+                        params.get("priority"),
+                        timeout_s(params),
+                        tenant,
+                    )
+            decoded = await self._decoder.decode(body, length, keeper)
             result = await self._engine.infer_admitted(
                 InferenceRequest(
                     model=name,

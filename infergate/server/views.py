@@ -49,6 +49,13 @@ def instance_json(i: InstanceView) -> dict[str, Any]:
 
 
 def version_status(v: VersionView) -> dict[str, Any]:
+    status = _version_status(v)
+    if v.upstream is not None:  # a remote model: where it runs, and how each endpoint is
+        status["remote"] = v.upstream
+    return status
+
+
+def _version_status(v: VersionView) -> dict[str, Any]:
     return {
         "version": v.version,
         "state": v.state,

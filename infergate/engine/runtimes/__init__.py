@@ -1,10 +1,11 @@
 """The runtime registry: which runtimes exist, the model files each opens, and how to open
 one. Runtimes are imported lazily: each worker pays only for the library it uses.
 
-Built in: `onnx` (onnxruntime) and `torchscript` (torch). More can be registered by
-modules named in the INFERGATE_RUNTIME_PLUGINS environment variable (comma-separated),
-imported in the gateway and in every worker on first use: the test suite registers its
-scripted runtime this way, and nothing else ever sees it.
+Built in: `onnx` (onnxruntime), `torchscript` (torch) and `remote` (other V2 servers,
+reached from the gateway process: infergate.engine.remote; it opens no file). More can be
+registered by modules named in the INFERGATE_RUNTIME_PLUGINS environment variable
+(comma-separated), imported in the gateway and in every worker on first use: the test
+suite registers its scripted runtime this way, and nothing else ever sees it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class RuntimeKind:
     install_hint: str
     opener: str  # "module:function" with the Opener signature, imported in the worker
     needs_declared_tensors: bool = False  # the file has no tensor names (TorchScript)
+    in_gateway: bool = False  # served by the gateway itself, without workers (remote)
 
 
 BUILT_IN = (
@@ -61,6 +63,15 @@ BUILT_IN = (
         "pip install 'infergate[torch]'   (or ./install.sh --torch)",
         "infergate.engine.runtimes.torchscript:open_torchscript",
         needs_declared_tensors=True,
+    ),
+    RuntimeKind(
+        "remote",
+        (),
+        "remote",
+        "httpx",
+        "pip install httpx   (or ./install.sh)",
+        "",  # never opened in a worker: infergate.engine.remote.served
+        in_gateway=True,
     ),
 )
 

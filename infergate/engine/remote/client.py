@@ -1,0 +1,285 @@
+"""Reaching a remote model's endpoints: a connection pool per endpoint, the balancer
+and outlier detector in front of them, and `forward`, which sends one request with
+retries on another endpoint.
+
+Only two failures are retried, as neither can have run the model twice: a connection that
+could not be opened, and a 503 (the upstream said it did not take the request). Answers
+are read in full before anything goes back to the client, so a 503 is always "before any
+body". Each retry takes a share of the retry budget, so a sick cluster is not sent
+twice the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import orjson
+
+from infergate.clock import Clock
+from infergate.engine.remote.balancer import Balancer, RetryBudget
+from infergate.engine.remote.config import RemoteConfig
+from infergate.engine.remote.health import HealthChecks
+from infergate.engine.remote.http1 import (
+    BrokenReply,
+    ConnectFailed,
+    Http1Pool,
+    PoolTimeout,
+    Sender,
+)
+from infergate.engine.remote.metrics import RemoteMetrics
+from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
+from infergate.errors import (
+    DeadlineExceeded,
+    InfergateError,
+    QueueDeadlineExceeded,
+    UpstreamAnswered,
+    UpstreamFailed,
+)
+
+# Headers that describe the body: forwarded both ways, unchanged. (Content-Encoding is not
+# among them: the body upstream is the inflated one, and we never ask upstream to compress.)
+BODY_HEADERS = ("content-type", "inference-header-content-length")
+
+
+@dataclass(frozen=True)
+class UpstreamReply:
+    status: int
+    headers: list[tuple[bytes, bytes]]  # BODY_HEADERS the upstream sent, and retry-after
+    body: bytes
+    endpoint: str
+    attempts: int
+
+
+class RemotePool:
+    def __init__(
+        self,
+        config: RemoteConfig,
+        clock: Clock,
+        on_event: Callable[[str, str], None] | None = None,
+        rng: random.Random | None = None,
+        sender: Callable[[str], Sender] | None = None,
+        metrics: RemoteMetrics | None = None,
+        model: str = "",
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._event = on_event or (lambda kind, text: None)
+        self._metrics = metrics
+        self._model = model
+        endpoints = list(config.endpoints)
+        if metrics is not None:
+            for e in endpoints:
+                metrics.healthy.labels(model, e).set(1)
+                metrics.ejected.labels(model, e).set(0)
+        self.health = HealthChecks(
+            endpoints, config.unhealthy_threshold, config.healthy_threshold, self._health_changed
+        )
+        self.outliers = OutlierDetector(
+            endpoints,
+            OutlierPolicy(
+                config.consecutive_5xx,
+                config.interval_s,
+                config.base_ejection_time_s,
+                config.max_ejection_time_s,
+                config.max_ejection_percent,
+            ),
+            clock,
+            self._ejection_changed,
+        )
+        self.balancer = Balancer(endpoints, self.health, self.outliers, rng)
+        self.budget = RetryBudget(config.retry_budget_percent, config.min_retry_concurrency)
+        # Control calls (metadata, readiness, health) through httpx; requests through
+        # the lean HTTP/1.1 pools (http1.py says why).
+        self._clients = {
+            e: httpx.AsyncClient(
+                base_url=e,
+                limits=httpx.Limits(max_connections=4, max_keepalive_connections=1),
+                timeout=httpx.Timeout(30.0, connect=config.connect_timeout_s),
+            )
+            for e in endpoints
+        }
+        make = sender or (lambda e: Http1Pool(e, config.max_connections, config.max_keepalive))
+        self._senders = {e: make(e) for e in endpoints}
+
+    def _health_changed(self, endpoint: str, healthy: bool, why: str) -> None:
+        self._event("remote_healthy" if healthy else "remote_unhealthy", f"{endpoint}: {why}")
+        if self._metrics is not None:
+            self._metrics.healthy.labels(self._model, endpoint).set(int(healthy))
+
+    def _ejection_changed(self, endpoint: str, ejected: bool, why: str) -> None:
+        self._event("remote_ejected" if ejected else "remote_returned", f"{endpoint}: {why}")
+        if self._metrics is not None:
+            self._metrics.ejected.labels(self._model, endpoint).set(int(ejected))
+            if ejected:
+                self._metrics.ejections.labels(self._model, endpoint).inc()
+
+    def _count(self, endpoint: str, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.attempts.labels(self._model, endpoint, outcome).inc()
+
+    def _retry(self, why: str) -> None:
+        if self._metrics is not None:
+            self._metrics.retries.labels(self._model, why).inc()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self._clients.values()))
+        await asyncio.gather(*(s.close() for s in self._senders.values()))
+
+    async def get(self, endpoint: str, path: str, timeout_s: float) -> httpx.Response:
+        """A control request (metadata, readiness, health) to one endpoint."""
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, self.config.connect_timeout_s))
+        return await self._clients[endpoint].get(path, timeout=timeout)
+
+    async def check_health(self) -> None:
+        """One round of active health checks, every endpoint at once."""
+
+        async def one(endpoint: str) -> None:
+            try:
+                response = await self.get(
+                    endpoint, "/v2/health/ready", self.config.health_timeout_s
+                )
+            except httpx.HTTPError as exc:
+                self.health.record(endpoint, False, f"{type(exc).__name__}: {exc}")
+                return
+            self.health.record(
+                endpoint, response.status_code == 200, f"HTTP {response.status_code}"
+            )
+
+        await asyncio.gather(*(one(e) for e in self.config.endpoints))
+        self.outliers.maybe_sweep()
+
+    async def forward(
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        start_by: float,
+        finish_by: float,
+    ) -> UpstreamReply:
+        """POST `body` to `path` on the best endpoint. `start_by` (clock time) bounds the
+        wait for a connection (the request's queue deadline: it has not started yet);
+        `finish_by` bounds the whole exchange, retries included (the model's timeout)."""
+        budget, tried = self.budget, list[str]()
+        last: InfergateError | None = None
+        retrying = False
+        budget.requests += 1
+        try:
+            while True:
+                endpoint = self.balancer.pick(tried)
+                if last is not None:  # this would be a retry: is one allowed?
+                    if (
+                        endpoint is None
+                        or len(tried) > self.config.retries
+                        or (not retrying and not budget.try_acquire())
+                    ):
+                        self._retry("refused")
+                        raise last
+                    retrying = True
+                    self._retry("503" if isinstance(last, UpstreamAnswered) else "connect_failed")
+                assert endpoint is not None  # the first pick has every endpoint to choose
+                tried.append(endpoint)
+                try:
+                    reply = await self._attempt(endpoint, path, body, headers, start_by, finish_by)
+                except UpstreamFailed as exc:
+                    if not exc.retriable:
+                        raise
+                    last = exc
+                    continue
+                if reply.status == 503:
+                    last = answered(reply)
+                    continue
+                return UpstreamReply(reply.status, reply.headers, reply.body, endpoint, len(tried))
+        finally:
+            budget.requests -= 1
+            if retrying:
+                budget.release()
+
+    async def _attempt(
+        self,
+        endpoint: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        start_by: float,
+        finish_by: float,
+    ) -> UpstreamReply:
+        now = self._clock.now()
+        if now >= start_by:
+            raise QueueDeadlineExceeded(
+                "the request's deadline passed before an upstream connection was free. "
+                "Hint: raise the class deadline or [remote] max_connections"
+            )
+        total = finish_by - now
+        if total <= 0:
+            raise DeadlineExceeded(f"the model's timeout passed before {endpoint} answered")
+        wait = start_by - now
+        self.balancer.started(endpoint)
+        try:
+            reply = await asyncio.wait_for(
+                self._senders[endpoint].request(
+                    path, headers, body, min(self.config.connect_timeout_s, wait), wait
+                ),
+                total,
+            )
+        except PoolTimeout:
+            self._count(endpoint, "pool_timeout")
+            raise QueueDeadlineExceeded(
+                f"no connection to {endpoint} came free before the request's deadline "
+                f"({self.config.max_connections} in use). Hint: raise [remote] max_connections"
+            ) from None
+        except ConnectFailed as exc:
+            self.outliers.failure(endpoint)
+            self._count(endpoint, "connect_failed")
+            raise _failed(endpoint, exc, retriable=True) from None
+        except TimeoutError:
+            self.outliers.failure(endpoint)
+            self._count(endpoint, "timeout")
+            raise DeadlineExceeded(
+                f"{endpoint} did not answer within the model's timeout ({total:.3g} s left). "
+                "Hint: timeout_ms in model.toml"
+            ) from None
+        except BrokenReply as exc:
+            self.outliers.failure(endpoint)
+            self._count(endpoint, "broken")
+            raise _failed(endpoint, exc, retriable=False) from None
+        finally:
+            self.balancer.finished(endpoint)
+        self._count(endpoint, f"{reply.status // 100}xx")
+        if reply.status >= 500:
+            self.outliers.failure(endpoint)
+        else:
+            self.outliers.success(endpoint)
+        kept = [
+            (k.encode(), reply.headers[k].encode())
+            for k in (*BODY_HEADERS, "retry-after")
+            if k in reply.headers
+        ]
+        return UpstreamReply(reply.status, kept, reply.body, endpoint, 1)
+
+
+def _failed(endpoint: str, exc: Exception, retriable: bool) -> UpstreamFailed:
+    return UpstreamFailed(f"upstream {endpoint} failed: {type(exc).__name__}: {exc}", retriable)
+
+
+def answered(reply: UpstreamReply) -> UpstreamAnswered:
+    """An upstream error answer as our error, its message kept."""
+    try:
+        doc = orjson.loads(reply.body)
+        text = doc.get("error") if isinstance(doc, dict) else None
+    except orjson.JSONDecodeError:
+        text = None
+    message = str(text) if text else reply.body[:200].decode("utf-8", "replace")
+    retry_after = next((v for k, v in reply.headers if k == b"retry-after"), None)
+    seconds = None
+    if retry_after is not None:
+        try:
+            seconds = float(retry_after)
+        except ValueError:
+            seconds = None
+    return UpstreamAnswered(
+        reply.status, f"upstream {reply.endpoint} answered {reply.status}: {message}", seconds
+    )

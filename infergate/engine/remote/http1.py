@@ -1,0 +1,227 @@
+"""A small HTTP/1.1 client for the pass-through: one pool of keep-alive connections per
+endpoint, with a cap on connections. httpx costs about 1 ms more per request than this on
+a small machine (measured: p50 1.9-2.2 ms against 0.6-1.0 ms, sequential calls to the
+same upstream), and the pass-through's overhead is the product; httpx still does the
+control calls (metadata, readiness, health checks), where a millisecond does not matter.
+
+Errors say what can be retried: ConnectFailed (the connection never opened, nothing was
+sent), PoolTimeout (no connection came free in time, nothing was sent), BrokenReply
+(the request may have reached the upstream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+
+class ConnectFailed(Exception):
+    pass
+
+
+class PoolTimeout(Exception):
+    pass
+
+
+class BrokenReply(Exception):
+    pass
+
+
+class _Stale(BrokenReply):
+    """A kept-alive connection the server had closed: nothing of an answer came back."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: dict[str, str]  # names in lower case
+    body: bytes
+
+
+class Sender(Protocol):
+    """What the remote pool sends requests through (tests pass fakes)."""
+
+    async def request(
+        self,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        connect_timeout_s: float,
+        pool_timeout_s: float,
+    ) -> Reply: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(eq=False)
+class _Connection:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    def usable(self) -> bool:
+        # An idle connection the server closed has seen EOF by now (as httpcore checks).
+        return not (self.writer.is_closing() or self.reader.at_eof())
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+_MAX_HEAD = 64 * 1024
+
+
+class Http1Pool:
+    def __init__(self, base_url: str, max_connections: int, max_keepalive: int) -> None:
+        parts = urlsplit(base_url)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port or (443 if self._https else 80)
+        self._prefix = parts.path.rstrip("/")
+        self._host_header = parts.netloc
+        self._slots = asyncio.Semaphore(max_connections)
+        self._max_keepalive = max_keepalive
+        self._idle: list[_Connection] = []
+        self._ssl: ssl.SSLContext | None = None
+
+    async def _connect(self, timeout_s: float) -> _Connection:
+        if self._https and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self._host, self._port, ssl=self._ssl, limit=_MAX_HEAD),
+                timeout_s,
+            )
+        except TimeoutError:
+            raise ConnectFailed(f"no connection within {timeout_s:.3g} s") from None
+        except OSError as exc:
+            raise ConnectFailed(str(exc) or type(exc).__name__) from None
+        return _Connection(reader, writer)
+
+    def _take_idle(self) -> _Connection | None:
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.usable():
+                return connection
+            connection.close()
+        return None
+
+    async def request(
+        self,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        connect_timeout_s: float,
+        pool_timeout_s: float,
+    ) -> Reply:
+        """POST `body` to `path`. A caller that gives up (cancels) closes the connection."""
+        try:
+            await asyncio.wait_for(self._slots.acquire(), pool_timeout_s)
+        except TimeoutError:
+            raise PoolTimeout(f"no connection came free within {pool_timeout_s:.3g} s") from None
+        connection: _Connection | None = None
+        try:
+            connection = self._take_idle()
+            try:
+                if connection is None:
+                    connection = await self._connect(connect_timeout_s)
+                reply, keep = await self._exchange(connection, path, headers, body)
+            except _Stale:
+                if connection is None:
+                    raise
+                # The server closed it while it sat idle (the race every keep-alive client
+                # has): nothing was answered, so the same request goes on a new connection.
+                connection.close()
+                connection = await self._connect(connect_timeout_s)
+                reply, keep = await self._exchange(connection, path, headers, body)
+            if keep and len(self._idle) < self._max_keepalive:
+                self._idle.append(connection)
+            else:
+                connection.close()
+            connection = None
+            return reply
+        finally:
+            if connection is not None:  # failed or cancelled mid-exchange: not reusable
+                connection.close()
+            self._slots.release()
+
+    async def _exchange(
+        self, connection: _Connection, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[Reply, bool]:
+        lines = [
+            f"POST {self._prefix}{path} HTTP/1.1",
+            f"Host: {self._host_header}",
+            f"Content-Length: {len(body)}",
+            *(f"{k}: {v}" for k, v in headers.items()),
+        ]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        reader = connection.reader
+        answered = False
+        try:
+            connection.writer.writelines((head, body))
+            await connection.writer.drain()
+            try:
+                raw = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as exc:
+                if not exc.partial:
+                    raise _Stale("the connection closed before any answer") from None
+                raise
+            answered = True
+            return await _read_reply(raw, reader)
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            if not answered:
+                raise _Stale(f"{type(exc).__name__}: {exc}") from None
+            raise BrokenReply(f"{type(exc).__name__}: {exc}") from None
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            raise BrokenReply(f"{type(exc).__name__}: {exc}") from None
+
+    async def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()
+        await asyncio.sleep(0)  # one loop turn: closed transports finish closing
+
+
+async def _read_reply(raw: bytes, reader: asyncio.StreamReader) -> tuple[Reply, bool]:
+    status_line, *header_lines = raw[:-4].decode("latin-1").split("\r\n")
+    version, _, rest = status_line.partition(" ")
+    try:
+        status = int(rest[:3])
+    except ValueError:
+        raise BrokenReply(f"not an HTTP status line: {status_line[:80]!r}") from None
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        key = name.strip().lower()
+        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+    keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = await _read_chunked(reader)
+    elif "content-length" in headers:
+        try:
+            length = int(headers["content-length"])
+        except ValueError:
+            raise BrokenReply(f"bad Content-Length {headers['content-length']!r}") from None
+        body = await reader.readexactly(length)
+    elif status in (204, 304) or 100 <= status < 200:
+        body = b""
+    else:  # delimited by the end of the connection
+        body, keep = await reader.read(), False
+    return Reply(status, headers, body), keep
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        try:
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise BrokenReply(f"bad chunk size {size_line[:40]!r}") from None
+        if size == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
+                pass
+            return b"".join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)

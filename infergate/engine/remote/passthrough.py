@@ -1,0 +1,54 @@
+"""A request for a remote model, passed through without decoding its tensors: the class
+and deadlines a tenant gets, the breaker, then the body upstream unchanged.
+
+The caller holds an admission (Engine.admit) and has parsed only the JSON header.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infergate.engine.context import EngineContext
+from infergate.engine.remote.client import UpstreamReply
+from infergate.engine.remote.served import RemoteServedVersion
+from infergate.engine.tenants import TenantState
+from infergate.errors import InfergateError
+
+
+async def forward_admitted(
+    context: EngineContext,
+    served: RemoteServedVersion,
+    body: bytes,
+    headers: dict[str, str],
+    priority: Any,
+    timeout_s: float | None,
+    tenant: TenantState,
+) -> UpstreamReply:
+    classes = context.settings.classes
+    cls = classes.resolve(priority, cap=classes.get(tenant.tenant.cls))
+    # As for a local model: the class deadline (and the client's timeout) bound the wait
+    # to start, here the wait for a connection; the model's timeout_ms bounds the rest.
+    start_within = cls.deadline_s if timeout_s is None else min(cls.deadline_s, timeout_s)
+    admission = served.breaker.allow()
+    if admission == "refused":
+        raise served.circuit_open()
+    now = context.clock.now()
+    try:
+        reply = await served.forward(
+            body, headers, now + start_within, now + served.config.timeout_s
+        )
+    except InfergateError as exc:
+        if exc.model_fault:
+            served.breaker.record(admission, False, None)
+        elif admission == "probe":
+            served.breaker.record(admission, True, None)
+        raise
+    except Exception:  # a bug of ours: not the model's fault, but the probe must end
+        if admission == "probe":
+            served.breaker.record(admission, True, None)
+        raise
+    if reply.status >= 500:
+        served.breaker.record(admission, False, None)
+    else:
+        served.breaker.record(admission, True, context.clock.now() - now)
+    return reply
