@@ -25,7 +25,7 @@ InfergateError                    500
 │   └── QueueDeadlineExceeded     504  (never started: waited past its deadline)
 ├── ModelExecutionError           500  (the runtime raised)
 ├── UpstreamFailed                502  (a remote model's endpoints gave no answer)
-├── UpstreamAnswered              (the upstream's status: a remote model's error answer)
+├── UpstreamAnswered              500  (by default; carries the upstream's own status)
 └── ConfigError                        (a model.toml or profile is wrong; not an HTTP error)
 
 Signals inside the engine (plain exceptions, never an HTTP answer):
@@ -37,6 +37,11 @@ Signals inside the engine (plain exceptions, never an HTTP answer):
   WorkerStartError     a worker process could not be started (fds, memory, processes)
   QueueFull            no room in the queue and nothing lower to shed (becomes Overloaded)
   RedisUnavailable     a call to Redis failed or ran past its socket timeout ([cluster])
+  ConnectFailed        a remote endpoint's connection never opened (nothing sent: retried)
+  PoolTimeout          no connection to a remote endpoint came free in time (nothing sent)
+  BrokenReply          a remote endpoint's answer broke off or was not HTTP
+  StaleConnection      (BrokenReply) a kept-alive connection the endpoint had closed
+  MetadataError        a remote model's metadata is not valid V2 metadata
 
 Outside the server: `client.ClientError` (the HTTP client's), `tui.source.SourceError`
 (the dashboard's data source) and `server.http_protocol._Refused` (a connection refused
@@ -254,3 +259,24 @@ class QueueFull(Exception):
 class RedisUnavailable(Exception):
     """A call to Redis failed or ran past the socket timeout ([cluster]: the shared limits
     fall back to their fail_mode)."""
+
+
+class ConnectFailed(Exception):
+    """A remote endpoint's connection never opened: nothing was sent (may be retried)."""
+
+
+class PoolTimeout(Exception):
+    """No connection to a remote endpoint came free in time: nothing was sent."""
+
+
+class BrokenReply(Exception):
+    """A remote endpoint's answer broke off, or was not HTTP."""
+
+
+class StaleConnection(BrokenReply):
+    """A kept-alive connection the endpoint had closed: nothing of an answer came back
+    (sent again once on a new connection, not counted as a retry)."""
+
+
+class MetadataError(Exception):
+    """A remote model's metadata is not valid V2 metadata."""

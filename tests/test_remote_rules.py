@@ -18,16 +18,18 @@ from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.client import RemotePool
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
-from infergate.engine.remote.http1 import (
-    BrokenReply,
-    ConnectFailed,
-    Http1Pool,
-    PoolTimeout,
-    Reply,
-)
+from infergate.engine.remote.http1 import Http1Pool, Reply
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.engine.repository import scan_model
-from infergate.errors import ConfigError, QueueDeadlineExceeded, UpstreamAnswered, UpstreamFailed
+from infergate.errors import (
+    BrokenReply,
+    ConfigError,
+    ConnectFailed,
+    PoolTimeout,
+    QueueDeadlineExceeded,
+    UpstreamAnswered,
+    UpstreamFailed,
+)
 from tests.remote_upstream import Upstream
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"

@@ -23,18 +23,15 @@ from infergate.clock import Clock
 from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
-from infergate.engine.remote.http1 import (
-    BrokenReply,
-    ConnectFailed,
-    Http1Pool,
-    PoolTimeout,
-    Sender,
-)
+from infergate.engine.remote.http1 import Http1Pool, Sender
 from infergate.engine.remote.metrics import RemoteMetrics
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.errors import (
+    BrokenReply,
+    ConnectFailed,
     DeadlineExceeded,
     InfergateError,
+    PoolTimeout,
     QueueDeadlineExceeded,
     UpstreamAnswered,
     UpstreamFailed,

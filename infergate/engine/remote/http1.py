@@ -17,21 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
-
-class ConnectFailed(Exception):
-    pass
-
-
-class PoolTimeout(Exception):
-    pass
-
-
-class BrokenReply(Exception):
-    pass
-
-
-class _Stale(BrokenReply):
-    """A kept-alive connection the server had closed: nothing of an answer came back."""
+from infergate.errors import BrokenReply, ConnectFailed, PoolTimeout, StaleConnection
 
 
 @dataclass(frozen=True)
@@ -127,7 +113,7 @@ class Http1Pool:
                 if connection is None:
                     connection = await self._connect(connect_timeout_s)
                 reply, keep = await self._exchange(connection, path, headers, body)
-            except _Stale:
+            except StaleConnection:
                 if connection is None:
                     raise
                 # The server closed it while it sat idle (the race every keep-alive client
@@ -165,13 +151,13 @@ class Http1Pool:
                 raw = await reader.readuntil(b"\r\n\r\n")
             except asyncio.IncompleteReadError as exc:
                 if not exc.partial:
-                    raise _Stale("the connection closed before any answer") from None
+                    raise StaleConnection("the connection closed before any answer") from None
                 raise
             answered = True
             return await _read_reply(raw, reader)
         except (ConnectionResetError, BrokenPipeError) as exc:
             if not answered:
-                raise _Stale(f"{type(exc).__name__}: {exc}") from None
+                raise StaleConnection(f"{type(exc).__name__}: {exc}") from None
             raise BrokenReply(f"{type(exc).__name__}: {exc}") from None
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             raise BrokenReply(f"{type(exc).__name__}: {exc}") from None

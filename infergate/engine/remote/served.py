@@ -29,7 +29,7 @@ from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.scheduling.scheduler import Timing
 from infergate.engine.served import ServedVersion
 from infergate.engine.spec import ModelEntry, ModelVersionFile, TensorSpec
-from infergate.errors import InfergateError, ModelExecutionError
+from infergate.errors import InfergateError, MetadataError, ModelExecutionError
 from infergate.tensors import V2_TO_NUMPY, Array
 
 log = logging.getLogger("infergate.remote")
@@ -38,10 +38,6 @@ REMOTE = "remote"
 
 def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-class MetadataError(Exception):
-    pass
 
 
 def _tensors(doc: dict[str, Any], kind: str) -> tuple[TensorSpec, ...]:
