@@ -228,18 +228,8 @@ class Engine:
                 fair,
                 request.instance,
             )
-        except InfergateError as exc:
-            # The breaker judges the model: its own failures count; load (queue deadlines,
-            # shedding) and the gateway's bugs do not. A probe that did not reach the model
-            # says nothing bad about it.
-            if exc.model_fault:
-                served.breaker.record(admission, False, None)
-            elif admission == "probe":
-                served.breaker.record(admission, True, None)
-            raise
-        except Exception:  # a bug of ours: not the model's fault, but the probe must end
-            if admission == "probe":
-                served.breaker.record(admission, True, None)
+        except Exception as exc:
+            served.breaker_failed(admission, exc)
             raise
         # Its execution time (the longest batch it ran in), not its queue wait: other
         # tenants' traffic is not the model's doing, nor is the size of a chunked request.

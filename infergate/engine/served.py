@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from infergate.engine.breaker import Breaker
+from infergate.engine.breaker import Admission, Breaker
 from infergate.engine.context import EngineContext
 from infergate.engine.instance import Instance
 from infergate.engine.placement import PlacementRefused, Reservation
@@ -234,6 +234,15 @@ class ServedVersion:
     def outputs(self) -> tuple[TensorSpec, ...]:
         info = self._ready_info()
         return info.outputs if info else self.config.outputs
+
+    def breaker_failed(self, admission: Admission, exc: BaseException) -> None:
+        """A request that was let through raised. The breaker judges the model: its own
+        failures count; load (queue deadlines, shedding), the client's mistakes and the
+        gateway's bugs do not, and a probe that did not reach the model only ends."""
+        if isinstance(exc, InfergateError) and exc.model_fault:
+            self.breaker.record(admission, False, None)
+        elif admission == "probe":
+            self.breaker.record(admission, True, None)
 
     def upstream_status(self) -> dict[str, Any] | None:
         """Where a remote model's requests go, and how each endpoint is; None here."""

@@ -12,7 +12,6 @@ from infergate.engine.context import EngineContext
 from infergate.engine.remote.client import UpstreamReply
 from infergate.engine.remote.served import RemoteServedVersion
 from infergate.engine.tenants import TenantState
-from infergate.errors import InfergateError
 
 
 async def forward_admitted(
@@ -37,15 +36,8 @@ async def forward_admitted(
         reply = await served.forward(
             body, headers, now + start_within, now + served.config.timeout_s
         )
-    except InfergateError as exc:
-        if exc.model_fault:
-            served.breaker.record(admission, False, None)
-        elif admission == "probe":
-            served.breaker.record(admission, True, None)
-        raise
-    except Exception:  # a bug of ours: not the model's fault, but the probe must end
-        if admission == "probe":
-            served.breaker.record(admission, True, None)
+    except Exception as exc:
+        served.breaker_failed(admission, exc)
         raise
     if reply.status >= 500:
         served.breaker.record(admission, False, None)
