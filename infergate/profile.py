@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infergate.engine.breaker import BreakerPolicy
+from infergate.engine.breaker_config import breaker_keys
 from infergate.engine.cluster.settings import FAIL_MODES, ClusterSettings
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, ClassTable, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
@@ -174,24 +175,7 @@ def _key_hashes(table: Table, key: str) -> tuple[str, ...]:
 
 
 def _breaker(table: Table, base: BreakerPolicy) -> BreakerPolicy:
-    policy = BreakerPolicy(
-        window_seconds=table.number("window_seconds", base.window_seconds, minimum=0.1),
-        failure_rate=table.number("failure_rate", base.failure_rate, minimum=0),
-        latency_p99_ms=table.number("latency_p99_ms", base.latency_p99_ms, minimum=0),
-        consecutive_windows=table.integer(
-            "consecutive_windows", base.consecutive_windows, minimum=1
-        ),
-        min_requests=table.integer("min_requests", base.min_requests, minimum=1),
-        backoff_initial_s=table.number("backoff_initial_s", base.backoff_initial_s, minimum=0.001),
-        backoff_max_s=table.number("backoff_max_s", base.backoff_max_s, minimum=0.001),
-        probes=table.integer("probes", base.probes, minimum=1),
-    )
-    if policy.failure_rate > 1:
-        raise ConfigError(
-            f"{table.where('failure_rate')}: expected a fraction between 0 and "
-            f"1 (0.05 is 5%), got {policy.failure_rate}"
-        )
-    return policy
+    return replace(base, **breaker_keys(table))  # type: ignore[arg-type]  # keys checked
 
 
 def breaker_section(table: Table) -> tuple[BreakerPolicy, dict[str, BreakerPolicy]]:

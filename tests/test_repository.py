@@ -85,6 +85,10 @@ shape = [-1, 4]
         ("[[inputs]]\nname = 'x'\ndatatype = 'FP32'\nshape = [-2]", "inputs[0].shape"),
         ("[version_policy]\nlatest = 0", "version_policy.latest"),
         ("instances = ", "not valid TOML"),
+        # The profile's breaker bounds hold in model.toml too (a 0 s window spun the clock).
+        ("[breaker]\nwindow_seconds = 0", "breaker.window_seconds: expected a number >= 0.1"),
+        ("[breaker]\nfailure_rate = 7", "breaker.failure_rate: expected a fraction between 0"),
+        ("[breaker]\nbackoff_initial_s = 0", "breaker.backoff_initial_s: expected a number >="),
     ],
 )
 def test_bad_model_toml_names_file_and_key(tmp_path: Path, text: str, message: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infergate.engine.breaker import TUNABLE
+from infergate.engine.breaker_config import breaker_keys
 from infergate.engine.remote.config import remote_config
 from infergate.engine.runtimes import runtime_names
 from infergate.engine.sequence_config import parse_sequence
@@ -56,17 +56,9 @@ def _batching(table: Table) -> BatchingOverrides:
 
 
 def _breaker(table: Table) -> tuple[tuple[str, float], ...]:
-    out = []
-    for key, kind in TUNABLE.items():
-        value = (
-            table.integer(key, None, minimum=1)
-            if kind is int
-            else table.number(key, None, minimum=0)
-        )
-        if value is not None:
-            out.append((key, value))
+    keys = breaker_keys(table)  # the profile's bounds: window_seconds = 0 is refused here too
     table.reject_unknown()
-    return tuple(out)
+    return tuple(keys.items())
 
 
 def _warmup(table: Table, folder: Path) -> Warmup:
