@@ -89,6 +89,12 @@ def test_perf_analyzer_runs(plain_server: str, mode: list[str]) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Successful request count: 100" in done.stdout, done.stdout
+    # The client's count. The server-side figure perf_analyzer prints is the difference of
+    # two statistics reads around its run; it came out 99 for 100 answered requests once in
+    # three CI runs (shm mode), so it is not asserted; failures are read from the server.
+    assert "Request count: 100" in done.stdout, done.stdout
+    stats = httpx.get(f"http://{plain_server}/v2/models/simple/stats").json()
+    [version] = stats["model_stats"]
+    assert version["inference_stats"]["fail"]["count"] == 0  # every request succeeded
     status = httpx.get(f"http://{plain_server}/v2/systemsharedmemory/status").json()
     assert status == []  # perf_analyzer unregistered what it registered
