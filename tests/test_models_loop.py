@@ -126,8 +126,11 @@ def test_health_stays_fast_while_models_reload_and_workers_die(tmp_path: Path) -
 
 def test_health_answers_fast_with_two_hundred_models_loading(tmp_path: Path) -> None:
     models = tmp_path / "models"
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    (gates / "hold-loads").touch()  # every load waits until the test lets them go
     for i in range(200):
-        make_scripted(models / f"m{i:03}" / "1" / "model.scripted", controls=())
+        make_scripted(models / f"m{i:03}" / "1" / "model.scripted", controls=(), gate_dir=gates)
     profile = write_profile(tmp_path, f"[server]\nmax_concurrent_loads = {LIMIT}\n")
     server = ServerProcess(models, profile, tmp_path / "server.log")
     with server.log.open("ab") as log:
@@ -152,14 +155,16 @@ def test_health_answers_fast_with_two_hundred_models_loading(tmp_path: Path) -> 
                 time.sleep(0.05)
             wait_until(lambda: decoder_named(pid), what="the decoding helper")
             prober = Prober(server.url, tmp_path)
+            # No load can finish while they are held, so every worker alive is loading.
+            wait_until(lambda: spawned_workers(pid) >= LIMIT, what=f"{LIMIT} loading workers")
+            for _ in range(20):  # a second for a third worker to show up, if one would
+                most_loading = max(most_loading, spawned_workers(pid))
+                time.sleep(0.05)
+            (gates / "hold-loads").unlink()
             loaded = 0
             while loaded < 6:  # a few loads' worth of time, 194 models still waiting
-                # Workers first, then the ready ones: no worker dies here, so the
-                # difference is at most the workers loading when they were counted.
-                workers = spawned_workers(server.process.pid)
                 index = client.post(f"{server.url}/v2/repository/index").json()
                 loaded = sum(m.get("state") == "READY" for m in index)
-                most_loading = max(most_loading, workers - loaded)
                 time.sleep(0.05)
             latencies = prober.latencies()
             assert client.get(f"{server.url}/v2/health/ready").status_code == 503
