@@ -30,8 +30,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from infergate.engine.admission.tenants import hash_key  # noqa: E402
 from infergate.engine.runtimes import PLUGINS_ENV  # noqa: E402
-from infergate.engine.tenants import hash_key  # noqa: E402
 from infergate.loadgen import LoadResult, prepare, run_concurrency  # noqa: E402
 from infergate.loadgen import run as run_load  # noqa: E402
 from tests.scripted_runtime import PLUGIN, make_scripted  # noqa: E402

@@ -9,13 +9,13 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from infergate.engine.breaker import BreakerPolicy
-from infergate.engine.breaker_config import breaker_keys
+from infergate.engine.admission.breaker import BreakerPolicy
+from infergate.engine.admission.breaker_config import breaker_keys
+from infergate.engine.admission.tenants import DEFAULT_TENANT, Tenant
 from infergate.engine.cluster.settings import FAIL_MODES, ClusterSettings
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, ClassTable, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.settings import LiveSettings
-from infergate.engine.tenants import DEFAULT_TENANT, Tenant
 from infergate.engine.tomltable import Table, load_toml
 from infergate.errors import ConfigError
 

@@ -8,7 +8,7 @@ nvidia-smi -L
 ./install.sh
 py=.venv/bin/python
 $py - <<'PY'
-from infergate.engine.devices import NvmlBackend
+from infergate.engine.placement.devices import NvmlBackend
 backend = NvmlBackend()
 for d in backend.devices():
     print("nvml:", d)

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import tomlkit
 
+from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.runtimes import RuntimeKind, register
-from infergate.engine.spec import TensorSpec
 from infergate.tensors import Array, numpy_dtype
 
 if sys.version_info >= (3, 11):

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infergate.cli.main import app
-from infergate.engine.tenants import hash_key
+from infergate.engine.admission.tenants import hash_key
 from infergate.loadgen import Plan, Progress, Target, prepare, run_level, sample_inputs
 from tests.conftest import REPO, write_profile
 from tests.scripted_runtime import make_scripted, scripted_inputs

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.breaker import Breaker, BreakerPolicy
-from infergate.engine.limits import ConcurrencyLimit, TokenBucket
+from infergate.engine.admission.breaker import Breaker, BreakerPolicy
+from infergate.engine.admission.limits import ConcurrencyLimit, TokenBucket
 
 POLICY = BreakerPolicy(
     window_seconds=10,

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from infergate.cli.main import app
 from infergate.client import default_url
-from infergate.engine.tenants import hash_key
+from infergate.engine.admission.tenants import hash_key
 from tests.conftest import REPO, write_profile
 from tests.onnx_models import make_mlp
 from tests.server import ServerProcess

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from infergate.engine.admission.tenants import NO_CONCURRENCY_LIMIT, Tenant
 from infergate.engine.cluster.local_share import share_of
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
-from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, Tenant
 from infergate.errors import ConfigError
 from infergate.profile import load_profile
 from infergate.profile_store import ProfileStore

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from textual.widgets import DataTable, Sparkline, Static
 
-from infergate.engine.tenants import hash_key
+from infergate.engine.admission.tenants import hash_key
 from infergate.tui.app import ConfirmScreen, Dashboard
 from infergate.tui.source import FixedSource, HttpSource
 from infergate.tui.tenants import TenantScreen

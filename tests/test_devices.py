@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from infergate.engine.devices import SimulatedGpuBackend
-from infergate.engine.placement import PlacementRefused, Placer
-from infergate.engine.tenants import Tenant
+from infergate.engine.admission.tenants import Tenant
+from infergate.engine.placement.devices import SimulatedGpuBackend
+from infergate.engine.placement.placer import PlacementRefused, Placer
 from tests.conftest import write_profile
 from tests.onnx_models import make_mlp
 from tests.polling import wait_until

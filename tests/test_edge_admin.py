@@ -11,7 +11,7 @@ import httpx
 import pytest
 import tritonclient.http as triton_http
 
-from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, NO_RATE_LIMIT
+from infergate.engine.admission.tenants import NO_CONCURRENCY_LIMIT, NO_RATE_LIMIT
 from infergate.profile import load_profile
 from tests.edge_raw import connect, head, read_reply
 from tests.onnx_models import make_mlp

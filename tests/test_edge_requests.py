@@ -21,7 +21,7 @@ import tomlkit
 from onnx import TensorProto, helper
 
 from infergate.client import decode_infer_response, encode_infer_request
-from infergate.engine.tenants import hash_key
+from infergate.engine.admission.tenants import hash_key
 from tests.edge_raw import connect, head, read_reply
 from tests.onnx_models import OPSET, _save, make_mlp
 from tests.server import ServerProcess

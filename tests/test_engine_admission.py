@@ -8,8 +8,8 @@ import re
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.limits import MAX_RETRY_S, retry_seconds
-from infergate.engine.tenants import Tenant, Tenants
+from infergate.engine.admission.limits import MAX_RETRY_S, retry_seconds
+from infergate.engine.admission.tenants import Tenant, Tenants
 from infergate.errors import RateLimited
 
 

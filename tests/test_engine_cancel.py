@@ -15,7 +15,7 @@ import pytest
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.inference import InferenceRequest, InferenceResult
-from infergate.engine.served import ServedVersion
+from infergate.engine.lifecycle.served import ServedVersion
 from infergate.tensors import Array
 from tests.scripted_runtime import make_scripted
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from infergate.engine.tenants import hash_key
+from infergate.engine.admission.tenants import hash_key
 from tests.polling import wait_until
 from tests.scrape import metric
 from tests.scripted_runtime import make_scripted, scripted_inputs

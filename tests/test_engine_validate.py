@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from infergate.engine.spec import TensorSpec
-from infergate.engine.validate import check_inputs
+from infergate.engine.repository.spec import TensorSpec
+from infergate.engine.scheduling.validate import check_inputs
 from infergate.errors import BadRequest
 from infergate.tensors import Array
 

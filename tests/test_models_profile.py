@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infergate.engine.tenants import hash_key
+from infergate.engine.admission.tenants import hash_key
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 

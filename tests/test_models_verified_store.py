@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infergate.engine.verify import (
+from infergate.engine.repository.verify import (
     MAX_SIGNATURE_BYTES,
     VerificationFailed,
     VerifiedStore,

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from infergate.engine.modelconfig import parse_model_config
+from infergate.engine.repository.modelconfig import parse_model_config
 from infergate.errors import ConfigError
 from tests.conftest import write_profile
 from tests.scripted_runtime import make_scripted, scripted_inputs

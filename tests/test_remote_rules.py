@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.modelconfig import parse_model_config
 from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.client import RemotePool
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
 from infergate.engine.remote.http1 import Http1Pool, Reply
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
-from infergate.engine.repository import scan_model
+from infergate.engine.repository.modelconfig import parse_model_config
+from infergate.engine.repository.scan import scan_model
 from infergate.errors import (
     BrokenReply,
     ConfigError,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from infergate.engine.repository import is_ignored, scan_repository
-from infergate.engine.spec import TensorSpec, VersionPolicy
+from infergate.engine.repository.scan import is_ignored, scan_repository
+from infergate.engine.repository.spec import TensorSpec, VersionPolicy
 from infergate.errors import ConfigError
 
 

@@ -11,7 +11,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from infergate.engine.verify import generate_key, load_private_key, sign_file
+from infergate.engine.repository.verify import generate_key, load_private_key, sign_file
 from tests.conftest import write_profile
 from tests.onnx_models import make_mlp
 from tests.polling import wait_until

@@ -19,7 +19,7 @@ from infergate.clock import FakeClock
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.inference import InferenceRequest, InferenceResult
-from infergate.engine.modelconfig import parse_model_config
+from infergate.engine.repository.modelconfig import parse_model_config
 from infergate.engine.scheduling.sequences import (
     SequenceId,
     SequenceParams,

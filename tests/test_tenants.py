@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infergate.engine.tenants import hash_key
+from infergate.engine.admission.tenants import hash_key
 from infergate.profile import load_profile
 from tests.onnx_models import make_fails_on_demand, make_mlp
 from tests.polling import wait_until

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.breaker import BreakerPolicy
+from infergate.engine.admission.breaker import BreakerPolicy
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.inference import InferenceRequest
-from infergate.engine.instance import Instance
+from infergate.engine.lifecycle.instance import Instance
+from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.scheduling.scheduler import Scheduler, Timing
 from infergate.engine.settings import LiveSettings
-from infergate.engine.spec import TensorSpec
 from infergate.engine.workers.messages import WorkerSpec
 from infergate.errors import (
     CircuitOpen,

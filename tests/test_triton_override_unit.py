@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infergate.engine.config_override import apply_override, parse_override
-from infergate.engine.spec import BatchingOverrides, ModelConfig, VersionPolicy
+from infergate.engine.repository.config_override import apply_override, parse_override
+from infergate.engine.repository.spec import BatchingOverrides, ModelConfig, VersionPolicy
 from infergate.errors import BadRequest
 
 

@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from infergate.engine.tenants import hash_key
+from infergate.engine.admission.tenants import hash_key
 from tests.conftest import write_profile
 from tests.server import ServerProcess
 from tests.triton_models import make_simple, triton_server

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infergate.engine.verify import (
+from infergate.engine.repository.verify import (
     VerificationFailed,
     VerifyPolicy,
     generate_key,

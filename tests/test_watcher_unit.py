@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.repository import model_name_for
-from infergate.engine.watcher import Settler, snapshot
+from infergate.engine.repository.scan import model_name_for
+from infergate.engine.repository.watcher import Settler, snapshot
 
 ROOT = Path("/models")
 

@@ -22,7 +22,7 @@ from infergate.cli.common import (
     say,
 )
 from infergate.cli.settings import parse_settings
-from infergate.engine.breaker import TUNABLE
+from infergate.engine.admission.breaker import TUNABLE
 
 app = make_app("List, tune and reset circuit breakers.")
 TokenOption = AdminTokenOption

@@ -95,7 +95,7 @@ def _nvml() -> Check:
 
 
 def _devices() -> list[Check]:
-    from infergate.engine.devices import choose_backend
+    from infergate.engine.placement.devices import choose_backend
 
     backend = choose_backend("auto", [])
     checks = [
@@ -120,7 +120,7 @@ def _devices() -> list[Check]:
 
 
 def _models(models: Path) -> list[Check]:
-    from infergate.engine.repository import scan_repository
+    from infergate.engine.repository.scan import scan_repository
     from infergate.engine.runtimes import unavailable_reason
     from infergate.errors import ConfigError
 

@@ -72,7 +72,7 @@ def new(
 ) -> None:
     """Print a new random API key once, with the sha256: hash that the profile lists
     (the key itself is stored nowhere). A running server picks a written hash up at once."""
-    from infergate.engine.tenants import hash_key, new_key
+    from infergate.engine.admission.tenants import hash_key, new_key
 
     if admin and tenant:
         fail("give --admin or --tenant NAME, not both", EXIT_USAGE, json)

@@ -202,7 +202,7 @@ def keygen(
     json: JsonOption = False,
 ) -> None:
     """Make an ed25519 key pair for signing models."""
-    from infergate.engine.verify import generate_key
+    from infergate.engine.repository.verify import generate_key
 
     if key.exists():
         fail(
@@ -229,7 +229,7 @@ def sign(
     json: JsonOption = False,
 ) -> None:
     """Write FILE.sig, a detached ed25519 signature of the file's SHA256."""
-    from infergate.engine.verify import load_private_key, sha256_file, sign_file
+    from infergate.engine.repository.verify import load_private_key, sha256_file, sign_file
     from infergate.errors import ConfigError
 
     if not file.is_file():
@@ -258,7 +258,7 @@ def verify(
     json: JsonOption = False,
 ) -> None:
     """Check a model file as the server would: SHA256, signature, and that it opens."""
-    from infergate.engine.verify import (
+    from infergate.engine.repository.verify import (
         VerificationFailed,
         VerifyPolicy,
         load_public_key,

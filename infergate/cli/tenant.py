@@ -21,7 +21,7 @@ from infergate.cli.common import (
     say,
 )
 from infergate.cli.settings import parse_settings
-from infergate.engine.tenants import SETTABLE
+from infergate.engine.admission.tenants import SETTABLE
 
 app = make_app("List, add, change and remove tenants (persisted in the profile).")
 TokenOption = AdminTokenOption

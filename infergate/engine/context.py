@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infergate.clock import Clock, MonotonicClock
+from infergate.engine.admission.tenants import Tenants
 from infergate.engine.cluster.redis_limits import SharedLimits
-from infergate.engine.devices import DeviceBackend, HostBackend
 from infergate.engine.events import EventBus
-from infergate.engine.placement import Placer
+from infergate.engine.placement.devices import DeviceBackend, HostBackend
+from infergate.engine.placement.placer import Placer
+from infergate.engine.repository.verify import VerifyPolicy
 from infergate.engine.settings import LiveSettings
 from infergate.engine.stats import RequestStats
-from infergate.engine.tenants import Tenants
-from infergate.engine.verify import VerifyPolicy
 from infergate.engine.workers.handle import WorkerHandle
 from infergate.engine.workers.protocol import WorkerFactory
 from infergate.metrics import Metrics

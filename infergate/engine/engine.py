@@ -9,18 +9,18 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from infergate.engine.admission.tenants import TenantState
 from infergate.engine.cluster.redis_limits import Ticket
 from infergate.engine.context import EngineContext
 from infergate.engine.inference import InferenceRequest, InferenceResult
-from infergate.engine.monitor import MemoryMonitor
-from infergate.engine.registry import ModelRecord, Registry
+from infergate.engine.lifecycle.registry import ModelRecord, Registry
+from infergate.engine.lifecycle.served import ServedVersion
+from infergate.engine.placement.monitor import MemoryMonitor
+from infergate.engine.repository.watcher import RepositoryWatcher
 from infergate.engine.scheduling.queue import Fairness
-from infergate.engine.sequence_step import infer_in_sequence
-from infergate.engine.served import ServedVersion
+from infergate.engine.scheduling.sequence_step import infer_in_sequence
 from infergate.engine.settings import LiveSettings
 from infergate.engine.snapshots import ModelView, TenantView, model_view, tenant_view
-from infergate.engine.tenants import TenantState
-from infergate.engine.watcher import RepositoryWatcher
 from infergate.errors import (
     Forbidden,
     InfergateError,

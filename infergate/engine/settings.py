@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from infergate.engine.breaker import BreakerPolicy
+from infergate.engine.admission.breaker import BreakerPolicy
+from infergate.engine.admission.tenants import DEFAULT_TENANT, Tenant
+from infergate.engine.repository.spec import ModelConfig
 from infergate.engine.scheduling.classes import ClassTable
 from infergate.engine.scheduling.queue import QueuePolicy
-from infergate.engine.spec import ModelConfig
-from infergate.engine.tenants import DEFAULT_TENANT, Tenant
 
 
 def _frozen(policies: Mapping[str, BreakerPolicy]) -> Mapping[str, BreakerPolicy]:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infergate.engine.breaker import BreakerPolicy
-from infergate.engine.instance import Instance
-from infergate.engine.registry import ModelRecord
-from infergate.engine.served import ServedVersion
-from infergate.engine.spec import TensorSpec
-from infergate.engine.tenants import Tenant, TenantState
+from infergate.engine.admission.breaker import BreakerPolicy
+from infergate.engine.admission.tenants import Tenant, TenantState
+from infergate.engine.lifecycle.instance import Instance
+from infergate.engine.lifecycle.registry import ModelRecord
+from infergate.engine.lifecycle.served import ServedVersion
+from infergate.engine.repository.spec import TensorSpec
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from tomlkit import TOMLDocument, table
 
-from infergate.engine.breaker import TUNABLE
+from infergate.engine.admission.breaker import TUNABLE
+from infergate.engine.admission.tenants import SETTABLE, hash_key, new_key
 from infergate.engine.engine import Engine
 from infergate.engine.snapshots import TenantView
-from infergate.engine.tenants import SETTABLE, hash_key, new_key
 from infergate.errors import BadRequest, Forbidden, TenantNotFound, Unauthorized
 from infergate.profile_store import ProfileStore
 from infergate.server.codec import json_object

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp
 
 from infergate import __version__
 from infergate.engine.engine import Engine
-from infergate.engine.shared_memory import SYSTEM_SHM
+from infergate.engine.triton.shared_memory import SYSTEM_SHM
 from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
 from infergate.server.access_log import AccessLog

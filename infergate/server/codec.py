@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
-from infergate.engine.shared_memory import SYSTEM_SHM, wants_shared_memory
+from infergate.engine.triton.shared_memory import SYSTEM_SHM, wants_shared_memory
 from infergate.errors import BadRequest
 from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wire, v2_datatype
 

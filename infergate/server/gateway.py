@@ -14,9 +14,9 @@ from typing import NamedTuple
 from starlette.types import ASGIApp
 
 from infergate.engine.context import EngineContext
-from infergate.engine.devices import choose_backend
 from infergate.engine.engine import Engine, EngineSettings
-from infergate.engine.verify import VerifyPolicy, load_public_key
+from infergate.engine.placement.devices import choose_backend
+from infergate.engine.repository.verify import VerifyPolicy, load_public_key
 from infergate.engine.workers.handle import WorkerHandle
 from infergate.engine.workers.protocol import WorkerFactory
 from infergate.errors import ConfigError

@@ -15,12 +15,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from infergate.engine.classification import classify_outputs
+from infergate.engine.admission.tenants import TenantState
 from infergate.engine.engine import Engine
 from infergate.engine.inference import InferenceRequest
 from infergate.engine.remote.served import RemoteServedVersion
 from infergate.engine.scheduling.sequences import sequence_params
-from infergate.engine.tenants import TenantState
+from infergate.engine.triton.classification import classify_outputs
 from infergate.errors import BadRequest, InfergateError
 from infergate.server.body import read_body
 from infergate.server.codec import encode_response

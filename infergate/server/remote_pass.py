@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from infergate.engine.admission.tenants import TenantState
 from infergate.engine.engine import Engine
 from infergate.engine.remote.client import answered
 from infergate.engine.remote.passthrough import forward_admitted
 from infergate.engine.remote.served import RemoteServedVersion
-from infergate.engine.tenants import TenantState
 from infergate.server.codec import _header_length, json_object
 
 # Shared-memory regions are this machine's: the upstream cannot read them.

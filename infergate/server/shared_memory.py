@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from infergate.engine.engine import Engine
-from infergate.engine.shared_memory import SYSTEM_SHM
+from infergate.engine.triton.shared_memory import SYSTEM_SHM
 from infergate.errors import BadRequest
 from infergate.server.codec import json_object
 

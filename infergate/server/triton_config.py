@@ -10,9 +10,9 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from infergate.engine.config_override import parse_override
 from infergate.engine.engine import Engine
-from infergate.engine.triton_config import model_config
+from infergate.engine.repository.config_override import parse_override
+from infergate.engine.triton.config import model_config
 from infergate.errors import BadRequest, ModelNotFound
 from infergate.server.admin import check_model_name
 from infergate.server.codec import json_object

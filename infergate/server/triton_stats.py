@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from infergate.engine.engine import Engine
-from infergate.engine.served import ServedVersion
+from infergate.engine.lifecycle.served import ServedVersion
 from infergate.server.infer_route import version_number
 
 

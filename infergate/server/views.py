@@ -6,13 +6,13 @@ import asyncio
 from dataclasses import asdict
 from typing import Any, NamedTuple
 
-from infergate.engine.devices import DeviceBackend, DeviceUsage, ProcessUsage
+from infergate.engine.admission.tenants import NO_CONCURRENCY_LIMIT, NO_RATE_LIMIT
 from infergate.engine.engine import Engine
-from infergate.engine.registry import ModelRecord
-from infergate.engine.sequence_config import client_tensors
-from infergate.engine.served import ServedVersion
+from infergate.engine.lifecycle.registry import ModelRecord
+from infergate.engine.lifecycle.served import ServedVersion
+from infergate.engine.placement.devices import DeviceBackend, DeviceUsage, ProcessUsage
+from infergate.engine.repository.sequence_config import client_tensors
 from infergate.engine.snapshots import BreakerView, InstanceView, ModelView, VersionView
-from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, NO_RATE_LIMIT
 
 
 def limit(value: float) -> float | None:

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 
 from infergate.clock import Clock
-from infergate.engine.limits import ConcurrencyLimit, TokenBucket
-from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, Tenant
+from infergate.engine.admission.limits import ConcurrencyLimit, TokenBucket
+from infergate.engine.admission.tenants import NO_CONCURRENCY_LIMIT, Tenant
 
 
 @dataclass

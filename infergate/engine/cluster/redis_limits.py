@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from infergate.clock import Clock
-from infergate.engine.breaker import Breaker, BreakerPolicy
-from infergate.engine.breaker import State as BreakerState
+from infergate.engine.admission.breaker import Breaker, BreakerPolicy
+from infergate.engine.admission.breaker import State as BreakerState
+from infergate.engine.admission.tenants import NO_CONCURRENCY_LIMIT, Tenants, TenantState
 from infergate.engine.cluster import scripts
 from infergate.engine.cluster.local_share import LocalShares, Share
 from infergate.engine.cluster.metrics import ClusterMetrics
 from infergate.engine.cluster.settings import ClusterSettings
-from infergate.engine.tenants import NO_CONCURRENCY_LIMIT, Tenants, TenantState
 from infergate.errors import Overloaded, RedisUnavailable
 
 log = logging.getLogger("infergate.cluster")

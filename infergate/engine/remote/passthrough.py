@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from infergate.engine.admission.tenants import TenantState
 from infergate.engine.context import EngineContext
 from infergate.engine.remote.client import UpstreamReply
 from infergate.engine.remote.served import RemoteServedVersion
-from infergate.engine.tenants import TenantState
 
 
 async def forward_admitted(

@@ -21,14 +21,14 @@ import httpx
 
 from infergate.client import decode_infer_response, encode_infer_request
 from infergate.engine.context import EngineContext
+from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.metrics import remote_metrics
+from infergate.engine.repository.spec import ModelEntry, ModelVersionFile, TensorSpec
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.scheduling.scheduler import Timing
-from infergate.engine.served import ServedVersion
-from infergate.engine.spec import ModelEntry, ModelVersionFile, TensorSpec
 from infergate.errors import InfergateError, MetadataError, ModelExecutionError
 from infergate.tensors import V2_TO_NUMPY, Array
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.runtimes.base import Runtime, RuntimeUnavailable
-from infergate.engine.spec import TensorSpec
 
 PLUGINS_ENV = "INFERGATE_RUNTIME_PLUGINS"
 log = logging.getLogger("infergate.runtimes")

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from infergate.engine.spec import TensorSpec, Warmup
+from infergate.engine.repository.spec import TensorSpec, Warmup
 from infergate.errors import RuntimeUnavailable as RuntimeUnavailable  # raised here
 from infergate.errors import WarmupInputError as WarmupInputError  # raised here
 from infergate.tensors import Array, numpy_dtype

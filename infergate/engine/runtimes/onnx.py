@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from infergate.engine.spec import TensorSpec
+from infergate.engine.repository.spec import TensorSpec
 from infergate.tensors import Array
 
 _ONNX_TYPES = {

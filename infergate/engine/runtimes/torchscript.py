@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from infergate.engine.spec import TensorSpec
+from infergate.engine.repository.spec import TensorSpec
 from infergate.tensors import Array, numpy_dtype
 
 

@@ -6,7 +6,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from infergate.engine.spec import TensorSpec
+from infergate.engine.repository.spec import TensorSpec
 from infergate.tensors import Array
 
 

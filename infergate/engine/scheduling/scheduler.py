@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from infergate.clock import Clock
-from infergate.engine.instance import Instance
+from infergate.engine.lifecycle.instance import Instance
 from infergate.engine.scheduling.batching import (
     merge,
     rows_of,
@@ -37,7 +37,7 @@ from infergate.engine.scheduling.queue import (
     QueueFull,
     QueuePolicy,
 )
-from infergate.engine.triton_stats import VersionStats
+from infergate.engine.triton.stats import VersionStats
 from infergate.engine.workers.protocol import Worker
 from infergate.errors import (
     InfergateError,

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infergate.clock import Clock
-from infergate.engine.instance import Instance
-from infergate.engine.sequence_config import SequenceSettings
+from infergate.engine.lifecycle.instance import Instance
+from infergate.engine.repository.sequence_config import SequenceSettings
 from infergate.engine.workers.protocol import Worker
 from infergate.errors import BadRequest, InfergateError, Overloaded, SequenceLost
 from infergate.tensors import Array

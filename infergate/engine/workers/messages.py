@@ -8,7 +8,7 @@ import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
-from infergate.engine.spec import RuntimeName, TensorSpec, Warmup
+from infergate.engine.repository.spec import RuntimeName, TensorSpec, Warmup
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ import signal
 import traceback
 from multiprocessing.connection import Connection
 
+from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.runtimes import open_runtime
 from infergate.engine.runtimes.base import Runtime, WarmupInputError, warmup_inputs
-from infergate.engine.spec import TensorSpec
 from infergate.engine.workers.messages import (
     InferCall,
     InferDone,

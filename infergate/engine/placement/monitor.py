@@ -12,8 +12,8 @@ import contextlib
 import time
 
 from infergate.engine.context import EngineContext
-from infergate.engine.instance import Instance
-from infergate.engine.registry import Registry
+from infergate.engine.lifecycle.instance import Instance
+from infergate.engine.lifecycle.registry import Registry
 
 LAG_INTERVAL_S = 0.25
 

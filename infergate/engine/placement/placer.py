@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from infergate.engine.devices import DeviceBackend, DeviceUsage
-from infergate.engine.tenants import Tenant
+from infergate.engine.admission.tenants import Tenant
+from infergate.engine.placement.devices import DeviceBackend, DeviceUsage
 from infergate.errors import PlacementRefused as PlacementRefused  # raised here
 
 

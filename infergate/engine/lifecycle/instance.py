@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Literal
 
 from infergate.engine.context import EngineContext
-from infergate.engine.placement import Placement
+from infergate.engine.placement.placer import Placement
 from infergate.engine.workers.handle import WorkerLoadError, WorkerStartError
 from infergate.engine.workers.messages import Ready, WorkerSpec
 from infergate.engine.workers.protocol import Worker

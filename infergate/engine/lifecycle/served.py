@@ -9,25 +9,25 @@ from typing import Any
 
 import numpy as np
 
-from infergate.engine.breaker import Admission, Breaker
+from infergate.engine.admission.breaker import Admission, Breaker
+from infergate.engine.admission.tenants import DEFAULT_TENANT, Tenant
 from infergate.engine.context import EngineContext
-from infergate.engine.instance import Instance
-from infergate.engine.placement import PlacementRefused, Reservation
-from infergate.engine.runtimes import runtime_kind, unavailable_reason
-from infergate.engine.scheduling.batching import batch_key, has_batch_dimension
-from infergate.engine.scheduling.classes import PriorityClass
-from infergate.engine.scheduling.queue import Fairness, QueuePolicy
-from infergate.engine.scheduling.scheduler import Scheduler, Timing
-from infergate.engine.scheduling.sequences import SequenceTable
-from infergate.engine.spec import (
+from infergate.engine.lifecycle.instance import Instance
+from infergate.engine.placement.placer import PlacementRefused, Reservation
+from infergate.engine.repository.spec import (
     BatchingOverrides,
     ModelConfig,
     ModelEntry,
     ModelVersionFile,
     TensorSpec,
 )
-from infergate.engine.tenants import DEFAULT_TENANT, Tenant
-from infergate.engine.validate import check_inputs, check_outputs
+from infergate.engine.runtimes import runtime_kind, unavailable_reason
+from infergate.engine.scheduling.batching import batch_key, has_batch_dimension
+from infergate.engine.scheduling.classes import PriorityClass
+from infergate.engine.scheduling.queue import Fairness, QueuePolicy
+from infergate.engine.scheduling.scheduler import Scheduler, Timing
+from infergate.engine.scheduling.sequences import SequenceTable
+from infergate.engine.scheduling.validate import check_inputs, check_outputs
 from infergate.engine.workers.messages import Ready, WorkerSpec
 from infergate.errors import CircuitOpen, InfergateError, ModelFailed, ModelNotReady
 from infergate.tensors import Array, numpy_dtype

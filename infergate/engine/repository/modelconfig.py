@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infergate.engine.breaker_config import breaker_keys
+from infergate.engine.admission.breaker_config import breaker_keys
 from infergate.engine.remote.config import remote_config
-from infergate.engine.runtimes import runtime_names
-from infergate.engine.sequence_config import parse_sequence
-from infergate.engine.spec import (
+from infergate.engine.repository.sequence_config import parse_sequence
+from infergate.engine.repository.spec import (
     WARMUP_DATA,
     BatchingOverrides,
     ModelConfig,
@@ -16,6 +15,7 @@ from infergate.engine.spec import (
     VersionPolicy,
     Warmup,
 )
+from infergate.engine.runtimes import runtime_names
 from infergate.engine.tomltable import Table, load_toml
 from infergate.errors import ConfigError
 from infergate.tensors import V2_TO_NUMPY

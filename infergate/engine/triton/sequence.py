@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from infergate.engine.sequence_config import SequenceSettings
-from infergate.engine.spec import TensorSpec
+from infergate.engine.repository.sequence_config import SequenceSettings
+from infergate.engine.repository.spec import TensorSpec
 
 _KINDS = {
     "start": "CONTROL_SEQUENCE_START",

@@ -3,7 +3,7 @@ which input, what was expected and what came."""
 
 from __future__ import annotations
 
-from infergate.engine.spec import TensorSpec
+from infergate.engine.repository.spec import TensorSpec
 from infergate.errors import BadRequest
 from infergate.tensors import Array, v2_datatype
 

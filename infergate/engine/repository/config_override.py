@@ -11,7 +11,12 @@ from typing import Any
 
 import orjson
 
-from infergate.engine.spec import BatchingOverrides, ModelConfig, ModelEntry, VersionPolicy
+from infergate.engine.repository.spec import (
+    BatchingOverrides,
+    ModelConfig,
+    ModelEntry,
+    VersionPolicy,
+)
 from infergate.errors import BadRequest
 
 # instance_group kinds -> model.toml device ("" keeps it; "auto" prefers a GPU).

@@ -23,7 +23,7 @@ from infergate.engine.tomltable import Table
 from infergate.errors import ConfigError
 
 if TYPE_CHECKING:  # spec.py holds ModelConfig, which holds these settings
-    from infergate.engine.spec import TensorSpec
+    from infergate.engine.repository.spec import TensorSpec
 
 CONTROLS = ("start", "end", "ready", "corrid")
 

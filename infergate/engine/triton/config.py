@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from infergate.engine.config_override import BACKENDS
-from infergate.engine.registry import ModelRecord
-from infergate.engine.sequence_config import client_tensors
-from infergate.engine.served import ServedVersion
-from infergate.engine.spec import TensorSpec, VersionPolicy
-from infergate.engine.triton_sequence import sequence_batching
+from infergate.engine.lifecycle.registry import ModelRecord
+from infergate.engine.lifecycle.served import ServedVersion
+from infergate.engine.repository.config_override import BACKENDS
+from infergate.engine.repository.sequence_config import client_tensors
+from infergate.engine.repository.spec import TensorSpec, VersionPolicy
+from infergate.engine.triton.sequence import sequence_batching
 
 # Triton's model-config data types for the V2 datatypes (BYTES is TYPE_STRING there).
 TRITON_TYPES = {

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from infergate.engine.config_override import ConfigOverrides
 from infergate.engine.context import EngineContext
-from infergate.engine.instance import Instance
+from infergate.engine.lifecycle.instance import Instance
+from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.served import REMOTE, RemoteServedVersion, file_digest
-from infergate.engine.repository import model_names, scan_model
-from infergate.engine.served import ServedVersion
-from infergate.engine.spec import ModelConfig, ModelEntry, ModelVersionFile
-from infergate.engine.verify import VerificationFailed, VerifiedStore, verify_file
+from infergate.engine.repository.config_override import ConfigOverrides
+from infergate.engine.repository.scan import model_names, scan_model
+from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersionFile
+from infergate.engine.repository.verify import VerificationFailed, VerifiedStore, verify_file
 from infergate.errors import ModelNotFound
 
 _T = TypeVar("_T")

@@ -26,8 +26,8 @@ from watchdog.observers.api import BaseObserver
 
 from infergate.clock import Clock
 from infergate.engine.context import EngineContext
-from infergate.engine.registry import Registry
-from infergate.engine.repository import is_ignored, model_name_for, model_names
+from infergate.engine.lifecycle.registry import Registry
+from infergate.engine.repository.scan import is_ignored, model_name_for, model_names
 from infergate.engine.runtimes import model_suffixes
 
 log = logging.getLogger("infergate.watcher")

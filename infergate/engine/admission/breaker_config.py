@@ -4,7 +4,7 @@ edit), and a model.toml's [breaker]. One reader, so the bounds cannot drift apar
 
 from __future__ import annotations
 
-from infergate.engine.breaker import TUNABLE
+from infergate.engine.admission.breaker import TUNABLE
 from infergate.engine.tomltable import Table
 from infergate.errors import ConfigError
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from infergate.clock import Clock
-from infergate.engine.limits import ConcurrencyLimit, TokenBucket, retry_seconds
+from infergate.engine.admission.limits import ConcurrencyLimit, TokenBucket, retry_seconds
 from infergate.errors import Forbidden, RateLimited, Unauthorized
 
 DEFAULT_TENANT = "default"

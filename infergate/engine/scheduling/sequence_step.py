@@ -11,10 +11,10 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from infergate.engine.inference import InferenceRequest, InferenceResult
+from infergate.engine.lifecycle.served import ServedVersion
+from infergate.engine.repository.sequence_config import SequenceSettings
+from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.scheduling.sequences import SequenceParams
-from infergate.engine.sequence_config import SequenceSettings
-from infergate.engine.served import ServedVersion
-from infergate.engine.spec import TensorSpec
 from infergate.errors import BadRequest, InfergateError, ModelFailed, WorkerFailed
 from infergate.tensors import Array, numpy_dtype
 

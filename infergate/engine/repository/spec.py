@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infergate.engine.remote.config import RemoteConfig
-from infergate.engine.sequence_config import SequenceSettings
+from infergate.engine.repository.sequence_config import SequenceSettings
 
 RuntimeName = str  # a name in the runtime registry (infergate.engine.runtimes)
 

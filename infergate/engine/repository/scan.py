@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from infergate.engine.modelconfig import parse_model_config
+from infergate.engine.repository.modelconfig import parse_model_config
+from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersionFile
 from infergate.engine.runtimes import model_suffixes, runtime_for
-from infergate.engine.spec import ModelConfig, ModelEntry, ModelVersionFile
 from infergate.errors import ConfigError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -1,0 +1,1 @@
+"""Who may call and how much: tenants, rate and concurrency limits, circuit breakers."""

@@ -1,0 +1,1 @@
+"""What serves: the registry of loaded models, served versions and their worker instances."""

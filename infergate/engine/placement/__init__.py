@@ -1,0 +1,1 @@
+"""Where workers run: devices, memory reservations, and the monitors that enforce them."""
