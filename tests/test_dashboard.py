@@ -161,6 +161,20 @@ def test_layout_snapshot(snap_compare: Any) -> None:
     assert snap_compare(app, terminal_size=(140, 42), run_before=loaded)
 
 
+async def test_tenant_rows_that_come_before_the_screen_mounts_are_shown() -> None:
+    """A poll may land between pushing the tenant screen and its mount (seen under load:
+    rows added before the table had columns killed the dashboard's poll worker)."""
+    app = Dashboard(FixedSource(FIXED), interval_s=3600)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await pilot.pause()
+        screen = TenantScreen([])
+        app.push_screen(screen)
+        screen.update_rows([("late", "1.0 / 2", "0 / 1", "-", "0", "0", "0", "1")])
+        await pilot.pause()
+        table = screen.query_one("#tenant-view", DataTable)
+        assert [str(c) for c in table.get_row("late")][0] == "late"
+
+
 async def test_unload_asks_first_and_help_opens() -> None:
     source = FixedSource(FIXED)
     app = Dashboard(source, interval_s=3600)

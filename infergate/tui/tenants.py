@@ -92,6 +92,7 @@ class TenantScreen(ModalScreen[None]):
     def __init__(self, rows: list[tuple[str, ...]]) -> None:
         super().__init__()
         self._rows = rows
+        self._mounted = False  # columns are added on mount; a poll may come before it
 
     def compose(self) -> ComposeResult:
         with Vertical(id="tenant-dialog"):
@@ -110,10 +111,14 @@ class TenantScreen(ModalScreen[None]):
             "403",
             "admitted",
         )
+        self._mounted = True
         self.update_rows(self._rows)
         table.focus()
 
     def update_rows(self, rows: list[tuple[str, ...]]) -> None:
+        self._rows = rows
+        if not self._mounted:  # pushed but not mounted yet: on_mount shows these rows
+            return
         table = self.query_one("#tenant-view", DataTable)
         table.clear()
         for row in rows:
