@@ -26,6 +26,7 @@ the other, in alternating order, and the ratio is infergate's figure over Triton
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -208,6 +209,7 @@ def run_all(
     servers: tuple[Server, Server], work: Path, big_sizes: tuple[int, ...], args: argparse.Namespace
 ) -> dict[str, Any]:
     seconds: float = args.seconds
+    load_before = os.getloadavg()[0]  # a busy host moves every figure: say how busy it was
     c1 = [pair(servers, i, "tiny_c1", TINY[0], 1, seconds) for i in range(args.rounds)]
     c64 = [pair(servers, i, "tiny", TINY[0], 64, seconds) for i in range(args.runs)]
     big, limits = [], []
@@ -223,6 +225,7 @@ def run_all(
         "big_model": "MLP " + "->".join(map(str, big_sizes)),
         "instances": args.instances,
         "seconds": seconds,
+        "load_average_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
     }
     for name in ("triton", "infergate"):
         report[name] = {
@@ -230,6 +233,7 @@ def run_all(
             "tiny_c1_p50_ms": round(med(c1, name, "p50_ms"), 3),
             "tiny_c64_rps": round(med(c64, name, "rps")),
             "tiny_c64_p99_ms": round(med(c64, name, "p99_ms"), 2),
+            "tiny_c64_rps_runs": [round(p[name].rps) for p in c64],
             "big_c64_rows_per_s": round(med(big, name, "rps")),
         }
     report["in_process_batch32_rows_per_s"] = round(statistics.median(limits))
@@ -286,6 +290,8 @@ def print_report(report: dict[str, Any], as_json: bool, quick: bool) -> None:
         f"{ratios['big_triton_share_of_in_process']:.0%}"
         + (" -- a --quick smoke run, not the measurement" if quick else "")
     )
+    before, after = report["load_average_1m"]
+    print(f"host load average (1 min): {before} at the start, {after} at the end")
 
 
 if __name__ == "__main__":
