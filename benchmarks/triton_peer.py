@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import orjson
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -60,6 +61,7 @@ BIG_QUICK = (256, 512, 512, 100)
 class Server:
     name: str  # "triton" or "infergate"
     url: str
+    pid: int
     models: dict[str, str]  # workload's model -> the server's model name
 
 
@@ -68,6 +70,23 @@ class Point:
     rps: float
     p50_ms: float
     p99_ms: float
+    front_cpu_us: float  # per request: the server's own process (HTTP, batching, dispatch)
+    all_cpu_us: float  # per request: with its model processes (workers, stubs)
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of a process, alone and with its descendants."""
+
+    def of(process: psutil.Process) -> float:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            return 0.0
+        return times.user + times.system
+
+    main = psutil.Process(pid)
+    own = of(main)
+    return own, own + sum(of(child) for child in main.children(recursive=True))
 
 
 def measure(server: Server, model: str, width: int, concurrency: int, seconds: float) -> Point:
@@ -75,12 +94,21 @@ def measure(server: Server, model: str, width: int, concurrency: int, seconds: f
     body, headers = prepare({"x": x}, binary=False)
     path = f"/v2/models/{server.models[model]}/infer"
     run_load(run_concurrency(server.url, path, body, headers, concurrency, min(1.0, seconds)))
+    front, every = cpu_s(server.pid)
     result: LoadResult = run_load(
         run_concurrency(server.url, path, body, headers, concurrency, seconds)
     )
-    if result.failed:
+    front_after, every_after = cpu_s(server.pid)
+    if result.failed or not result.ok:
         raise RuntimeError(f"{server.name} {model} c={concurrency}: {result.failures}")
-    return Point(result.rps, result.p50_ms, result.p99_ms)
+    per_request = 1e6 / result.ok
+    return Point(
+        result.rps,
+        result.p50_ms,
+        result.p99_ms,
+        (front_after - front) * per_request,
+        (every_after - every) * per_request,
+    )
 
 
 def in_process(model: Path, width: int, sessions: int, seconds: float) -> float:
@@ -161,14 +189,21 @@ def ratio(ours: float, theirs: float) -> float:
     return round(ours / theirs, 3) if theirs else 0.0
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short runs, a smaller big model")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--runs", type=int, default=3, help="pairs of the tiny c=64 figure")
-    parser.add_argument("--rounds", type=int, default=2, help="pairs of the other figures")
-    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
-    parser.add_argument("--instances", type=int, default=2, help="per model, on both servers")
+    # --quick changes the defaults, not what is given.
+    parser.add_argument("--runs", type=positive, help="pairs of the tiny c=64 figure (3)")
+    parser.add_argument("--rounds", type=positive, help="pairs of the other figures (2)")
+    parser.add_argument("--seconds", type=float, help="per measurement (5)")
+    parser.add_argument("--instances", type=positive, default=2, help="per model, both servers")
     parser.add_argument("--triton-home", type=Path, help="a Triton folder (default: the wheel's)")
     args = parser.parse_args()
     try:
@@ -176,10 +211,21 @@ def main() -> None:
     except tritonserver.TritonMissing as exc:
         print(f"triton_peer.py: {exc}", file=sys.stderr)
         sys.exit(2)
-    if args.quick:
-        args.runs, args.rounds, args.seconds = 1, 1, 1.0
+    args.runs = args.runs or (1 if args.quick else 3)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    args.seconds = args.seconds or (1.0 if args.quick else 5.0)
     big_sizes = BIG_QUICK if args.quick else BIG
-    work = Path(tempfile.mkdtemp(prefix="infergate-triton-peer-"))
+    with tempfile.TemporaryDirectory(prefix="infergate-triton-peer-") as folder:
+        report = serve_and_measure(install, Path(folder), big_sizes, args)
+    print_report(report, args.json, args.quick)
+
+
+def serve_and_measure(
+    install: tritonserver.TritonInstall,
+    work: Path,
+    big_sizes: tuple[int, ...],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     models, repository = write_models(work, big_sizes, args.instances)
     profile = work / "profile.toml"
     # Requests wait for a batch, so give them a class whose queue deadline allows it.
@@ -193,16 +239,29 @@ def main() -> None:
     try:
         triton.start(free_port())
         gateway.start()
+        assert triton.process is not None
+        assert gateway.process is not None
+        # At c=1 Triton serves the copy without its dynamic batcher; infergate its one model.
         servers = (
-            Server("triton", triton.url, {"tiny": "tiny", "tiny_c1": "tiny_direct", "big": "big"}),
-            Server("infergate", gateway.url, {"tiny": "tiny", "tiny_c1": "tiny", "big": "big"}),
+            Server(
+                "triton",
+                triton.url,
+                triton.process.pid,
+                {"tiny": "tiny", "tiny_c1": "tiny_direct", "big": "big"},
+            ),
+            Server(
+                "infergate",
+                gateway.url,
+                gateway.process.pid,
+                {"tiny": "tiny", "tiny_c1": "tiny", "big": "big"},
+            ),
         )
         report = run_all(servers, work, big_sizes, args)
         report["triton_version"] = triton.version()
     finally:
         gateway.stop()
         triton.stop()
-    print_report(report, args.json, args.quick)
+    return report
 
 
 def run_all(
@@ -234,6 +293,10 @@ def run_all(
             "tiny_c64_rps": round(med(c64, name, "rps")),
             "tiny_c64_p99_ms": round(med(c64, name, "p99_ms"), 2),
             "tiny_c64_rps_runs": [round(p[name].rps) for p in c64],
+            # CPU per request, counted over the whole run (the requests still out at its
+            # end, at most 64, are not counted, so it errs a little high for both)
+            "tiny_c64_front_cpu_us": round(med(c64, name, "front_cpu_us")),
+            "tiny_c64_all_cpu_us": round(med(c64, name, "all_cpu_us")),
             "big_c64_rows_per_s": round(med(big, name, "rps")),
         }
     report["in_process_batch32_rows_per_s"] = round(statistics.median(limits))
@@ -289,6 +352,12 @@ def print_report(report: dict[str, Any], as_json: bool, quick: bool) -> None:
         f"{ratios['big_infergate_share_of_in_process']:.0%}, Triton "
         f"{ratios['big_triton_share_of_in_process']:.0%}"
         + (" -- a --quick smoke run, not the measurement" if quick else "")
+    )
+    t, g = report["triton"], report["infergate"]
+    print(
+        "CPU per request, tiny c=64 (the server's own process / with its model processes): "
+        f"Triton {t['tiny_c64_front_cpu_us']} / {t['tiny_c64_all_cpu_us']} µs, infergate "
+        f"{g['tiny_c64_front_cpu_us']} / {g['tiny_c64_all_cpu_us']} µs"
     )
     before, after = report["load_average_1m"]
     print(f"host load average (1 min): {before} at the start, {after} at the end")
