@@ -5,6 +5,7 @@
 #   ./install.sh --torch   also TorchScript models (torch 2.13.0, CPU build)
 #   ./install.sh --dev     also the tests, linters and torch
 #   ./install.sh --cpu     never the gpu extra, even with a GPU present
+#   ./install.sh --bench   also NVIDIA Triton for benchmarks/triton_peer.py (the bench extra)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -12,11 +13,13 @@ usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
 
 extras=()
 gpu=auto
+bench=no
 for arg in "$@"; do
   case "$arg" in
     --dev) extras+=(dev torch) ;;
     --torch) extras+=(torch) ;;
     --cpu) gpu=no ;;
+    --bench) bench=yes ;;
     -h | --help) usage; exit 0 ;;
     *) echo "install.sh: unknown option $arg" >&2; usage >&2; exit 2 ;;
   esac
@@ -45,6 +48,20 @@ if [[ " ${extras[*]} " == *" gpu "* ]]; then
   # onnxruntime and onnxruntime-gpu install the same module; keep only the GPU build.
   .venv/bin/python -m pip uninstall --quiet -y onnxruntime
   .venv/bin/python -m pip install --quiet --force-reinstall --no-deps onnxruntime-gpu
+fi
+if [ "$bench" = yes ]; then
+  # The bench extra's wheels alone (--no-deps): the benchmark runs only the server binary
+  # in nvidia-pytriton, whose Python dependencies would move numpy back below 2.
+  mapfile -t bench_pins < <(.venv/bin/python -c '
+import sys
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+with open("pyproject.toml", "rb") as f:
+    print(*tomllib.load(f)["project"]["optional-dependencies"]["bench"], sep="\n")')
+  echo "install.sh: pip install --no-deps ${bench_pins[*]}"
+  .venv/bin/python -m pip install --quiet --no-deps "${bench_pins[@]}"
 fi
 if [[ " ${extras[*]} " == *" dev "* ]] && ! command -v redis-server >/dev/null 2>&1; then
   # The cluster tests start a real redis-server (Debian's package).
