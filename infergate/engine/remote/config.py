@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from infergate.engine.tomltable import Table
 from infergate.errors import ConfigError
+from infergate.settings.table import Table
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infergate.engine.admission.breaker_config import breaker_keys
 from infergate.engine.remote.config import remote_config
 from infergate.engine.repository.sequence_config import parse_sequence
 from infergate.engine.repository.spec import (
@@ -16,8 +15,10 @@ from infergate.engine.repository.spec import (
     Warmup,
 )
 from infergate.engine.runtimes import runtime_names
-from infergate.engine.tomltable import Table, load_toml
 from infergate.errors import ConfigError
+from infergate.settings.declare import given
+from infergate.settings.profile_sections import BreakerSection
+from infergate.settings.table import Table, load_toml
 from infergate.tensors import V2_TO_NUMPY
 
 
@@ -56,9 +57,8 @@ def _batching(table: Table) -> BatchingOverrides:
 
 
 def _breaker(table: Table) -> tuple[tuple[str, float], ...]:
-    keys = breaker_keys(table)  # the profile's bounds: window_seconds = 0 is refused here too
-    table.reject_unknown()
-    return tuple(keys.items())
+    # The profile's declaration: window_seconds = 0 is refused here too.
+    return tuple(given(table.read(BreakerSection)).items())
 
 
 def _warmup(table: Table, folder: Path) -> Warmup:

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from infergate.engine.tomltable import Table
 from infergate.errors import ConfigError
+from infergate.settings.table import Table
 
 if TYPE_CHECKING:  # spec.py holds ModelConfig, which holds these settings
     from infergate.engine.repository.spec import TensorSpec

@@ -1,7 +1,7 @@
-"""Typed reads from a parsed TOML table, with errors that name the file, key and expectation.
-
-Used by model.toml and the profile so both report problems the same way, and both
-name unknown keys instead of silently ignoring a typo.
+"""Reading TOML: a parsed table, walked section by section, each section checked against
+its declaration (infergate/settings/declare.py), with errors that name the file, the key
+and what was expected. Used by model.toml and the profile so both report problems the
+same way, and both name unknown keys instead of silently ignoring a typo.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from infergate.errors import ConfigError
+from infergate.settings.declare import Section, check
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -18,6 +19,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 T = TypeVar("T")
+S = TypeVar("S", bound=Section)
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -41,6 +43,13 @@ class Table:
 
     def where(self, key: str) -> str:
         return f"{self._source}: {self._prefix}{key}"
+
+    def read(self, section: type[S], leave: tuple[str, ...] = ()) -> S:
+        """This table's settings as declared by `section`; the keys in `leave` (sub-tables)
+        are the caller's to read. Any other key is checked, an unknown one named."""
+        given = {k: v for k, v in self._data.items() if k not in leave}
+        self._read.update(given)
+        return check(section, given, str(self._source), self._prefix, " ".join(leave))
 
     def _get(self, key: str, kinds: tuple[type, ...], expected: str, default: T) -> Any:
         self._read.add(key)
