@@ -8,4 +8,8 @@ metadata (bounds, descriptions) is what the error wording and the reference are 
 from. msgspec would validate as well but adds a dependency for no gain: settings are
 parsed at start and on profile edits only, never on a request's path.
 
-This package imports nothing from the engine or the profile, so both may import it."""
+A default that an engine record already holds (BreakerPolicy, QueuePolicy, Tenant,
+ClusterSettings, ModelConfig, RemoteConfig...) is taken from that record, so it is written
+once; the records themselves import nothing from here, which keeps pydantic out of a
+worker process's start-up. Nothing here imports infergate/profile.py: the engine's
+model.toml reader (engine/repository/modelconfig.py) and the profile both use it."""

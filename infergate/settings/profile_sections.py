@@ -10,9 +10,18 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
+from infergate.engine.admission.breaker import BreakerPolicy
+from infergate.engine.admission.tenants import Tenant
+from infergate.engine.cluster.settings import ClusterSettings, FailMode
+from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.settings.declare import Section, setting
 
-FailMode = Literal["local", "open", "closed"]
+# Defaults the engine's records hold are taken from them, so each is written once; the
+# profile's own ([server], [devices]) are written here.
+_BREAKER = BreakerPolicy()
+_QUEUE = QueuePolicy()
+_TENANT = Tenant("")
+_CLUSTER = ClusterSettings()
 KEY_HASH = r"^sha256:[0-9a-f]{64}$"
 KeyHash = Annotated[str, StringConstraints(pattern=KEY_HASH)]
 _KEY_HASHES = '"sha256:<64 hex digits>" (the hash of a key, never the key)'
@@ -84,13 +93,20 @@ class BatchingSection(Section):
     """[batching] in the profile (defaults) and in model.toml (that model's overrides)."""
 
     max_batch_size: int = setting(
-        32, "rows merged into one run when the model has a batch dimension; 0: off", ge=0
+        _QUEUE.max_batch_size,
+        "rows merged into one run when the model has a batch dimension; 0: off",
+        ge=0,
     )
     max_queue_delay_ms: float = setting(
-        2.0, "how long the oldest request may wait for a batch to fill", ge=0, unit="ms"
+        _QUEUE.max_delay_s * 1000.0,
+        "how long the oldest request may wait for a batch to fill",
+        ge=0,
+        unit="ms",
     )
     max_queue_size: int = setting(
-        1024, "requests waiting per model; past it 503 (lower classes shed first)", ge=1
+        _QUEUE.max_queue_size,
+        "requests waiting per model; past it 503 (lower classes shed first)",
+        ge=1,
     )
 
 
@@ -108,25 +124,37 @@ class BreakerSection(Section):
     per-model setting) and model.toml's [breaker]: the keys a table sets override."""
 
     window_seconds: float = setting(
-        60.0, "sliding window, in 10 buckets, evaluated at each bucket's end", ge=0.1, unit="s"
+        _BREAKER.window_seconds,
+        "sliding window, in 10 buckets, evaluated at each bucket's end",
+        ge=0.1,
+        unit="s",
     )
     failure_rate: float = setting(
-        0.05,
+        _BREAKER.failure_rate,
         "open when more than this share fails (given min_requests)",
         ge=0,
         le=1,
         expected="a fraction between 0 and 1 (0.05 is 5%)",
     )
     latency_p99_ms: float = setting(
-        1500.0, "... or when the window's p99 is above this", ge=0, unit="ms"
+        _BREAKER.latency_p99_ms, "... or when the window's p99 is above this", ge=0, unit="ms"
     )
-    consecutive_windows: int = setting(3, "... this many evaluations in a row", ge=1)
-    min_requests: int = setting(20, "requests a window needs before its failure rate counts", ge=1)
+    consecutive_windows: int = setting(
+        _BREAKER.consecutive_windows, "... this many evaluations in a row", ge=1
+    )
+    min_requests: int = setting(
+        _BREAKER.min_requests, "requests a window needs before its failure rate counts", ge=1
+    )
     backoff_initial_s: float = setting(
-        1.0, "open this long, doubling on each failed probe", ge=0.001, unit="s"
+        _BREAKER.backoff_initial_s,
+        "open this long, doubling on each failed probe",
+        ge=0.001,
+        unit="s",
     )
-    backoff_max_s: float = setting(30.0, "... up to this", ge=0.001, unit="s")
-    probes: int = setting(3, "half-open: this many requests go through; all must succeed", ge=1)
+    backoff_max_s: float = setting(_BREAKER.backoff_max_s, "... up to this", ge=0.001, unit="s")
+    probes: int = setting(
+        _BREAKER.probes, "half-open: this many requests go through; all must succeed", ge=1
+    )
 
 
 class TenantSection(Section):
@@ -146,18 +174,21 @@ class TenantSection(Section):
         None, "token bucket size (default: two seconds' worth of rps)", ge=1
     )
     max_concurrency: int | None = setting(None, "requests in flight at once (none: no limit)", ge=1)
-    models: list[str] = setting(["*"], "glob patterns of the models it may use")
+    models: list[str] = setting(list(_TENANT.models), "glob patterns of the models it may use")
     devices: list[str] = setting(
-        ["auto"], 'devices its models may use: "auto" (any), "cpu", "cuda:1"...'
+        list(_TENANT.devices), 'devices its models may use: "auto" (any), "cpu", "cuda:1"...'
     )
     memory_mb: int = setting(
-        4096, "the memory all its models' instances may reserve together", ge=1, unit="MB"
+        _TENANT.memory_mb,
+        "the memory all its models' instances may reserve together",
+        ge=1,
+        unit="MB",
     )
     api_keys: list[KeyHash] = setting(
         [], "hashes of its API keys", expected=_KEY_HASHES, hint=_KEYS_HINT
     )
     weight: float = setting(
-        1.0, "its share of a model's queue against tenants of the same class", ge=0.001
+        _TENANT.weight, "its share of a model's queue against tenants of the same class", ge=0.001
     )
 
 
@@ -192,22 +223,32 @@ class ClusterSection(Section):
     """[cluster]: tenant limits shared through Redis by every replica (restart to change)."""
 
     redis_url: Annotated[str, StringConstraints(pattern=r"^$|^(redis|rediss|unix)://")] = setting(
-        "",
+        _CLUSTER.redis_url,
         "Redis URL; empty: limits per process",
         expected='a Redis URL such as "redis://127.0.0.1:6379/0" (or rediss://, unix://)',
     )
     # Without Redis: "local" enforces this replica's share of each limit, "open" admits,
     # "closed" refuses (503).
     fail_mode: FailMode = setting(
-        "local", "without Redis: local (this replica's share), open, or closed (503)"
+        _CLUSTER.fail_mode, "without Redis: local (this replica's share), open, or closed (503)"
     )
     # redis-py waits 5 s by default, with retries; a limit check must never cost that.
     socket_timeout_ms: float = setting(
-        50.0, "the most a request waits for Redis (no retries)", ge=1, unit="ms"
+        _CLUSTER.socket_timeout_ms,
+        "the most a request waits for Redis (no retries)",
+        ge=1,
+        unit="ms",
     )
-    connect_timeout_ms: float = setting(50.0, "connecting to Redis", ge=1, unit="ms")
+    connect_timeout_ms: float = setting(
+        _CLUSTER.connect_timeout_ms, "connecting to Redis", ge=1, unit="ms"
+    )
     lease_ttl_s: float = setting(
-        10.0, "a dead replica's concurrency slots are free within this", ge=0.3, unit="s"
+        _CLUSTER.lease_ttl_s,
+        "a dead replica's concurrency slots are free within this",
+        ge=0.3,
+        unit="s",
     )
-    replicas: int = setting(1, "floor of the replica count that divides the local share", ge=1)
-    key_prefix: str = setting("infergate", "prefix of the Redis keys")
+    replicas: int = setting(
+        _CLUSTER.replicas, "floor of the replica count that divides the local share", ge=1
+    )
+    key_prefix: str = setting(_CLUSTER.key_prefix, "prefix of the Redis keys")

@@ -1,28 +1,30 @@
 """The profile's [cluster] table: where the shared limits live and what a replica does
-when Redis does not answer. Each key's default, bounds and meaning are declared in
-infergate/settings/profile_sections.py (ClusterSection)."""
+when Redis does not answer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from infergate.settings.profile_sections import ClusterSection, FailMode
-
-_DECLARED = ClusterSection()
+FailMode = Literal["local", "open", "closed"]
+FAIL_MODES: tuple[FailMode, ...] = ("local", "open", "closed")
 
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    redis_url: str = _DECLARED.redis_url  # empty: limits are per process
-    fail_mode: FailMode = _DECLARED.fail_mode
-    socket_timeout_ms: float = _DECLARED.socket_timeout_ms
-    connect_timeout_ms: float = _DECLARED.connect_timeout_ms
+    redis_url: str = ""  # empty: limits are per process, as without a cluster
+    # Without Redis: "local" enforces this replica's share of each limit, "open" admits,
+    # "closed" refuses (503).
+    fail_mode: FailMode = "local"
+    # redis-py waits 5 s by default, with retries; a limit check must never cost that.
+    socket_timeout_ms: float = 50.0
+    connect_timeout_ms: float = 50.0
     # A concurrency slot held by a replica that died is free again within this long.
-    lease_ttl_s: float = _DECLARED.lease_ttl_s
+    lease_ttl_s: float = 10.0
     # The share of a limit each replica enforces without Redis is 1/N, N being the larger
     # of this and the number of replicas last seen alive in Redis.
-    replicas: int = _DECLARED.replicas
-    key_prefix: str = _DECLARED.key_prefix
+    replicas: int = 1
+    key_prefix: str = "infergate"
 
     @property
     def enabled(self) -> bool:
