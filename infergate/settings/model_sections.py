@@ -37,7 +37,7 @@ Datatype = Annotated[str, AfterValidator(_datatype)]
 
 
 class ModelSection(Section):
-    """model.toml's top level; every key is optional."""
+    """every key is optional, and so is model.toml."""
 
     runtime: str | None = setting(
         None,
@@ -136,14 +136,16 @@ class SequenceSection(Section):
 
 
 class StateSection(Section):
-    """[[sequence.state]]: implicit state, zeros at the start, carried, dropped at the end."""
+    """[[sequence.state]]: implicit state, zeros at the start, carried, dropped at the end;
+    each needs input and output."""
 
     input: str | None = setting(None, "the model input the state is fed to")
     output: str | None = setting(None, "the model output that is the next request's state")
 
 
 class TensorSection(Section):
-    """[[inputs]] and [[outputs]]: required for TorchScript; ONNX reads them from the graph."""
+    """[[inputs]], [[outputs]]: required for TorchScript; ONNX reads them from the graph.
+    Each needs name, datatype and shape."""
 
     name: str | None = setting(None, "the tensor's name")
     datatype: Datatype | None = setting(
@@ -155,7 +157,7 @@ class TensorSection(Section):
 
 
 class RemoteSection(Section):
-    """[remote], for runtime = "remote": the upstream V2 servers and how they are reached
+    """[remote]: for runtime = "remote", the upstream V2 servers and how they are reached
     (defaults are Envoy's where it has one)."""
 
     endpoints: list[str] = setting(

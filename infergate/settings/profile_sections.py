@@ -90,7 +90,8 @@ class ServerSection(Section):
 
 
 class BatchingSection(Section):
-    """[batching] in the profile (defaults) and in model.toml (that model's overrides)."""
+    """[batching]: dynamic batching. The profile's are the defaults; a model.toml's
+    [batching] overrides them, key by key, for that model."""
 
     max_batch_size: int = setting(
         _QUEUE.max_batch_size,
@@ -120,8 +121,9 @@ class ClassSection(Section):
 
 
 class BreakerSection(Section):
-    """[breaker] (defaults for every model version), [breaker.models.NAME] (an operator's
-    per-model setting) and model.toml's [breaker]: the keys a table sets override."""
+    """[breaker]: circuit breakers. The profile's [breaker] holds the defaults for every
+    model version; a model.toml's [breaker] overrides them, key by key, for that model; the
+    profile's [breaker.models.NAME] (what `infergate breaker set` writes) wins over both."""
 
     window_seconds: float = setting(
         _BREAKER.window_seconds,
