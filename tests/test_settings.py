@@ -180,7 +180,7 @@ async def test_admin_edits_are_checked_by_the_declarations(tmp_path: Path) -> No
             url = "/admin/tenants/default"
             refused = await client.patch(url, json={"rps": -3})
             assert refused.status_code == 400
-            assert "tenants.default.rps: expected a number >= 0, got -3" in refused.text
+            assert "tenants.default.rps: expected a number >= 0 (req/s), got -3" in refused.text
             refused = await client.patch(url, json={"models": "a"})
             assert "tenants.default.models: expected a list of strings" in refused.text
             assert "rps = 10" in path.read_text()  # untouched

@@ -108,13 +108,15 @@ def bounds(info: FieldInfo) -> str:
 
 
 def describe(info: FieldInfo) -> str:
-    """What a value must be, in words: "an integer from 0 to 19"."""
+    """What a value must be, in words: "an integer from 0 to 19", "a number >= 0.1 (s)"."""
     custom = _extra(info).get("expected")
     if custom is not None:
         return str(custom)
     kind = _kind(info.annotation)
     limit = bounds(info)
-    return f"{kind} {limit}" if limit else kind
+    unit = _extra(info).get("unit")
+    wanted = f"{kind} {limit}" if limit else kind
+    return f"{wanted} ({unit})" if unit else wanted
 
 
 def check(

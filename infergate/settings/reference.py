@@ -86,11 +86,9 @@ def _default(info: FieldInfo, inherited: str) -> str:
 
 
 def _row(key: str, info: FieldInfo, inherited: str) -> str:
-    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    unit = f" ({extra['unit']})" if extra.get("unit") else ""
     what = (info.description or "").replace("|", "\\|")
     wanted = describe(info).replace("|", "\\|")
-    return f"| `{key}` | {wanted}{unit} | {_default(info, inherited)} | {what} |"
+    return f"| `{key}` | {wanted} | {_default(info, inherited)} | {what} |"
 
 
 def markdown() -> str:
