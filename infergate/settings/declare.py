@@ -120,7 +120,11 @@ def describe(info: FieldInfo) -> str:
 
 
 def check(
-    section: type[S], data: Mapping[str, Any], where: str, prefix: str = "", also: str = ""
+    section: type[S],
+    data: Mapping[str, Any],
+    where: str,
+    prefix: str = "",
+    also: tuple[str, ...] = (),
 ) -> S:
     """`data` as `section`, or a ConfigError naming `where` (the file), the key with its
     `prefix` (e.g. "breaker."), what the declaration expects and what came. `also` names
@@ -137,7 +141,7 @@ def _message(
     data: Mapping[str, Any],
     where: str,
     prefix: str,
-    also: str,
+    also: tuple[str, ...],
 ) -> str:
     error = exc.errors()[0]
     loc = error["loc"]
@@ -145,7 +149,7 @@ def _message(
     head = f"{where}: " if where else ""
     fields = keys(section)
     if error["type"] == "extra_forbidden" or key not in fields:
-        known = ", ".join(sorted([*fields, *also.split()])) or "none"
+        known = ", ".join(sorted([*fields, *also])) or "none"
         return f"{head}unknown key {prefix}{key} (known keys here: {known}); check the spelling"
     info = fields[key]
     value = data.get(key)
@@ -169,11 +173,6 @@ def _message(
 def keys(section: type[Section]) -> dict[str, FieldInfo]:
     """The section's settings by the key a file uses ("class", not the field's `cls`)."""
     return {info.alias or name: info for name, info in section.model_fields.items()}
-
-
-def default(section: type[Section], key: str) -> Any:
-    """A setting's declared default (a list's is a fresh list)."""
-    return keys(section)[key].get_default(call_default_factory=True)
 
 
 def given(section: Section) -> dict[str, Any]:

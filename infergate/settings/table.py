@@ -18,7 +18,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-T = TypeVar("T")
 S = TypeVar("S", bound=Section)
 
 
@@ -49,56 +48,18 @@ class Table:
         are the caller's to read. Any other key is checked, an unknown one named."""
         given = {k: v for k, v in self._data.items() if k not in leave}
         self._read.update(given)
-        return check(section, given, str(self._source), self._prefix, " ".join(leave))
+        return check(section, given, str(self._source), self._prefix, leave)
 
-    def _get(self, key: str, kinds: tuple[type, ...], expected: str, default: T) -> Any:
+    def _get(self, key: str, kind: type, expected: str) -> Any:
+        """A sub-table or an array of them: the structure, whose settings `read` checks."""
         self._read.add(key)
-        if key not in self._data:
-            return default
-        value = self._data[key]
-        # bool is an int in Python; a TOML `true` where a number belongs is a mistake.
-        if isinstance(value, bool) and bool not in kinds:
-            raise ConfigError(f"{self.where(key)}: expected {expected}, got {value!r}")
-        if not isinstance(value, kinds):
+        value = self._data.get(key, kind())
+        if not isinstance(value, kind):
             raise ConfigError(f"{self.where(key)}: expected {expected}, got {value!r}")
         return value
 
-    def string(self, key: str, default: T, choices: tuple[str, ...] = ()) -> str | T:
-        value = self._get(key, (str,), "a string", default)
-        if choices and value is not default and value not in choices:
-            raise ConfigError(
-                f"{self.where(key)}: expected one of {', '.join(choices)}, got {value!r}"
-            )
-        return value  # type: ignore[no-any-return]
-
-    def integer(
-        self, key: str, default: T, minimum: int | None = None, maximum: int | None = None
-    ) -> int | T:
-        value = self._get(key, (int,), "an integer", default)
-        if value is default:
-            return value
-        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-            if minimum is not None and maximum is not None:
-                wanted = f"from {minimum} to {maximum}"
-            else:
-                wanted = f">= {minimum}" if minimum is not None else f"<= {maximum}"
-            raise ConfigError(f"{self.where(key)}: expected an integer {wanted}, got {value}")
-        return value  # type: ignore[no-any-return]
-
-    def number(self, key: str, default: T, minimum: float | None = None) -> float | T:
-        value = self._get(key, (int, float), "a number", default)
-        if minimum is not None and value is not default and value < minimum:
-            raise ConfigError(f"{self.where(key)}: expected a number >= {minimum}, got {value}")
-        return value if value is default else float(value)
-
-    def boolean(self, key: str, default: T) -> bool | T:
-        return self._get(key, (bool,), "true or false", default)  # type: ignore[no-any-return]
-
-    def array(self, key: str, default: T) -> list[Any] | T:
-        return self._get(key, (list,), "an array", default)  # type: ignore[no-any-return]
-
     def table(self, key: str) -> Table:
-        value = self._get(key, (dict,), "a table", {})
+        value = self._get(key, dict, "a table")
         return Table(value, self._source, f"{self._prefix}{key}.")
 
     def has(self, key: str) -> bool:
@@ -106,7 +67,7 @@ class Table:
 
     def tables(self, key: str) -> list[Table]:
         """An array of tables ([[key]])."""
-        items = self._get(key, (list,), "an array of tables", [])
+        items = self._get(key, list, "an array of tables")
         out = []
         for i, item in enumerate(items):
             if not isinstance(item, dict):
