@@ -22,11 +22,9 @@ from infergate.cli.common import (
     say,
 )
 from infergate.cli.settings import parse_settings
-from infergate.engine.admission.breaker import TUNABLE
 
 app = make_app("List, tune and reset circuit breakers.")
 TokenOption = AdminTokenOption
-FIELDS = set(TUNABLE)
 STYLE = {"closed": "green", "half_open": "yellow", "open": "red"}
 
 
@@ -69,7 +67,8 @@ def set_(
         list[str],
         typer.Argument(
             help="KEY=VALUE: failure_rate, latency_p99_ms, window_seconds, min_requests, "
-            "consecutive_windows, backoff_initial_s, backoff_max_s, probes"
+            "consecutive_windows, backoff_initial_s, backoff_max_s, probes; KEY=null removes "
+            "a setting (the profile's [breaker] applies)"
         ),
     ],
     url: UrlOption = None,
@@ -77,7 +76,7 @@ def set_(
     json: JsonOption = False,
 ) -> None:
     """Tune a model's breaker; applies at once and persists in the profile."""
-    values = parse_settings(settings, FIELDS)
+    values = parse_settings(settings, "breaker")
     doc = request(url, token, json, lambda c: c.set_breaker(model, values))
     if json:
         print_json(doc)

@@ -21,16 +21,14 @@ from infergate.cli.common import (
     say,
 )
 from infergate.cli.settings import parse_settings
-from infergate.engine.admission.tenants import SETTABLE
 
 app = make_app("List, add, change and remove tenants (persisted in the profile).")
 TokenOption = AdminTokenOption
-FIELDS = set(SETTABLE)
 SettingsArgument = Annotated[
     list[str] | None,
     typer.Argument(
         help='KEY=VALUE: class, rps, burst, max_concurrency, models (a,b or ["a"]), devices, '
-        "memory_mb"
+        "memory_mb, weight; KEY=null removes a setting (its default applies)"
     ),
 ]
 FLOATS = ("rps", "burst", "tokens")
@@ -113,7 +111,7 @@ def add(
     json: JsonOption = False,
 ) -> None:
     """Add a tenant and print its API key (shown this once; only its hash is stored)."""
-    values = parse_settings(settings or [], FIELDS)
+    values = parse_settings(settings or [], "tenant")
     doc = request(url, token, json, lambda c: c.add_tenant(name, values))
     if json:
         print_json(doc)
@@ -131,7 +129,7 @@ def set_(
     json: JsonOption = False,
 ) -> None:
     """Change a tenant's limits; applies at once and persists in the profile."""
-    values = parse_settings(settings or [], FIELDS)
+    values = parse_settings(settings or [], "tenant")
     if not values:
         raise typer.BadParameter("give at least one KEY=VALUE")
     doc = request(url, token, json, lambda c: c.set_tenant(name, values))

@@ -11,18 +11,17 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from tomlkit import TOMLDocument, table
 
-from infergate.engine.admission.breaker import TUNABLE
-from infergate.engine.admission.tenants import SETTABLE, hash_key, new_key
+from infergate.engine.admission.tenants import hash_key, new_key
 from infergate.engine.engine import Engine
 from infergate.engine.snapshots import TenantView
-from infergate.errors import BadRequest, Forbidden, TenantNotFound, Unauthorized
+from infergate.errors import BadRequest, ConfigError, Forbidden, TenantNotFound, Unauthorized
 from infergate.profile_store import ProfileStore
 from infergate.server.codec import json_object
 from infergate.server.infer_route import api_key
 from infergate.server.views import breaker_json, limit
+from infergate.settings.edits import check_edit, editable
 
-TENANT_FIELDS = set(SETTABLE)
-BREAKER_FIELDS = set(TUNABLE)
+BREAKER_FIELDS = editable("breaker")
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -147,12 +146,22 @@ async def _body(request: Request) -> dict[str, Any]:
     return json_object(raw) if raw else {}
 
 
-def _check_fields(doc: dict[str, Any], allowed: set[str], what: str) -> None:
-    unknown = sorted(set(doc) - allowed)
-    if unknown:
-        raise BadRequest(
-            f"unknown {what} setting {unknown[0]!r}; known: {', '.join(sorted(allowed))}"
-        )
+def _check_fields(doc: dict[str, Any], what: str, prefix: str) -> None:
+    """The profile's declarations name the keys and check the values (400 when refused);
+    the edited file is read again in full before it replaces the old one."""
+    try:
+        check_edit(what, doc, prefix)
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def _set(entry: Any, doc: dict[str, Any]) -> None:
+    """Write `doc` into a profile table; a null removes the key (its default applies)."""
+    for k, v in doc.items():
+        if v is None:
+            entry.pop(k, None)
+        else:
+            entry[k] = v
 
 
 def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
@@ -176,14 +185,13 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
             raise BadRequest("give the tenant a 'name' (letters, digits and _)")
         if any(s.tenant.name == name for s in engine.tenant_views()):
             raise BadRequest(f"tenant {name!r} exists; use PATCH /admin/tenants/{name}")
-        _check_fields(doc, TENANT_FIELDS, "tenant")
+        _check_fields(doc, "tenant", f"tenants.{name}.")
         key = new_key()
 
         def change(document: TOMLDocument) -> None:
             section = document.setdefault("tenants", table(is_super_table=True))
             entry = table()
-            for k, v in doc.items():
-                entry[k] = v
+            _set(entry, doc)
             entry["api_keys"] = [hash_key(key)]
             section[name] = entry
 
@@ -200,15 +208,13 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
     @router.patch("/admin/tenants/{name}")
     async def set_tenant(name: str, request: Request) -> Response:
         doc = await _body(request)
-        _check_fields(doc, TENANT_FIELDS, "tenant")
+        _check_fields(doc, "tenant", f"tenants.{name}.")
         if not any(s.tenant.name == name for s in engine.tenant_views()):
             raise TenantNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
 
         def change(document: TOMLDocument) -> None:
             section = document.setdefault("tenants", table(is_super_table=True))
-            entry = section.setdefault(name, table())
-            for k, v in doc.items():
-                entry[k] = v
+            _set(section.setdefault(name, table()), doc)
 
         await store.edit(change)
         return _json(tenant_json(engine.tenant_view(name)))
@@ -228,23 +234,24 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
 
     @router.get("/admin/breakers")
     async def list_breakers() -> Response:
-        fields = sorted(BREAKER_FIELDS)
         return _json(
-            [breaker_json(v.breaker, fields) for m in engine.model_views() for v in m.versions]
+            [
+                breaker_json(v.breaker, BREAKER_FIELDS)
+                for m in engine.model_views()
+                for v in m.versions
+            ]
         )
 
     @router.patch("/admin/breakers/{model}")
     async def set_breaker(model: str, request: Request) -> Response:
         doc = await _body(request)
-        _check_fields(doc, BREAKER_FIELDS, "breaker")
+        _check_fields(doc, "breaker", f"breaker.models.{model}.")
         engine.model(check_model_name(model))  # 404 for an unknown model
 
         def change(document: TOMLDocument) -> None:
             breaker = document.setdefault("breaker", table())
             models = breaker.setdefault("models", table(is_super_table=True))
-            entry = models.setdefault(model, table())
-            for k, v in doc.items():
-                entry[k] = v
+            _set(models.setdefault(model, table()), doc)
 
         await store.edit(change)
         return _json(
@@ -252,7 +259,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
                 "model": model,
                 "policy": {
                     k: getattr(engine.context.settings.breaker_models[model], k)
-                    for k in sorted(BREAKER_FIELDS)
+                    for k in BREAKER_FIELDS
                 },
             }
         )

@@ -28,6 +28,7 @@ Admission = Literal["refused", "normal", "probe"]
 
 @dataclass(frozen=True)
 class BreakerPolicy:
+    # Each setting's bounds and meaning: infergate/settings/profile_sections.py (BreakerSection).
     window_seconds: float = 60.0
     failure_rate: float = 0.05
     latency_p99_ms: float = 1500.0
@@ -36,21 +37,7 @@ class BreakerPolicy:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 30.0
     probes: int = 3
-    buckets: int = 10
-
-
-# The settings an operator may tune (model.toml [breaker], the profile, the admin API),
-# with their types; `buckets` is an implementation detail and stays out.
-TUNABLE: dict[str, type] = {
-    "window_seconds": float,
-    "failure_rate": float,
-    "latency_p99_ms": float,
-    "consecutive_windows": int,
-    "min_requests": int,
-    "backoff_initial_s": float,
-    "backoff_max_s": float,
-    "probes": int,
-}
+    buckets: int = 10  # an implementation detail: no setting declares it
 
 
 @dataclass

@@ -21,8 +21,6 @@ from infergate.engine.admission.limits import ConcurrencyLimit, TokenBucket, ret
 from infergate.errors import Forbidden, RateLimited, Unauthorized
 
 DEFAULT_TENANT = "default"
-# What an operator may set on a tenant through the admin API and CLI (keys stay separate).
-SETTABLE = ("class", "rps", "burst", "max_concurrency", "models", "devices", "memory_mb")
 
 
 def hash_key(key: str) -> str:

@@ -1,14 +1,14 @@
-"""Parse model.toml into a ModelConfig."""
+"""Parse model.toml into a ModelConfig: each table is checked by its declaration
+(infergate/settings/model_sections.py; [batching] and [breaker] are the profile's)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from infergate.engine.admission.breaker_config import breaker_keys
-from infergate.engine.remote.config import remote_config
-from infergate.engine.repository.sequence_config import parse_sequence
+from infergate.engine.remote.config import RemoteConfig
+from infergate.engine.repository.sequence_config import CONTROLS, SequenceSettings, StatePair
 from infergate.engine.repository.spec import (
-    WARMUP_DATA,
     BatchingOverrides,
     ModelConfig,
     TensorSpec,
@@ -16,97 +16,168 @@ from infergate.engine.repository.spec import (
     Warmup,
 )
 from infergate.engine.runtimes import runtime_names
-from infergate.engine.tomltable import Table, load_toml
 from infergate.errors import ConfigError
-from infergate.tensors import V2_TO_NUMPY
+from infergate.settings.declare import given
+from infergate.settings.model_sections import (
+    ModelSection,
+    RemoteSection,
+    SequenceSection,
+    StateSection,
+    TensorSection,
+    VersionPolicySection,
+    WarmupSection,
+)
+from infergate.settings.profile_sections import BatchingSection, BreakerSection
+from infergate.settings.table import Table, load_toml
 
 
 def _tensor(table: Table) -> TensorSpec:
-    name = table.string("name", None)
-    datatype = table.string("datatype", None, choices=tuple(V2_TO_NUMPY))
-    shape = table.array("shape", None)
-    if name is None or datatype is None or shape is None:
+    t = table.read(TensorSection)
+    if t.name is None or t.datatype is None or t.shape is None:
         raise ConfigError(f"{table.where('')}: each tensor needs name, datatype and shape")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
-        raise ConfigError(
-            f"{table.where('shape')}: expected integers >= -1 (-1 is free), got {shape}"
-        )
-    table.reject_unknown()
-    return TensorSpec(name=name, datatype=datatype, shape=tuple(shape))
+    return TensorSpec(name=t.name, datatype=t.datatype, shape=tuple(t.shape))
 
 
 def _version_policy(table: Table) -> VersionPolicy:
-    latest = table.integer("latest", 1, minimum=1)
-    every = table.boolean("all", False)
-    versions = table.array("versions", [])
-    if not all(isinstance(v, int) and v > 0 for v in versions):
-        raise ConfigError(f"{table.where('versions')}: expected positive integers, got {versions}")
-    table.reject_unknown()
-    return VersionPolicy(latest=latest, all=every, versions=tuple(versions))
+    v = table.read(VersionPolicySection)
+    return VersionPolicy(latest=v.latest, all=v.all, versions=tuple(v.versions))
 
 
 def _batching(table: Table) -> BatchingOverrides:
-    overrides = BatchingOverrides(
-        max_batch_size=table.integer("max_batch_size", None, minimum=0),
-        max_queue_delay_ms=table.number("max_queue_delay_ms", None, minimum=0),
-        max_queue_size=table.integer("max_queue_size", None, minimum=1),
-    )
-    table.reject_unknown()
-    return overrides
+    """The profile's [batching] declaration; a key left out takes the profile's value."""
+    b = given(table.read(BatchingSection))
+    return BatchingOverrides(**b)
 
 
 def _breaker(table: Table) -> tuple[tuple[str, float], ...]:
-    keys = breaker_keys(table)  # the profile's bounds: window_seconds = 0 is refused here too
-    table.reject_unknown()
-    return tuple(keys.items())
+    # The profile's declaration: window_seconds = 0 is refused here too.
+    return tuple(given(table.read(BreakerSection)).items())
 
 
 def _warmup(table: Table, folder: Path) -> Warmup:
     """[warmup]: data = "zeros" | "random" | "file" | "none"; low, high; file (beside
     model.toml, or absolute). A file alone means data = "file"."""
-    file = table.string("file", None)
-    data = table.string("data", "file" if file else "zeros", choices=WARMUP_DATA)
-    low = table.number("low", 0.0)
-    high = table.number("high", 1.0)
-    if low is None or high is None or low > high:
-        raise ConfigError(f"{table.where('low')}: expected low <= high, got {low} > {high}")
+    w = table.read(WarmupSection)
+    data = w.data or ("file" if w.file else "zeros")
+    if w.low > w.high:
+        raise ConfigError(f"{table.where('low')}: expected low <= high, got {w.low} > {w.high}")
     path = None
     if data == "file":
-        if file is None:
+        if w.file is None:
             raise ConfigError(
                 f'{table.where("file")}: data = "file" needs file = "sample.npz" (a .npy, '
                 ".npz or V2 JSON request file beside model.toml)"
             )
-        path = Path(file) if Path(file).is_absolute() else folder / file
+        path = Path(w.file) if Path(w.file).is_absolute() else folder / w.file
         if path.suffix not in (".npy", ".npz", ".json"):
             raise ConfigError(
                 f"{table.where('file')}: expected a .npy, .npz or .json (V2 request) file, "
-                f"got {file!r}"
+                f"got {w.file!r}"
             )
-    table.reject_unknown()
-    return Warmup(data=data, low=low, high=high, file=path)
+    return Warmup(data=data, low=w.low, high=w.high, file=path)
+
+
+def _state(table: Table) -> StatePair:
+    state = table.read(StateSection)
+    if state.input is None or state.output is None:
+        raise ConfigError(
+            f"{table.where('')}: each [[sequence.state]] needs input and output (the model's "
+            'state tensors), e.g. input = "STATE_IN", output = "STATE_OUT"'
+        )
+    return StatePair(state.input, state.output)
+
+
+def _sequence(table: Table, present: bool) -> SequenceSettings | None:
+    """[sequence], or None when model.toml has none (the model takes no sequences)."""
+    if not present:
+        return None
+    seq = table.read(SequenceSection, leave=("state",))
+    named = {"start": seq.start, "end": seq.end, "ready": seq.ready, "corrid": seq.corrid}
+    controls = tuple((kind, name) for kind in CONTROLS if (name := named[kind]) is not None)
+    states = tuple(_state(t) for t in table.tables("state"))
+    fed = [n for _, n in controls] + [s.input for s in states]
+    twice = sorted({n for n in fed if fed.count(n) > 1})
+    if twice:
+        raise ConfigError(
+            f"{table.where('')}: input {twice[0]!r} is named twice; each control and state "
+            "input must be its own model input"
+        )
+    return SequenceSettings(seq.idle_timeout_ms / 1000.0, seq.max_sequences, controls, states)
+
+
+def _endpoint(table: Table, raw: str) -> str:
+    text = raw.strip().rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+        raise ConfigError(
+            f"{table.where('endpoints')}: {raw!r} is not a V2 base URL. Hint: write it as "
+            '"http://host:port" (the part before /v2)'
+        )
+    return text
+
+
+def _remote(table: Table, runtime: str | None) -> RemoteConfig | None:
+    """[remote] for runtime = "remote"; a [remote] on any other model is a mistake."""
+    if runtime != "remote":
+        if table.names():
+            raise ConfigError(
+                f'{table.where("")}: a [remote] table needs runtime = "remote" at the top of '
+                "model.toml"
+            )
+        return None
+    r = table.read(RemoteSection)
+    if not r.endpoints:
+        raise ConfigError(
+            f'{table.where("endpoints")}: runtime = "remote" needs at least one endpoint. '
+            'Hint: [remote] endpoints = ["http://host:8000"]'
+        )
+    endpoints = tuple(_endpoint(table, e) for e in r.endpoints)
+    if len(set(endpoints)) != len(endpoints):
+        raise ConfigError(f"{table.where('endpoints')}: an endpoint is listed twice")
+    rest = r.model_dump(exclude={"endpoints", "model", "version", "connect_timeout_ms"})
+    return RemoteConfig(
+        endpoints=endpoints,
+        model=r.model,
+        version=None if r.version is None else str(r.version),
+        connect_timeout_s=r.connect_timeout_ms / 1000.0,
+        **rest,
+    )
+
+
+_TABLES = ("inputs", "outputs", "version_policy", "batching", "breaker", "warmup", "sequence")
+
+
+def _runtime(table: Table, runtime: str | None) -> str | None:
+    """The runtime registry is the engine's, so its names are checked here."""
+    names = runtime_names()
+    if runtime is not None and runtime not in names:
+        raise ConfigError(
+            f"{table.where('runtime')}: expected one of {', '.join(names)}, got {runtime!r}"
+        )
+    return runtime
 
 
 def parse_model_config(path: Path) -> ModelConfig:
     table = Table(load_toml(path), path)
-    runtime = table.string("runtime", None, choices=runtime_names())
+    top = table.read(ModelSection, leave=(*_TABLES, "remote"))
+    runtime = _runtime(table, top.runtime)
     config = ModelConfig(
         runtime=runtime,
-        instances=table.integer("instances", 1, minimum=1),
-        threads=table.integer("threads", None, minimum=1),
-        device=table.string("device", "auto"),
-        timeout_s=table.number("timeout_ms", 30_000.0, minimum=1) / 1000.0,
+        instances=top.instances,
+        threads=top.threads,
+        device=top.device,
+        timeout_s=top.timeout_ms / 1000.0,
         inputs=tuple(_tensor(t) for t in table.tables("inputs")),
         outputs=tuple(_tensor(t) for t in table.tables("outputs")),
         version_policy=_version_policy(table.table("version_policy")),
         batching=_batching(table.table("batching")),
         breaker=_breaker(table.table("breaker")),
-        memory_mb=table.integer("memory_mb", None, minimum=1),
-        sha256=table.string("sha256", None),
-        tenant=table.string("tenant", "default"),
+        memory_mb=top.memory_mb,
+        sha256=top.sha256,
+        tenant=top.tenant,
         warmup=_warmup(table.table("warmup"), path.parent),
-        sequence=parse_sequence(table.table("sequence"), table.has("sequence")),
-        remote=remote_config(table.table("remote"), runtime),
+        sequence=_sequence(table.table("sequence"), table.has("sequence")),
+        remote=_remote(table.table("remote"), runtime),
     )
     table.reject_unknown()
     return config

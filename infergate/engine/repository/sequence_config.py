@@ -12,15 +12,14 @@
     output = "STATE_OUT"
 
 Each control names a model input; its datatype and shape come from the model (1 or 0 in
-that datatype, the correlation id for CORRID)."""
+that datatype, the correlation id for CORRID). The keys are declared in
+infergate/settings/model_sections.py (SequenceSection); engine/repository/modelconfig.py
+reads the table."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from infergate.engine.tomltable import Table
-from infergate.errors import ConfigError
 
 if TYPE_CHECKING:  # spec.py holds ModelConfig, which holds these settings
     from infergate.engine.repository.spec import TensorSpec
@@ -62,36 +61,3 @@ def client_tensors(
         return list(specs)
     hidden = sequence.fed_inputs | sequence.state_outputs
     return [s for s in specs if s.name not in hidden]
-
-
-def _state(table: Table) -> StatePair:
-    given = table.string("input", None), table.string("output", None)
-    table.reject_unknown()
-    if given[0] is None or given[1] is None:
-        raise ConfigError(
-            f"{table.where('')}: each [[sequence.state]] needs input and output (the model's "
-            'state tensors), e.g. input = "STATE_IN", output = "STATE_OUT"'
-        )
-    return StatePair(given[0], given[1])
-
-
-def parse_sequence(table: Table, present: bool) -> SequenceSettings | None:
-    """The [sequence] table, or None when model.toml has none (the model takes no
-    sequences)."""
-    if not present:
-        return None
-    timeout_ms = table.number("idle_timeout_ms", 1000.0, minimum=1)
-    most = table.integer("max_sequences", 1024, minimum=1)
-    controls = tuple(
-        (kind, name) for kind in CONTROLS if (name := table.string(kind, None)) is not None
-    )
-    states = tuple(_state(t) for t in table.tables("state"))
-    table.reject_unknown()
-    fed = [n for _, n in controls] + [s.input for s in states]
-    twice = sorted({n for n in fed if fed.count(n) > 1})
-    if twice:
-        raise ConfigError(
-            f"{table.where('')}: input {twice[0]!r} is named twice; each control and state "
-            "input must be its own model input"
-        )
-    return SequenceSettings(timeout_ms / 1000.0, most, controls, states)

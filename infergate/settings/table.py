@@ -1,0 +1,89 @@
+"""Reading TOML: a parsed table, walked section by section, each section checked against
+its declaration (infergate/settings/declare.py), with errors that name the file, the key
+and what was expected. Used by model.toml and the profile so both report problems the
+same way, and both name unknown keys instead of silently ignoring a typo.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, TypeVar
+
+from infergate.errors import ConfigError
+from infergate.settings.declare import Section, check
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+S = TypeVar("S", bound=Section)
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+class Table:
+    """A view of one TOML table that remembers which keys were read."""
+
+    def __init__(self, data: dict[str, Any], source: Path, prefix: str = "") -> None:
+        self._data = data
+        self._source = source
+        self._prefix = prefix
+        self._read: set[str] = set()
+
+    def where(self, key: str) -> str:
+        return f"{self._source}: {self._prefix}{key}"
+
+    def read(self, section: type[S], leave: tuple[str, ...] = ()) -> S:
+        """This table's settings as declared by `section`; the keys in `leave` (sub-tables)
+        are the caller's to read. Any other key is checked, an unknown one named."""
+        given = {k: v for k, v in self._data.items() if k not in leave}
+        self._read.update(given)
+        return check(section, given, str(self._source), self._prefix, leave)
+
+    def _get(self, key: str, kind: type, expected: str) -> Any:
+        """A sub-table or an array of them: the structure, whose settings `read` checks."""
+        self._read.add(key)
+        value = self._data.get(key, kind())
+        if not isinstance(value, kind):
+            raise ConfigError(f"{self.where(key)}: expected {expected}, got {value!r}")
+        return value
+
+    def table(self, key: str) -> Table:
+        value = self._get(key, dict, "a table")
+        return Table(value, self._source, f"{self._prefix}{key}.")
+
+    def has(self, key: str) -> bool:
+        return key in self._data
+
+    def tables(self, key: str) -> list[Table]:
+        """An array of tables ([[key]])."""
+        items = self._get(key, list, "an array of tables")
+        out = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise ConfigError(f"{self.where(key)}[{i}]: expected a table, got {item!r}")
+            out.append(Table(item, self._source, f"{self._prefix}{key}[{i}]."))
+        return out
+
+    def names(self) -> list[str]:
+        self._read.update(self._data)
+        return list(self._data)
+
+    def reject_unknown(self) -> None:
+        unknown = sorted(set(self._data) - self._read)
+        if unknown:
+            known = ", ".join(sorted(self._read)) or "none"
+            raise ConfigError(
+                f"{self._source}: unknown key {self._prefix}{unknown[0]}"
+                f" (known keys here: {known}); check the spelling"
+            )
