@@ -56,6 +56,7 @@ class ServerSettings:
     admin_keys: tuple[str, ...] = ()
     allow_anonymous: bool = _SERVER.allow_anonymous
     strict_readiness: bool = _SERVER.strict_readiness
+    server_name: str = _SERVER.server_name
     max_concurrent_loads: int = _SERVER.max_concurrent_loads
     # The HTTP edge (see server/http_protocol.py): what one connection may take.
     max_header_kb: float = _SERVER.max_header_kb

@@ -149,3 +149,18 @@ async def test_scrapes_sample_devices_off_the_event_loop(tmp_path: Path) -> None
             assert not scrape.done()
             stuck.go.set()
             assert (await scrape).status_code == 200, path
+
+
+@pytest.mark.parametrize(("setting", "name"), [("", "triton"), ('server_name = "acme"', "acme")])
+async def test_server_metadata_names_triton_unless_the_profile_says_otherwise(
+    tmp_path: Path, setting: str, name: str
+) -> None:
+    """Triton's examples check `GET /v2`'s name; an operator may answer another."""
+    (tmp_path / "models").mkdir()
+    profile = load_profile(write_profile(tmp_path, f"[server]\n{setting}\n"))
+    engine, app = build_gateway(profile, tmp_path / "models")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        meta = (await client.get("/v2")).json()
+    assert meta["name"] == name
+    assert "model_configuration" in meta["extensions"]

@@ -29,7 +29,7 @@ def test_health_and_server_metadata(server: ServerProcess) -> None:
     assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
     assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
     meta = httpx.get(f"{server.url}/v2").json()
-    assert meta["name"] == "infergate"
+    assert meta["name"] == "triton"  # as Triton's examples check ([server] server_name)
     assert "binary_tensor_data" in meta["extensions"]
 
 

@@ -64,6 +64,7 @@ def create_app(
     install_error_handlers(app)
     guard = [admin_guard(engine)]
     strict_readiness = store.profile.server.strict_readiness  # [server]: read at start
+    server_name = store.profile.server.server_name
     app.include_router(triton_router(engine, guard))
 
     @app.get("/v2/health/live")
@@ -84,7 +85,7 @@ def create_app(
 
     @app.get("/v2")
     async def server_metadata() -> Response:
-        return _json({"name": "infergate", "version": __version__, "extensions": EXTENSIONS})
+        return _json({"name": server_name, "version": __version__, "extensions": EXTENSIONS})
 
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")

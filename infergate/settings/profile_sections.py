@@ -71,6 +71,11 @@ class ServerSection(Section):
     strict_readiness: bool = setting(
         False, "true: /v2/health/ready is 503 while any model failed to load"
     )
+    # Triton's own examples check that GET /v2 names "triton": a drop-in answers that, as
+    # browsers still say "Mozilla". Set "infergate" where no client checks it.
+    server_name: str = setting(
+        "triton", "the name GET /v2 answers (Triton's clients check for \"triton\")"
+    )
     max_concurrent_loads: int = setting(
         4, "worker processes loading (spawn, load, warm up) at once; the rest wait", ge=1, le=256
     )
