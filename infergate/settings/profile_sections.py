@@ -74,7 +74,7 @@ class ServerSection(Section):
     # Triton's own examples check that GET /v2 names "triton": a drop-in answers that, as
     # browsers still say "Mozilla". Set "infergate" where no client checks it.
     server_name: str = setting(
-        "triton", "the name GET /v2 answers (Triton's clients check for \"triton\")"
+        "triton", 'the name GET /v2 answers (Triton\'s clients check for "triton")'
     )
     max_concurrent_loads: int = setting(
         4, "worker processes loading (spawn, load, warm up) at once; the rest wait", ge=1, le=256
