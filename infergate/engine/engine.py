@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from infergate.engine.admission.tenants import TenantState
 from infergate.engine.cluster.redis_limits import Ticket
@@ -107,6 +107,20 @@ class Engine:
     def version_view(self, name: str, version: int | None = None) -> VersionView:
         """The version a request for `name` (and `version`) would reach, as a snapshot."""
         return version_view(self.version(name, version))
+
+    def statistics(
+        self, name: str | None = None, version: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Triton's per-version statistics documents, copied now: every version served,
+        the versions of `name`, or that one `version` of it (404s as `version` raises)."""
+        if name is None:
+            chosen = [r.versions[v] for r in self.registry.records() for v in sorted(r.versions)]
+        elif version is not None:
+            chosen = [self.version(name, version)]
+        else:
+            record = self.registry.record(name)
+            chosen = [record.versions[v] for v in sorted(record.versions)]
+        return [s.scheduler.stats.to_json(s.name, s.version) for s in chosen]
 
     def reset_breakers(self, name: str) -> None:
         """Close the breakers of every version of `name` (a command: admin's reset)."""
