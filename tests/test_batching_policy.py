@@ -24,6 +24,7 @@ from infergate.engine.scheduling.tickets import Timing
 from infergate.engine.workers.messages import WorkerSpec
 from infergate.tensors import Array
 from tests.fake_workers import FakeWorkers
+from tests.polling import eventually
 
 BATCH = DEFAULT_CLASSES[2]  # a 30 s queue deadline: only the batching delay can hold it
 SPEC = WorkerSpec(
@@ -39,15 +40,25 @@ Answer = tuple[dict[str, Array], Timing]
 
 
 class Batcher:
-    """One instance on a fake worker, batching up to 8 rows with a 5 ms delay."""
+    """Instances on fake workers, batching up to 8 rows with a 5 ms delay."""
 
-    def __init__(self) -> None:
+    def __init__(self, instances: int = 1) -> None:
         self.clock = FakeClock()
         self.workers = FakeWorkers()
         context = EngineContext(clock=self.clock, worker_factory=self.workers)
-        self.instance = Instance(SPEC, 0, context)
+        self.instances = [Instance(SPEC, i, context) for i in range(instances)]
         policy = QueuePolicy(max_batch_size=8, max_delay_s=0.005)
-        self.scheduler = Scheduler("m", 1, [self.instance], policy, self.clock, context.metrics)
+        self.scheduler = Scheduler("m", 1, self.instances, policy, self.clock, context.metrics)
+
+    async def start(self) -> Batcher:
+        for instance in self.instances:
+            instance.start()
+        await asyncio.gather(*(i.wait_settled() for i in self.instances))
+        return self
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+        await asyncio.gather(*(i.stop() for i in self.instances))
 
     async def send(self, rows: int) -> asyncio.Task[Answer]:
         """A batchable request; returns once the scheduler has admitted it (and sent it,
@@ -63,12 +74,9 @@ class Batcher:
 
 @pytest.fixture
 async def batcher() -> AsyncIterator[Batcher]:
-    b = Batcher()
-    b.instance.start()
-    await b.instance.wait_settled()
+    b = await Batcher().start()
     yield b
-    await b.scheduler.stop()
-    await b.instance.stop()
+    await b.stop()
 
 
 async def test_a_lone_client_sending_two_row_requests_never_waits_the_delay(
@@ -101,3 +109,26 @@ async def test_requests_queued_behind_a_busy_instance_run_as_one_batch(
     for task in queued:
         outputs, _ = await task
         assert outputs["y"].shape == (2, 4)
+
+
+async def test_while_another_batch_runs_a_free_instance_waits_the_delay_to_fill() -> None:
+    batcher = await Batcher(instances=2).start()
+    try:
+        first = await batcher.send(rows=1)
+        assert [c.rows for c in batcher.workers.pending()] == [1]  # alone: at once
+        second = await batcher.send(rows=1)  # a batch runs: its callers are coming back
+        third = await batcher.send(rows=1)
+        assert len(batcher.workers.pending()) == 1  # held on the free instance, filling
+        batcher.clock.advance(0.006)  # past max_delay_s
+        running, merged = await eventually(
+            lambda: len(batcher.workers.pending()) == 2 and batcher.workers.pending(),
+            what="the held batch to go",
+        )
+        assert merged.rows == 2  # the two that arrived meanwhile, in one run
+        running.reply()
+        merged.reply()
+        for task in (first, second, third):
+            outputs, _ = await task
+            assert outputs["y"].shape == (1, 4)
+    finally:
+        await batcher.stop()
