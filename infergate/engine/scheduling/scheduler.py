@@ -106,7 +106,7 @@ class Scheduler:
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         jobs = self._jobs(inputs, key, outputs, cls, now, queue_deadline_s, timeout_s, future)
         pin = pinned_instance(session, self._instances) if instance is None else instance
-        for job in jobs:
+        for job in jobs:  # where and for whom it runs: set before the queue tags it
             job.pin, job.fair = pin, fair or _ANONYMOUS
             job.payload.bound = instance is not None
         self._admit(jobs, cls)
