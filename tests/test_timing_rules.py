@@ -23,7 +23,8 @@ from infergate.engine.lifecycle.instance import Instance
 from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
-from infergate.engine.scheduling.scheduler import Scheduler, Timing
+from infergate.engine.scheduling.scheduler import Scheduler
+from infergate.engine.scheduling.tickets import Timing
 from infergate.engine.settings import LiveSettings
 from infergate.engine.workers.messages import WorkerSpec
 from infergate.errors import (

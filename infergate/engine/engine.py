@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from infergate.engine.admission.tenants import TenantState
 from infergate.engine.cluster.redis_limits import Ticket
@@ -20,7 +20,16 @@ from infergate.engine.repository.watcher import RepositoryWatcher
 from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.scheduling.sequence_step import infer_in_sequence
 from infergate.engine.settings import LiveSettings
-from infergate.engine.snapshots import ModelView, TenantView, model_view, tenant_view
+from infergate.engine.snapshots import (
+    ModelView,
+    TenantView,
+    VersionView,
+    WorkerView,
+    model_view,
+    tenant_view,
+    version_view,
+    worker_views,
+)
 from infergate.errors import (
     Forbidden,
     InfergateError,
@@ -48,7 +57,7 @@ class Engine:
         self.registry = Registry(settings.models_dir, self.context)
         self._loaded = asyncio.Event()
         self._watcher: RepositoryWatcher | None = None
-        self._monitor = MemoryMonitor(self.registry, self.context)
+        self._monitor = MemoryMonitor(self.worker_views, self.kill_over_memory, self.context)
         self._startup: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -94,6 +103,37 @@ class Engine:
 
     def model_view(self, name: str) -> ModelView:
         return model_view(self.registry.record(name))
+
+    def version_view(self, name: str, version: int | None = None) -> VersionView:
+        """The version a request for `name` (and `version`) would reach, as a snapshot."""
+        return version_view(self.version(name, version))
+
+    def statistics(
+        self, name: str | None = None, version: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Triton's per-version statistics documents, copied now: every version served,
+        the versions of `name`, or that one `version` of it (404s as `version` raises)."""
+        if name is None:
+            chosen = [r.versions[v] for r in self.registry.records() for v in sorted(r.versions)]
+        elif version is not None:
+            chosen = [self.version(name, version)]
+        else:
+            record = self.registry.record(name)
+            chosen = [record.versions[v] for v in sorted(record.versions)]
+        return [s.scheduler.stats.to_json(s.name, s.version) for s in chosen]
+
+    def reset_breakers(self, name: str) -> None:
+        """Close the breakers of every version of `name` (a command: admin's reset)."""
+        for served in self.registry.record(name).versions.values():
+            served.breaker.reset()
+
+    def worker_views(self) -> list[WorkerView]:
+        """Live workers with a memory limit, of loading versions too (the monitor's)."""
+        return worker_views(self.registry.instances())
+
+    def kill_over_memory(self, worker: WorkerView, used_mb: float) -> None:
+        """A command, not a read: kill `worker` for its memory, if it still runs."""
+        self.registry.kill_over_memory(worker.pid, used_mb, worker.memory_limit_mb)
 
     def tenant_views(self) -> list[TenantView]:
         placer = self.context.placer

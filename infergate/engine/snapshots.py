@@ -1,6 +1,7 @@
 """Read models: frozen snapshots of what the engine serves, for everyone who only looks.
 
-The HTTP views, the admin API and the dashboard's stats read these instead of walking
+The HTTP views, the admin API, the dashboard's stats and the memory monitor read these
+instead of walking
 registry → served versions → instances → placement themselves, so the engine's live
 objects can change shape without breaking them, and a reader never sees an object
 change under it. A snapshot is taken when asked (`Engine.snapshot`, `Engine.model_view`):
@@ -9,6 +10,7 @@ cheap next to the JSON built from it, and never stale.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,7 @@ from infergate.engine.admission.tenants import Tenant, TenantState
 from infergate.engine.lifecycle.instance import Instance
 from infergate.engine.lifecycle.registry import ModelRecord
 from infergate.engine.lifecycle.served import ServedVersion
+from infergate.engine.repository.sequence_config import SequenceSettings, client_tensors
 from infergate.engine.repository.spec import TensorSpec
 
 
@@ -67,6 +70,16 @@ class VersionView:
     breaker: BreakerView
     queue: dict[str, int]  # waiting requests by priority class
     upstream: dict[str, Any] | None = None  # a remote model's endpoints, as they are now
+    sequence: SequenceSettings | None = None  # the gateway's own sequence tensors, if any
+
+    @property
+    def client_inputs(self) -> list[TensorSpec]:
+        """The inputs a client sends: the gateway's sequence tensors left out."""
+        return client_tensors(self.inputs, self.sequence)
+
+    @property
+    def client_outputs(self) -> list[TensorSpec]:
+        return client_tensors(self.outputs, self.sequence)
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,29 @@ class ModelView:
     default_version: int | None
     versions: tuple[VersionView, ...]  # by version number
     failures: dict[int, str]  # version -> why it did not load
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """A live worker with a memory limit, loading or serving: what the monitor watches."""
+
+    model: str
+    version: int
+    instance: int
+    pid: int
+    memory_limit_mb: int
+
+
+def worker_views(instances: Iterable[Instance]) -> list[WorkerView]:
+    """The workers among `instances` that are alive and have a memory limit."""
+    out = []
+    for instance in instances:
+        limit = instance.placement.memory_mb if instance.placement else None
+        pid = instance.pid
+        if limit and pid is not None:
+            spec = instance.spec
+            out.append(WorkerView(spec.model, spec.version, instance.index, pid, limit))
+    return out
 
 
 def instance_view(instance: Instance) -> InstanceView:
@@ -131,6 +167,7 @@ def version_view(served: ServedVersion) -> VersionView:
         breaker=breaker_view(served),
         queue=served.depth_by_class(),
         upstream=served.upstream_status(),
+        sequence=served.config.sequence,
     )
 
 

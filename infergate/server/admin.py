@@ -266,9 +266,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
 
     @router.post("/admin/breakers/{model}/reset")
     async def reset_breaker(model: str) -> Response:
-        record = engine.model(check_model_name(model))
-        for served in record.versions.values():
-            served.breaker.reset()
+        engine.reset_breakers(check_model_name(model))
         return _json({})
 
     return router

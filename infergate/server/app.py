@@ -90,8 +90,8 @@ def create_app(
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
     async def metadata(name: str, version: str | None = None) -> Response:
-        served = engine.version(name, version_number(version))
-        return _json(model_metadata(served, engine.model(name)))
+        view = engine.version_view(name, version_number(version))
+        return _json(model_metadata(view, engine.model_view(name)))
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")

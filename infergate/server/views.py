@@ -8,10 +8,7 @@ from typing import Any, NamedTuple
 
 from infergate.engine.admission.tenants import NO_CONCURRENCY_LIMIT, NO_RATE_LIMIT
 from infergate.engine.engine import Engine
-from infergate.engine.lifecycle.registry import ModelRecord
-from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.placement.devices import DeviceBackend, DeviceUsage, ProcessUsage
-from infergate.engine.repository.sequence_config import client_tensors
 from infergate.engine.snapshots import BreakerView, InstanceView, ModelView, VersionView
 
 
@@ -20,14 +17,14 @@ def limit(value: float) -> float | None:
     return None if value in (NO_RATE_LIMIT, NO_CONCURRENCY_LIMIT) else value
 
 
-def model_metadata(served: ServedVersion, record: ModelRecord) -> dict[str, Any]:
+def model_metadata(version: VersionView, model: ModelView) -> dict[str, Any]:
     return {
-        "name": served.name,
-        "versions": [str(v) for v in sorted(record.versions)],
-        "platform": served.platform,
-        "inputs": [s.to_json() for s in client_tensors(served.inputs, served.config.sequence)],
-        "outputs": [s.to_json() for s in client_tensors(served.outputs, served.config.sequence)],
-        "parameters": {"sha256": served.sha256, "state": served.state},
+        "name": version.name,
+        "versions": [str(v.version) for v in model.versions],
+        "platform": version.platform,
+        "inputs": [s.to_json() for s in version.client_inputs],
+        "outputs": [s.to_json() for s in version.client_outputs],
+        "parameters": {"sha256": version.sha256, "state": version.state},
     }
 
 

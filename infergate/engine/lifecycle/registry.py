@@ -92,6 +92,14 @@ class Registry:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._disk, functools.partial(fn, *args))
 
+    def kill_over_memory(self, pid: int, used_mb: float, limit_mb: int) -> None:
+        """The monitor saw worker `pid` past its memory limit: kill it, if it is still
+        one of ours (it may have exited and its instance restarted meanwhile)."""
+        for instance in self.instances():
+            if instance.pid == pid:
+                instance.kill_over_memory(used_mb, limit_mb)
+                return
+
     def instances(self) -> Iterator[Instance]:
         """Every instance with (or about to have) a worker: serving and still loading, so
         limits such as memory_mb hold from the first byte a version loads."""

@@ -2,25 +2,33 @@
 the instance restarts it with backoff, or gives up after repeated kills), from the moment
 it starts loading; and the event loop's own lag, exported as a metric.
 
-Sampling reads /proc or NVML, which can stall, so it runs in a thread; only the kills,
-which touch the instances, run on the loop."""
+It reads the engine's frozen snapshot of its workers (engine/snapshots.py WorkerView), not
+the live instances, and asks for a kill through one command, which acts only if the
+worker it sampled is still the one running. Sampling reads /proc or NVML, which can stall,
+so it runs in a thread; only the kills run on the loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 from infergate.engine.context import EngineContext
-from infergate.engine.lifecycle.instance import Instance
-from infergate.engine.lifecycle.registry import Registry
+from infergate.engine.snapshots import WorkerView
 
 LAG_INTERVAL_S = 0.25
 
 
 class MemoryMonitor:
-    def __init__(self, registry: Registry, context: EngineContext) -> None:
-        self._registry = registry
+    def __init__(
+        self,
+        workers: Callable[[], list[WorkerView]],
+        kill: Callable[[WorkerView, float], None],
+        context: EngineContext,
+    ) -> None:
+        self._workers = workers  # a snapshot of every live worker that has a memory limit
+        self._kill = kill  # kills a worker over its limit, if it still runs as sampled
         self._context = context
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -36,16 +44,6 @@ class MemoryMonitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _watched(self) -> list[tuple[Instance, int, int]]:
-        """(instance, pid, limit) for every live worker that has a memory limit."""
-        out = []
-        for instance in self._registry.instances():
-            limit = instance.placement.memory_mb if instance.placement else None
-            pid = instance.pid
-            if limit and pid is not None:
-                out.append((instance, pid, limit))
-        return out
-
     def _usage(self, pids: list[int]) -> list[float | None]:
         backend = self._context.devices
         out: list[float | None] = []
@@ -56,13 +54,13 @@ class MemoryMonitor:
 
     async def sample(self) -> None:
         """One look at every worker that has a memory limit, loading ones included."""
-        watched = self._watched()
+        watched = self._workers()
         if not watched:
             return
-        used = await asyncio.to_thread(self._usage, [pid for _, pid, _ in watched])
-        for (instance, pid, limit), mb in zip(watched, used, strict=True):
-            if mb is not None and mb > limit and instance.pid == pid:
-                instance.kill_over_memory(mb, limit)
+        used = await asyncio.to_thread(self._usage, [w.pid for w in watched])
+        for worker, mb in zip(watched, used, strict=True):
+            if mb is not None and mb > worker.memory_limit_mb:
+                self._kill(worker, mb)
 
     async def _run(self) -> None:
         while True:

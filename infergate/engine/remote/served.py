@@ -28,7 +28,7 @@ from infergate.engine.remote.metrics import remote_metrics
 from infergate.engine.repository.spec import ModelEntry, ModelVersionFile, TensorSpec
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness
-from infergate.engine.scheduling.scheduler import Timing
+from infergate.engine.scheduling.tickets import Timing
 from infergate.errors import InfergateError, MetadataError, ModelExecutionError
 from infergate.tensors import V2_TO_NUMPY, Array
 
@@ -225,8 +225,7 @@ class RemoteServedVersion(ServedVersion):
         self, body: bytes, headers: dict[str, str], start_by: float, finish_by: float
     ) -> UpstreamReply:
         """The pass-through: `body` goes upstream unchanged."""
-        self.in_flight += 1
-        self._idle.clear()
+        self.requests.enter()
         clock, stats = self._context.clock, self.scheduler.stats
         started = clock.now()
         try:
@@ -235,9 +234,7 @@ class RemoteServedVersion(ServedVersion):
             stats.request_failed(clock.now() - started)
             raise
         finally:
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self._idle.set()
+            self.requests.leave()
         took = clock.now() - started
         if reply.status == 200:
             stats.request_done(took, 0.0, took)

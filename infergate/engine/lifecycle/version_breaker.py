@@ -1,0 +1,48 @@
+"""A version's circuit breaker: made with its metric and events, what counts against it,
+and the answer while it is open."""
+
+from __future__ import annotations
+
+from infergate.engine.admission.breaker import Admission, Breaker
+from infergate.engine.context import EngineContext
+from infergate.engine.repository.spec import ModelConfig
+from infergate.errors import CircuitOpen, InfergateError
+
+BREAKER_STATES = ["closed", "half_open", "open"]  # the gauge's values: 0, 1, 2
+
+
+def version_breaker(
+    name: str, version: int, config: ModelConfig, context: EngineContext
+) -> Breaker:
+    """The version's breaker, under the profile's policy and model.toml's overrides; each
+    change of state is a gauge value and an event."""
+    gauge = context.metrics.breaker_state.labels(name, str(version))
+
+    def changed(state: str, reason: str) -> None:
+        gauge.set(BREAKER_STATES.index(state))
+        context.events.publish(f"breaker_{state}", name, reason, version)
+
+    breaker = Breaker(context.settings.breaker_policy(name, config), context.clock, changed)
+    gauge.set(0)  # closed from the start: a scrape can tell a quiet breaker from a missing one
+    return breaker
+
+
+def record_failure(breaker: Breaker, admission: Admission, exc: BaseException) -> None:
+    """A request that was let through raised. The breaker judges the model: its own
+    failures count; load (queue deadlines, shedding), the client's mistakes and the
+    gateway's bugs do not, and a probe that did not reach the model only ends."""
+    if isinstance(exc, InfergateError) and exc.model_fault:
+        breaker.record(admission, False, None)
+    elif admission == "probe":
+        breaker.record(admission, True, None)
+
+
+def circuit_open(name: str, version: int, breaker: Breaker) -> CircuitOpen:
+    """The answer while the breaker refuses requests."""
+    wait = breaker.retry_after()
+    return CircuitOpen(
+        f"model {name!r} version {version} is cut off by its circuit "
+        f"breaker ({breaker.reason}); retry in {wait:.1f} s. Hint: infergate "
+        f"breaker list shows it, infergate breaker reset {name} closes it",
+        wait,
+    )

@@ -1,0 +1,47 @@
+"""The scheduler's refusals, worded once: a request too large for the queue, a full queue,
+one shed for a more urgent one, one past its queue deadline, and a stopped version."""
+
+from __future__ import annotations
+
+from infergate.engine.scheduling.classes import PriorityClass
+from infergate.engine.scheduling.queue import QueuePolicy
+from infergate.errors import Overloaded, QueueDeadlineExceeded, TooLargeForQueue
+
+
+def too_large(model: str, rows: int, chunks: int, policy: QueuePolicy) -> TooLargeForQueue:
+    return TooLargeForQueue(
+        f"request of {rows} rows to model {model!r} is cut into {chunks} "
+        f"batches of at most {policy.max_batch_size} rows, more than its queue "
+        f"can ever hold (max_queue_size = {policy.max_queue_size}). Hint: send "
+        f"at most {policy.max_batch_size * policy.max_queue_size} rows per "
+        "request, or raise max_queue_size or max_batch_size under [batching]"
+    )
+
+
+def queue_full(model: str, queued: int, policy: QueuePolicy) -> Overloaded:
+    return Overloaded(
+        f"model {model!r} has {queued} requests queued, its limit "
+        f"(max_queue_size = {policy.max_queue_size}); nothing of a lower class "
+        "than yours could be shed. Hint: retry after a pause, or add instances"
+    )
+
+
+def shed(model: str, victim: PriorityClass, winner: PriorityClass) -> Overloaded:
+    return Overloaded(
+        f"model {model!r} is overloaded: this {victim.name} request was shed "
+        f"to make room for a {winner.name} one. Hint: retry after a pause"
+    )
+
+
+def expired(
+    model: str, cls: PriorityClass, waited_s: float, patience_s: float
+) -> QueueDeadlineExceeded:
+    return QueueDeadlineExceeded(
+        f"request to model {model!r} waited {waited_s * 1000:.0f} ms in the queue, past its "
+        f"deadline of {patience_s * 1000:.0f} ms ({cls.name} class); "
+        "it was not run. Hint: retry later, lower the load, or add instances"
+    )
+
+
+def stopped(model: str, version: int) -> Overloaded:
+    return Overloaded(f"model {model!r} version {version} was stopped")

@@ -1,0 +1,183 @@
+"""Running batches on instances: send a batch to its worker, await the reply, answer each
+caller with its own rows, and give the work of a worker that died one more try on a
+sibling. It owns which instances are busy; the scheduler decides what runs next."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from infergate.clock import Clock
+from infergate.engine.lifecycle.instance import Instance
+from infergate.engine.scheduling.batching import merge, unmerge
+from infergate.engine.scheduling.queue import Job, JobQueue
+from infergate.engine.scheduling.tickets import Work
+from infergate.engine.triton.stats import VersionStats
+from infergate.engine.workers.protocol import Worker
+from infergate.errors import InfergateError, ModelExecutionError, WorkerFailed, WorkerOverMemory
+from infergate.metrics import Metrics
+from infergate.tensors import Array
+
+log = logging.getLogger("infergate.scheduler")
+
+
+@dataclass(eq=False, slots=True)
+class Batch:
+    """One batch on an instance, from leaving the queue to its callers' answers."""
+
+    instance: Instance
+    handle: Worker
+    jobs: list[Job[Work]]
+    rows: list[int]
+    started: float  # when it left the queue
+    future: asyncio.Future[dict[str, Array]] | None = None
+    replied: float | None = None  # when the worker's reply was read
+    released: bool = False
+
+
+class BatchRunner:
+    def __init__(
+        self,
+        name: str,
+        instances: list[Instance],
+        queue: JobQueue[Work],
+        clock: Clock,
+        metrics: Metrics,
+        stats: VersionStats,
+        on_free: Callable[[bool], None],
+    ) -> None:
+        self.name = name
+        self.busy: set[Instance] = set()  # instances running a batch
+        self._instances = instances
+        self._queue = queue
+        self._clock = clock
+        self._metrics = metrics
+        self._stats = stats
+        self._on_free = on_free  # an instance freed up: the scheduler looks again
+
+    def free(self) -> list[Instance]:
+        return [i for i in self._instances if i.ready and i not in self.busy]
+
+    def launch(self, instance: Instance, jobs: list[Job[Work]], started: float) -> Batch | None:
+        """Send a batch to its instance now; None when nothing went (every caller gave up,
+        or the worker is gone and the work was queued again or failed)."""
+        self.busy.add(instance)
+        jobs = [j for j in jobs if not j.payload.ticket.future.done()]
+        handle = instance.handle
+        assert handle is not None
+        batch = Batch(instance, handle, jobs, [j.rows for j in jobs], started)
+        if not jobs:
+            self._release(batch, pump=False)
+            return None
+        works = [j.payload for j in jobs]
+        names = list(dict.fromkeys(n for w in works for n in w.ticket.outputs))
+        try:
+            batch.future = handle.begin(
+                merge([w.inputs for w in works]), names, lambda: self._replied(batch)
+            )
+        except WorkerFailed as exc:
+            self._retry_or_fail(jobs, instance, exc)
+            self._release(batch, pump=False)  # the loop looks again; we may be inside a pump
+            return None
+        except Exception as exc:  # tensors the arena cannot take: a bug, but answer anyway
+            log.exception("model %s: sending a batch failed", self.name)
+            for w in works:
+                w.ticket.fail(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
+            self._release(batch, pump=False)
+            return None
+        return batch
+
+    def _replied(self, batch: Batch) -> None:
+        """Runs in the pipe reader as soon as the reply is read: the instance takes its next
+        batch before this one's callers are answered (answering a large batch keeps the
+        event loop busy a while, and the worker would sit idle meanwhile)."""
+        batch.replied = self._clock.now()
+        self._release(batch)
+
+    def _release(self, batch: Batch, pump: bool = True) -> None:
+        if batch.released:
+            return
+        batch.released = True
+        self.busy.discard(batch.instance)
+        self._on_free(pump)
+
+    async def finish(self, batch: Batch) -> None:
+        """Await a launched batch and answer its callers."""
+        assert batch.future is not None
+        jobs, works = batch.jobs, [j.payload for j in batch.jobs]
+        timeout = max(w.ticket.timeout_s for w in works)
+        left = max(0.0, batch.started + timeout - self._clock.now())
+        try:
+            # Shielded: a caller that gives up must not cancel the batch's own reply.
+            outputs = await batch.handle.wait(asyncio.shield(batch.future), left, timeout)
+        except asyncio.CancelledError:
+            if batch.future.done():
+                self._release(batch)
+            raise  # else the reply is still to come, and whoever awaits it releases it
+        except WorkerFailed as exc:
+            self._retry_or_fail(jobs, batch.instance, exc)  # queued again before the pump
+            self._release(batch)
+            return
+        except InfergateError as exc:
+            batch.future.cancel()  # past its timeout, the worker is killed: no reply comes
+            for w in works:
+                w.ticket.fail(exc)
+            self._release(batch)
+            return
+        self._release(batch)  # the reply has released it already, unless it came too late
+        self._answer(batch, outputs)
+
+    def _answer(self, batch: Batch, outputs: dict[str, Array]) -> None:
+        """Give each caller its own rows of the batch's outputs, and count the batch."""
+        jobs, works = batch.jobs, [j.payload for j in batch.jobs]
+        compute_s = (batch.replied or self._clock.now()) - batch.started
+        try:
+            pieces = unmerge(outputs, batch.rows) if len(works) > 1 else [outputs]
+        except ValueError as exc:
+            for w in works:
+                w.ticket.fail(ModelExecutionError(str(exc)))
+            return
+        batch.instance.batches += 1
+        size = sum(batch.rows)
+        self._stats.batch_done(size, compute_s)
+        self._metrics.child(self._metrics.batch_size, self.name).observe(size)
+        self._metrics.child(self._metrics.compute_seconds, self.name).observe(compute_s)
+        queue_seconds = self._metrics.queue_seconds
+        for job, work, piece in zip(jobs, works, pieces, strict=True):
+            queue_s = batch.started - job.arrival
+            self._metrics.child(queue_seconds, self.name, job.cls.name).observe(queue_s)
+            wanted = work.ticket.outputs
+            if tuple(piece) != wanted:  # others in the batch asked for more, or in another order
+                piece = {n: piece[n] for n in wanted}
+            work.ticket.part_done(work.index, piece, queue_s, compute_s)
+
+    def _retry_or_fail(self, jobs: list[Job[Work]], failed: Instance, exc: WorkerFailed) -> None:
+        """Inference is idempotent: work on a worker that died gets one more try, on a
+        sibling, when one is ready."""
+        # A worker killed for its memory would take the sibling down the same way.
+        sibling_ready = not isinstance(exc, WorkerOverMemory) and any(
+            i.ready for i in self._instances if i is not failed
+        )
+        for job in jobs:
+            if sibling_ready and not job.payload.retried and not job.payload.bound:
+                job.payload.retried = True
+                # It met its deadline once already: the retry gets a fresh one.
+                now = self._clock.now()
+                patience = job.deadline - job.arrival
+                again = Job(
+                    job.payload,
+                    job.cls,
+                    now,
+                    now + patience,
+                    job.rows,
+                    job.key,
+                    None,
+                    job.fair,
+                    job.group,
+                )
+                self._queue.admit([again], force=True)
+                self._metrics.child(self._metrics.retries, self.name).inc()
+            else:
+                job.payload.ticket.fail(exc)

@@ -1,0 +1,134 @@
+"""When the dynamic batcher holds a part-full batch back, in-process on the FakeClock
+through the worker seam: a lone client never waits `max_delay_s`, whatever its requests'
+size (holding back only pays when other requests are on their way), while requests that
+queue behind a busy instance still run as one batch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infergate.clock import FakeClock
+from infergate.engine.context import EngineContext
+from infergate.engine.lifecycle.instance import Instance
+from infergate.engine.repository.spec import TensorSpec
+from infergate.engine.scheduling.batching import batch_key
+from infergate.engine.scheduling.classes import DEFAULT_CLASSES
+from infergate.engine.scheduling.queue import QueuePolicy
+from infergate.engine.scheduling.scheduler import Scheduler
+from infergate.engine.scheduling.tickets import Timing
+from infergate.engine.workers.messages import WorkerSpec
+from infergate.tensors import Array
+from tests.fake_workers import FakeWorkers
+from tests.polling import eventually
+
+BATCH = DEFAULT_CLASSES[2]  # a 30 s queue deadline: only the batching delay can hold it
+SPEC = WorkerSpec(
+    model="m",
+    version=1,
+    path=Path("m.scripted"),
+    runtime="scripted",
+    device="cpu",
+    inputs=(TensorSpec("x", "FP32", (-1, 4)),),
+    outputs=(TensorSpec("y", "FP32", (-1, 4)), TensorSpec("pid", "INT64", (-1, 1))),
+)
+Answer = tuple[dict[str, Array], Timing]
+
+
+class Batcher:
+    """Instances on fake workers, batching up to 8 rows with a 5 ms delay."""
+
+    def __init__(self, instances: int = 1) -> None:
+        self.clock = FakeClock()
+        self.workers = FakeWorkers()
+        context = EngineContext(clock=self.clock, worker_factory=self.workers)
+        self.instances = [Instance(SPEC, i, context) for i in range(instances)]
+        policy = QueuePolicy(max_batch_size=8, max_delay_s=0.005)
+        self.scheduler = Scheduler("m", 1, self.instances, policy, self.clock, context.metrics)
+
+    async def start(self) -> Batcher:
+        for instance in self.instances:
+            instance.start()
+        await asyncio.gather(*(i.wait_settled() for i in self.instances))
+        return self
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+        await asyncio.gather(*(i.stop() for i in self.instances))
+
+    async def send(self, rows: int) -> asyncio.Task[Answer]:
+        """A batchable request; returns once the scheduler has admitted it (and sent it,
+        when it goes at once): submit does both before its first await."""
+        x = np.ones((rows, 4), np.float32)
+        key = batch_key({"x": x})
+        task = asyncio.create_task(
+            self.scheduler.submit({"x": x}, key, ("y",), BATCH, BATCH.deadline_s, 10.0)
+        )
+        await asyncio.sleep(0)
+        return task
+
+
+@pytest.fixture
+async def batcher() -> AsyncIterator[Batcher]:
+    b = await Batcher().start()
+    yield b
+    await b.stop()
+
+
+async def test_a_lone_client_sending_two_row_requests_never_waits_the_delay(
+    batcher: Batcher,
+) -> None:
+    start = batcher.clock.now()
+    for sent in range(10):  # enough for any average of past batch sizes to settle at 2
+        task = await batcher.send(rows=2)
+        pending = batcher.workers.pending()
+        assert [c.rows for c in pending] == [2], f"request {sent} was held back"
+        pending[0].reply()
+        outputs, _ = await task
+        assert outputs["y"].shape == (2, 4)
+    assert batcher.clock.now() == start  # no time passed: nothing waited for a batch to fill
+
+
+async def test_requests_queued_behind_a_busy_instance_run_as_one_batch(
+    batcher: Batcher,
+) -> None:
+    first = await batcher.send(rows=2)
+    running = batcher.workers.pending()
+    assert [c.rows for c in running] == [2]
+    queued = [await batcher.send(rows=2) for _ in range(3)]  # the instance is busy
+    assert len(batcher.workers.pending()) == 1
+    running[0].reply()
+    await first
+    merged = await batcher.workers.next_call("the queued requests' batch")
+    assert merged.rows == 6  # the three queued requests, in one run
+    merged.reply()
+    for task in queued:
+        outputs, _ = await task
+        assert outputs["y"].shape == (2, 4)
+
+
+async def test_while_another_batch_runs_a_free_instance_waits_the_delay_to_fill() -> None:
+    batcher = await Batcher(instances=2).start()
+    try:
+        first = await batcher.send(rows=1)
+        assert [c.rows for c in batcher.workers.pending()] == [1]  # alone: at once
+        second = await batcher.send(rows=1)  # a batch runs: its callers are coming back
+        third = await batcher.send(rows=1)
+        assert len(batcher.workers.pending()) == 1  # held on the free instance, filling
+        batcher.clock.advance(0.006)  # past max_delay_s
+        running, merged = await eventually(
+            lambda: len(batcher.workers.pending()) == 2 and batcher.workers.pending(),
+            what="the held batch to go",
+        )
+        assert merged.rows == 2  # the two that arrived meanwhile, in one run
+        running.reply()
+        merged.reply()
+        for task in (first, second, third):
+            outputs, _ = await task
+            assert outputs["y"].shape == (1, 4)
+    finally:
+        await batcher.stop()

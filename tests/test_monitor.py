@@ -1,0 +1,101 @@
+"""The memory monitor in-process, through the worker seam: it reads the engine's frozen
+snapshot of its workers (a loading version's included) and kills a worker past its
+memory_mb, and only that one. Memory use comes from a fake device backend, so nothing
+depends on what this machine's processes really use."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from infergate.clock import FakeClock
+from infergate.engine.context import EngineContext
+from infergate.engine.engine import Engine, EngineSettings
+from infergate.engine.placement.devices import DeviceUsage, ProcessUsage
+from infergate.engine.placement.monitor import MemoryMonitor
+from tests.fake_workers import FakeWorkers
+from tests.polling import eventually
+from tests.scripted_runtime import make_scripted
+
+
+@dataclass
+class FakeDevices:
+    """A host whose processes use what the test says (MB by pid; unknown: not running)."""
+
+    name: str = "fake"
+    used_mb: dict[int, float] = field(default_factory=dict)
+
+    def devices(self) -> list[DeviceUsage]:
+        return [DeviceUsage("cpu", "cpu", 0.0, 64_000.0, 0.0)]
+
+    def process(self, pid: int) -> ProcessUsage | None:
+        mb = self.used_mb.get(pid)
+        return None if mb is None else ProcessUsage(pid, mb, 0.0)
+
+    def assign(self, pid: int, device: str) -> None:
+        pass
+
+
+@dataclass
+class Host:
+    engine: Engine
+    devices: FakeDevices
+    workers: FakeWorkers
+    monitor: MemoryMonitor
+
+
+@pytest.fixture
+async def host(tmp_path: Path) -> AsyncIterator[Host]:
+    models = tmp_path / "models"
+    for name, toml in (("capped", "memory_mb = 300\n"), ("free", "")):
+        make_scripted(models / name / "1" / "model.scripted", controls=())
+        (models / name / "model.toml").write_text(toml)
+    devices, workers = FakeDevices(), FakeWorkers()
+    # The engine's own monitor samples every hour: the test drives a monitor of its own.
+    context = EngineContext(
+        clock=FakeClock(), worker_factory=workers, devices=devices, monitor_interval_s=3600
+    )
+    engine = Engine(EngineSettings(models, "explicit"), context)
+    await engine.start()
+    await eventually(lambda: engine.ready and engine.version("capped").ready, what="loads")
+    await eventually(lambda: engine.version("free").ready, what="free to load")
+    yield Host(
+        engine,
+        devices,
+        workers,
+        MemoryMonitor(engine.worker_views, engine.kill_over_memory, context),
+    )
+    await engine.stop()
+
+
+async def test_the_snapshot_lists_only_workers_with_a_memory_limit(host: Host) -> None:
+    views = host.engine.worker_views()
+    capped = host.engine.version("capped").instances[0]
+    assert [(w.model, w.version, w.instance, w.pid, w.memory_limit_mb) for w in views] == [
+        ("capped", 1, 0, capped.pid, 300)
+    ]
+
+
+async def test_a_worker_past_its_limit_is_killed_and_restarted(host: Host) -> None:
+    capped = host.engine.version("capped").instances[0]
+    free = host.engine.version("free").instances[0]
+    first = capped.pid
+    assert first is not None
+    assert free.pid is not None
+    host.devices.used_mb = {first: 299.0, free.pid: 5000.0}  # under its limit; no limit
+    await host.monitor.sample()
+    assert capped.pid == first
+    assert capped.ready
+    assert free.ready
+    host.devices.used_mb[first] = 301.0
+    await host.monitor.sample()
+    killed = next(w for w in host.workers.made if w.pid == first)
+    assert killed.over_memory
+    assert not killed.alive
+    await eventually(lambda: capped.ready and capped.pid != first, what="the restart")
+    assert free.ready  # the model without a limit is never touched
+    events = [e for e in host.engine.context.events.recent() if e.kind == "worker_killed"]
+    assert "instance 0 used 301 MB, over its limit of 300 MB" in events[-1].message
