@@ -16,6 +16,7 @@ from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.placement.devices import DeviceUsage, ProcessUsage
 from infergate.engine.placement.monitor import MemoryMonitor
+from infergate.engine.snapshots import WorkerView
 from tests.fake_workers import FakeWorkers
 from tests.polling import eventually
 from tests.scripted_runtime import make_scripted
@@ -99,3 +100,37 @@ async def test_a_worker_past_its_limit_is_killed_and_restarted(host: Host) -> No
     assert free.ready  # the model without a limit is never touched
     events = [e for e in host.engine.context.events.recent() if e.kind == "worker_killed"]
     assert "instance 0 used 301 MB, over its limit of 300 MB" in events[-1].message
+
+
+async def test_a_stale_sample_never_kills_the_worker_that_took_its_pid(host: Host) -> None:
+    """A pid sampled for one instance that now belongs to another instance's worker (the
+    first exited, the pid was reused) kills nothing."""
+    free = host.engine.version("free").instances[0]
+    assert free.pid is not None
+    stale = WorkerView("capped", 1, 0, free.pid, 300)
+    host.engine.kill_over_memory(stale, 301.0)
+    worker = next(w for w in host.workers.made if w.pid == free.pid)
+    assert worker.alive
+    assert not worker.over_memory
+
+
+async def test_an_open_breaker_shows_open_while_a_replacement_fails_to_load(
+    host: Host,
+) -> None:
+    """The breaker gauge follows the version that serves: a new file for the same version
+    that is loading, then fails, never shows the serving version's open breaker closed."""
+    served = host.engine.version("capped")
+    served.breaker._open("opened by the test")  # the state, not how it got there
+    registry = host.engine.context.metrics.registry
+
+    def gauge() -> float | None:
+        labels = {"model": "capped", "version": "1"}
+        return registry.get_sample_value("infergate_breaker_state", labels)
+
+    assert gauge() == 2  # open
+    host.workers.load_error = "the new file does not load"
+    path = next((host.engine.settings.models_dir / "capped" / "1").glob("model.*"))
+    path.write_text(path.read_text() + "# a new file\n")
+    await host.engine.load("capped")
+    assert host.engine.version("capped") is served  # the old version keeps serving
+    assert gauge() == 2

@@ -133,7 +133,7 @@ class Engine:
 
     def kill_over_memory(self, worker: WorkerView, used_mb: float) -> None:
         """A command, not a read: kill `worker` for its memory, if it still runs."""
-        self.registry.kill_over_memory(worker.pid, used_mb, worker.memory_limit_mb)
+        self.registry.kill_over_memory(worker, used_mb)
 
     def tenant_views(self) -> list[TenantView]:
         placer = self.context.placer

@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from infergate.engine.context import EngineContext
+from infergate.engine.lifecycle import version_breaker
 from infergate.engine.lifecycle.instance import Instance
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.served import REMOTE, RemoteServedVersion, file_digest
@@ -23,6 +24,9 @@ from infergate.engine.repository.scan import model_names, scan_model
 from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersionFile
 from infergate.engine.repository.verify import VerificationFailed, VerifiedStore, verify_file
 from infergate.errors import ModelNotFound
+
+if TYPE_CHECKING:  # snapshots read the registry's records
+    from infergate.engine.snapshots import WorkerView
 
 _T = TypeVar("_T")
 
@@ -92,12 +96,14 @@ class Registry:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._disk, functools.partial(fn, *args))
 
-    def kill_over_memory(self, pid: int, used_mb: float, limit_mb: int) -> None:
-        """The monitor saw worker `pid` past its memory limit: kill it, if it is still
-        one of ours (it may have exited and its instance restarted meanwhile)."""
+    def kill_over_memory(self, worker: WorkerView, used_mb: float) -> None:
+        """The monitor saw `worker` past its memory limit: kill it, if that instance still
+        runs that pid (it may have exited, and its pid gone to another instance's worker)."""
         for instance in self.instances():
-            if instance.pid == pid:
-                instance.kill_over_memory(used_mb, limit_mb)
+            spec = instance.spec
+            seen = (spec.model, spec.version, instance.index, instance.pid)
+            if seen == (worker.model, worker.version, worker.instance, worker.pid):
+                instance.kill_over_memory(used_mb, worker.memory_limit_mb)
                 return
 
     def instances(self) -> Iterator[Instance]:
@@ -244,6 +250,7 @@ class Registry:
             return
         old = record.versions.get(version)
         record.versions[version] = candidate  # the switch: one assignment on the loop
+        version_breaker.show_state(record.name, version, candidate.breaker, self._context)
         record.failures.pop(version, None)
         record.failed_files.pop(version, None)
         if old is not None:

@@ -22,9 +22,16 @@ def version_breaker(
         gauge.set(BREAKER_STATES.index(state))
         context.events.publish(f"breaker_{state}", name, reason, version)
 
-    breaker = Breaker(context.settings.breaker_policy(name, config), context.clock, changed)
-    gauge.set(0)  # closed from the start: a scrape can tell a quiet breaker from a missing one
-    return breaker
+    # The gauge is set when the version starts serving (`show_state`), not here: a
+    # replacement built while the old version serves must not show its open breaker closed.
+    return Breaker(context.settings.breaker_policy(name, config), context.clock, changed)
+
+
+def show_state(name: str, version: int, breaker: Breaker, context: EngineContext) -> None:
+    """The version now serves: its gauge shows its breaker from now on (a quiet closed
+    breaker too, so that a scrape can tell it from a missing one)."""
+    gauge = context.metrics.breaker_state.labels(name, str(version))
+    gauge.set(BREAKER_STATES.index(breaker.state))
 
 
 def record_failure(breaker: Breaker, admission: Admission, exc: BaseException) -> None:
