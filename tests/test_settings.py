@@ -195,3 +195,42 @@ async def test_admin_edits_are_checked_by_the_declarations(tmp_path: Path) -> No
             assert "breaker.models.m.window_seconds: expected a number >= 0.1" in breaker.text
     finally:
         await engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[server]\nport = 70000\n", "server.port: expected an integer from 0 to 65535, got 70000"),
+        (
+            f'[server]\nserver_name = "{"x" * 5000}"\n',
+            "server.server_name: expected at most 4096 characters, got 5000",
+        ),
+        (
+            "[tenants.default]\nmodels = [" + ", ".join(['"a"'] * 2000) + "]\n",
+            "tenants.default.models: expected a list of at most 1024 items, got 2000 items",
+        ),
+    ],
+)
+def test_strings_lists_and_ports_are_bounded(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_profile(write_profile(tmp_path, text))
+
+
+def test_an_error_quotes_a_huge_value_briefly(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_profile(write_profile(tmp_path, f'[tenants.default]\nrps = "{"A" * 100_000}"\n'))
+    assert "tenants.default.rps: expected a number, got 'AAA" in str(raised.value)
+    assert len(str(raised.value)) < 400
+
+
+def test_the_profile_records_hold_every_declared_key() -> None:
+    """A key declared in a section but missing from the record it fills would fail every
+    profile load with a TypeError instead of a ConfigError."""
+    import dataclasses
+
+    from infergate.profile import DeviceSettings, ServerSettings
+    from infergate.settings.profile_sections import DevicesSection, ServerSection
+
+    for record, section in ((ServerSettings, ServerSection), (DeviceSettings, DevicesSection)):
+        fields = {f.name for f in dataclasses.fields(record)}
+        assert set(section.model_fields) == fields, record.__name__

@@ -10,24 +10,38 @@ README's reference, so the file, the errors and the docs cannot drift apart.
 
 from __future__ import annotations
 
+import reprlib
 import types
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
 from infergate.errors import ConfigError
 
 S = TypeVar("S", bound="Section")
+MAX_TEXT = 4096  # characters in any string setting (a path, a URL, a name)
+MAX_ITEMS = 1024  # items in any list setting (keys, globs, endpoints)
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 80  # errors quote what came, briefly
+_SHOWN.maxlist = 8
 
 
 class Section(BaseModel):
     """A table of settings. Strict: TOML's types are what the file says, so "8000" is not
     a port and `true` is not a number; unknown keys are refused, never ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, str_max_length=MAX_TEXT)
+
+    @field_validator("*")
+    @classmethod
+    def _bounded_list(cls, value: Any) -> Any:
+        """A file or an admin edit is hostile until bounded: no list of a million globs."""
+        if isinstance(value, list) and len(value) > MAX_ITEMS:
+            raise ValueError(f"a list of at most {MAX_ITEMS} items")
+        return value
 
 
 def setting(
@@ -49,6 +63,8 @@ def setting(
     if hint is not None:
         extra["hint"] = hint
     if isinstance(default, list):
+        if (ge, gt, le) != (None, None, None):  # they would bound the list, not its items
+            raise TypeError("setting(): bounds on a list setting; use Field with item bounds")
         value = list(default)
         return Field(
             default_factory=lambda: list(value),
@@ -156,15 +172,19 @@ def _message(
     if len(loc) > 1 and isinstance(value, list) and isinstance(loc[1], int):
         value = value[loc[1]]  # the one item of a list that is wrong
     custom = "expected" in _extra(info)
-    if error["type"] in ("greater_than_equal", "greater_than", "less_than_equal") or custom:
+    if error["type"] == "string_too_long":
+        wanted, got = f"at most {MAX_TEXT} characters", f"{len(str(value))}"
+    elif error["type"] == "value_error":
+        wanted, got = str(error["ctx"]["error"]), f"{len(value or ())} items"
+    elif error["type"] in ("greater_than_equal", "greater_than", "less_than_equal") or custom:
         wanted = describe(info)
-        got = repr(value) if isinstance(value, str) else str(value)
+        got = _SHOWN.repr(value)
     elif get_origin(info.annotation) is Literal:
-        wanted, got = describe(info), repr(value)
+        wanted, got = describe(info), _SHOWN.repr(value)
     elif error["type"] == "missing":
         wanted, got = describe(info), "nothing"
     else:  # a wrong type: what kind of value belongs here
-        wanted, got = _kind(info.annotation), repr(value)
+        wanted, got = _kind(info.annotation), _SHOWN.repr(value)
     hint = _extra(info).get("hint")
     tail = f". Hint: {hint}" if hint else ""
     return f"{head}{prefix}{key}: expected {wanted}, got {got}{tail}"

@@ -48,6 +48,7 @@ class ModelSection(Section):
         _MODEL.instances,
         "worker processes (each loads its own copy)",
         ge=1,
+        le=256,
     )
     threads: int | None = setting(
         None, "intra-op threads per instance (default: its share of the cores)", ge=1
@@ -128,6 +129,7 @@ class SequenceSection(Section):
         _SEQUENCE.max_sequences,
         "live at once (each holds its state in the gateway); past it a start is 503",
         ge=1,
+        le=1_000_000,
     )
     start: str | None = setting(None, "control input: 1 on a sequence's first request, else 0")
     end: str | None = setting(None, "control input: 1 on a sequence's last request, else 0")

@@ -32,8 +32,12 @@ class ServerSection(Section):
     """[server]: read at start; a change needs a restart (the event stream says so)."""
 
     host: str = setting("127.0.0.1", "address to bind")
-    port: int = setting(8000, "port to bind (0: any free port)", ge=0)
-    models: str = setting("models", "the model repository; relative to the folder above profiles/")
+    port: int = setting(8000, "port to bind (0: any free port)", ge=0, le=65535)
+    models: str = setting(
+        "models",
+        "the model repository; a relative path is taken from the folder above a profiles/ "
+        "folder the profile is in, else from the working directory",
+    )
     max_request_mb: float = setting(64.0, "a larger request body gets 413", ge=0.001, unit="MB")
     load_timeout_s: float = setting(
         120.0, "a worker that has not loaded and warmed up by then is killed", ge=1, unit="s"
@@ -105,7 +109,8 @@ class BatchingSection(Section):
     )
     max_queue_delay_ms: float = setting(
         _QUEUE.max_delay_s * 1000.0,
-        "how long the oldest request may wait for a batch to fill",
+        "how long the oldest request may wait for a batch to fill, and only while another "
+        "batch of the model runs (a lone client never waits)",
         ge=0,
         unit="ms",
     )
@@ -180,7 +185,9 @@ class TenantSection(Section):
     burst: float | None = setting(
         None, "token bucket size (default: two seconds' worth of rps)", ge=1
     )
-    max_concurrency: int | None = setting(None, "requests in flight at once (none: no limit)", ge=1)
+    max_concurrency: int | None = setting(
+        None, "requests in flight at once (none: no limit)", ge=1, le=1_000_000
+    )
     models: list[str] = setting(list(_TENANT.models), "glob patterns of the models it may use")
     devices: list[str] = setting(
         list(_TENANT.devices), 'devices its models may use: "auto" (any), "cpu", "cuda:1"...'
