@@ -235,6 +235,18 @@ async def test_a_request_on_a_dead_worker_is_retried_once_on_a_sibling(three: Se
     assert not three.workers.pending()
 
 
+async def test_a_batch_failing_after_its_scheduler_stopped_is_answered(three: Served) -> None:
+    """A version stopping (a drain that ran out) while a batch runs: the batch's worker dies
+    then, and its request is answered at once, not queued again for a loop that is gone."""
+    task = await three.submit(BURST)
+    call = await three.workers.next_call()
+    await three.scheduler.stop()
+    call.worker.end("was stopped with its version")
+    with pytest.raises(WorkerFailed, match="stopped with its version"):
+        await asyncio.wait_for(task, 5)  # hung for good before: a retry nobody would run
+    assert not three.workers.pending()
+
+
 async def test_no_retry_after_a_memory_kill_or_without_a_sibling(three: Served) -> None:
     task = await three.submit(BURST)
     call = await three.workers.next_call()

@@ -50,6 +50,8 @@ class BatchRunner:
     ) -> None:
         self.name = name
         self.busy: set[Instance] = set()  # instances running a batch
+        # Set when the scheduler stops: no loop is left to run what would be queued again.
+        self.stopped = False
         self._instances = instances
         self._queue = queue
         self._clock = clock
@@ -161,7 +163,12 @@ class BatchRunner:
             i.ready for i in self._instances if i is not failed
         )
         for job in jobs:
-            if sibling_ready and not job.payload.retried and not job.payload.bound:
+            if (
+                sibling_ready
+                and not self.stopped
+                and not job.payload.retried
+                and not job.payload.bound
+            ):
                 job.payload.retried = True
                 # It met its deadline once already: the retry gets a fresh one.
                 now = self._clock.now()

@@ -78,6 +78,7 @@ class Scheduler:
             self._task = asyncio.create_task(self._run(), name=f"scheduler:{self.name}")
 
     async def stop(self) -> None:
+        self._runner.stopped = True  # a batch failing from now on is answered, not requeued
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
