@@ -20,8 +20,8 @@ EDITABLE: dict[str, tuple[type[Section], frozenset[str]]] = {
 
 def editable(what: str) -> list[str]:
     """The keys of a tenant ("tenant") or a breaker ("breaker") that an edit may set."""
-    section, kept = EDITABLE[what]
-    return sorted(set(keys(section)) - kept)
+    section, not_editable = EDITABLE[what]
+    return sorted(set(keys(section)) - not_editable)
 
 
 def is_list(what: str, key: str) -> bool:
@@ -36,7 +36,7 @@ def check_edit(what: str, values: Mapping[str, Any], prefix: str) -> None:
     """Refuse (ConfigError) an unknown key or a value its declaration refuses, naming the key
     with `prefix` ("tenants.acme."). A null is allowed: it removes the key, so the
     declared default applies again."""
-    section, kept = EDITABLE[what]
+    section = EDITABLE[what][0]
     unknown = sorted(set(values) - set(editable(what)))
     if unknown:
         known = ", ".join(editable(what))

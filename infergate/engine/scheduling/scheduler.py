@@ -31,12 +31,10 @@ from infergate.engine.scheduling.queue import (
     QueuePolicy,
 )
 from infergate.engine.scheduling.runner import Batch, BatchRunner
-from infergate.engine.scheduling.tickets import Answer, Ticket, Timing, Work
+from infergate.engine.scheduling.tickets import Answer, Ticket, Work
 from infergate.engine.triton.stats import VersionStats
 from infergate.metrics import Metrics
 from infergate.tensors import Array
-
-__all__ = ["Scheduler", "Timing"]
 
 # While work waits and no instance is free (one may be restarting), look again this often.
 _IDLE_POLL_S = 0.05
