@@ -150,6 +150,7 @@ class Metrics:
             registry=self.registry,
         )
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        self._done: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def child(self, metric: Counter | Histogram, *labels: str) -> Any:
         """`metric.labels(*labels)`, kept: labels() validates and locks on every call, and
@@ -162,5 +163,12 @@ class Metrics:
         return found
 
     def request_done(self, model: str, tenant: str, status: int, seconds: float) -> None:
-        self.child(self.requests, model, tenant, str(status)).inc()
-        self.child(self.request_seconds, model, tenant).observe(seconds)
+        key = (model, tenant, status)
+        pair = self._done.get(key)  # one lookup for both children, on every request
+        if pair is None:
+            pair = self._done[key] = (
+                self.child(self.requests, model, tenant, str(status)),
+                self.child(self.request_seconds, model, tenant),
+            )
+        pair[0].inc()
+        pair[1].observe(seconds)

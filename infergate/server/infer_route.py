@@ -143,10 +143,11 @@ class InferRoute:
             model, status < 500, now - started, None if tenant == "-" else tenant, now
         )
         body = compress_response(scope["headers"], headers, body, status)
-        headers.append((b"content-length", str(len(body)).encode()))
+        headers.append((b"content-length", b"%d" % len(body)))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        await keeper.release()
+        if keeper.holding:
+            await keeper.release()
 
     async def _answer(
         self,
@@ -213,7 +214,7 @@ class InferRoute:
         content, json_length = encode_response(result.model, result.version, outputs, decoded)
         if json_length is None:
             return [_JSON], content
-        return [_BINARY, (b"inference-header-content-length", str(json_length).encode())], content
+        return [_BINARY, (b"inference-header-content-length", b"%d" % json_length)], content
 
 
 def error_headers(retry_after_s: float | None) -> list[tuple[bytes, bytes]]:
