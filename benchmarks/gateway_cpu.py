@@ -1,6 +1,6 @@
 """The gateway's own CPU per request: the infer route driven in-process, without HTTP.
 
-    .venv/bin/python benchmarks/gateway_cpu.py [--quick] [--json] [--profile FILE]
+    .venv/bin/python benchmarks/gateway_cpu.py [--tiny] [--quick] [--json] [--profile FILE]
 
 End-to-end figures on a shared 2-core machine move by 10-20% from run to run, because the
 load generator, uvicorn and the workers all compete for the cores. This one measures only
@@ -9,7 +9,9 @@ scheduler, batching, the pipe to real worker processes, encode), as CPU time of 
 gateway's thread, so a change to that path shows in a few seconds to within a few percent.
 
 The model takes and returns rows as large as the batching benchmark's (1024 in, 1000 out)
-but computes almost nothing; 64 callers on two single-thread instances, batching on.
+but computes almost nothing, as binary tensors; 64 callers on two single-thread instances,
+batching on. `--tiny` serves the other benchmarks' MLP 64→128→10 with JSON tensors both
+ways instead, the small request most gateways carry.
 `--profile FILE` also writes a cProfile of the measured part (wall clock, so functions that
 wake workers look dearer than they are).
 """
@@ -50,10 +52,11 @@ async def _wait_ready(engine: Engine, model: str, timeout_s: float = 120.0) -> N
         await asyncio.sleep(0.05)
 
 
-async def measure(seconds: float, profile_to: Path | None) -> dict[str, Any]:
+async def measure(seconds: float, profile_to: Path | None, tiny: bool) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="infergate-gwcpu-"))
     models = work / "models"
-    make_mlp(models / "m" / "1" / "model.onnx", sizes=(1024, 64, 1000))
+    sizes = (64, 128, 10) if tiny else (1024, 64, 1000)
+    make_mlp(models / "m" / "1" / "model.onnx", sizes=sizes)
     (models / "m" / "model.toml").write_text(
         "instances = 2\nthreads = 1\n[batching]\nmax_batch_size = 64\n"
     )
@@ -66,8 +69,8 @@ async def measure(seconds: float, profile_to: Path | None) -> dict[str, Any]:
     await engine.start()
     try:
         await _wait_ready(engine, "m")
-        x = np.random.default_rng(1).standard_normal((1, 1024)).astype(np.float32)
-        body, headers = prepare({"x": x}, binary=True)
+        x = np.random.default_rng(1).standard_normal((1, sizes[0])).astype(np.float32)
+        body, headers = prepare({"x": x}, binary=not tiny)
         scope = {
             "type": "http",
             "method": "POST",
@@ -121,11 +124,14 @@ async def measure(seconds: float, profile_to: Path | None) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--tiny", action="store_true", help="the MLP 64→128→10 with JSON tensors both ways"
+    )
     parser.add_argument("--quick", action="store_true", help="a short pass (CI smoke test)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--profile", type=Path, help="write a cProfile of the measured part")
     args = parser.parse_args()
-    report = uvloop.run(measure(1.0 if args.quick else 5.0, args.profile))
+    report = uvloop.run(measure(1.0 if args.quick else 5.0, args.profile, args.tiny))
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
         return

@@ -3,9 +3,91 @@ Names are prefixed infergate_; labels stay bounded (model, version, outcome)."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+
+
+class _Tally:
+    """One labelled series of a LoopCounter or LoopHistogram."""
+
+    __slots__ = ("buckets", "count", "total", "_bounds")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self.buckets = [0] * len(bounds)
+        self.count = 0
+        self.total = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.total += amount
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect_left(self._bounds, value)] += 1  # le: the first bound >= value
+        self.count += 1
+        self.total += value
+
+
+class _LoopMetric:
+    """A labelled counter or histogram for the request path, exposed through the registry
+    as prometheus_client's own are (same names and samples, without `_created`). Theirs
+    take a lock and check the series on every call (about 1.2 us an observe); these are
+    touched only from the event loop's thread, so a bisect and two additions do."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        registry: CollectorRegistry,
+        buckets: Sequence[float] = (),
+    ) -> None:
+        self._name, self._doc, self._labelnames = name, documentation, tuple(labelnames)
+        self._bounds = (*(float(b) for b in buckets), float("inf")) if buckets else ()
+        self._series: dict[tuple[str, ...], _Tally] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> _Tally:
+        series = self._series.get(values)
+        if series is None:
+            if len(values) != len(self._labelnames):
+                raise ValueError(f"{self._name} takes labels {self._labelnames}, got {values}")
+            series = self._series[values] = _Tally(self._bounds)
+        return series
+
+    def describe(self) -> Iterator[Metric]:
+        if self._bounds:
+            yield HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
+        else:
+            yield CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        if not self._bounds:
+            counter = CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
+            for values, series in list(self._series.items()):
+                counter.add_metric(list(values), series.total)
+            yield counter
+            return
+        histogram = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
+        les = ["+Inf" if b == float("inf") else repr(b) for b in self._bounds]  # as Go prints
+        for values, series in list(self._series.items()):
+            cumulative, seen = [], 0
+            for le, n in zip(les, series.buckets, strict=True):
+                seen += n
+                cumulative.append((le, float(seen)))
+            histogram.add_metric(list(values), cumulative, series.total)
+        yield histogram
+
+
+class LoopCounter(_LoopMetric):
+    pass
+
+
+class LoopHistogram(_LoopMetric):
+    pass
 
 
 class Metrics:
@@ -31,21 +113,21 @@ class Metrics:
             ["model", "class", "reason"],
             registry=self.registry,
         )
-        self.batch_size = Histogram(
+        self.batch_size = LoopHistogram(
             "infergate_batch_size",
             "Rows in each batch run on a worker",
             ["model"],
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
             registry=self.registry,
         )
-        self.queue_seconds = Histogram(
+        self.queue_seconds = LoopHistogram(
             "infergate_queue_seconds",
             "Time a request waited in its model's queue",
             ["model", "class"],
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30),
             registry=self.registry,
         )
-        self.compute_seconds = Histogram(
+        self.compute_seconds = LoopHistogram(
             "infergate_compute_seconds",
             "Time a batch took on its worker, transfer included",
             ["model"],
@@ -58,13 +140,13 @@ class Metrics:
             ["model", "version"],
             registry=self.registry,
         )
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "infergate_requests",
             "Inference requests by model, tenant and HTTP status",
             ["model", "tenant", "status"],
             registry=self.registry,
         )
-        self.request_seconds = Histogram(
+        self.request_seconds = LoopHistogram(
             "infergate_request_duration_seconds",
             "End-to-end inference request time in the gateway (read to answer), by model "
             "and tenant, failures included",
@@ -150,8 +232,9 @@ class Metrics:
             registry=self.registry,
         )
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        self._done: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
-    def child(self, metric: Counter | Histogram, *labels: str) -> Any:
+    def child(self, metric: Counter | Histogram | _LoopMetric, *labels: str) -> Any:
         """`metric.labels(*labels)`, kept: labels() validates and locks on every call, and
         the request path asks for the same few children over and over (their label values
         are bounded)."""
@@ -162,5 +245,12 @@ class Metrics:
         return found
 
     def request_done(self, model: str, tenant: str, status: int, seconds: float) -> None:
-        self.child(self.requests, model, tenant, str(status)).inc()
-        self.child(self.request_seconds, model, tenant).observe(seconds)
+        key = (model, tenant, status)
+        pair = self._done.get(key)  # one lookup for both children, on every request
+        if pair is None:
+            pair = self._done[key] = (
+                self.child(self.requests, model, tenant, str(status)),
+                self.child(self.request_seconds, model, tenant),
+            )
+        pair[0].inc()
+        pair[1].observe(seconds)

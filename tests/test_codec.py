@@ -79,6 +79,9 @@ def test_outputs_binary_per_output_and_by_default() -> None:
         ([300, 1], "UINT8", "out of range for UINT8"),
         ([1, 0], "BOOL", "BOOL; send true/false"),
         ([[1, 2], [3]], "FP32", "ragged"),
+        ([1e39, 1.5], "FP32", "out of range for FP32"),  # the float fast path's one check
+        ([1.5, -1e39], "FP32", "out of range for FP32"),
+        ([70000.0, 1.5], "FP16", "out of range for FP16"),
         ([1, "x"], "BYTES", "element 0 is 1, not a string"),
     ],
 )

@@ -122,6 +122,9 @@ def test_access_log_and_request_ids(env_server: EnvServer) -> None:
     missing = httpx.post(f"{env_server.url}/v2/models/nope/infer", json=BODY)
     assert missing.status_code == 404
     assert missing.headers["x-request-id"]
+    # Routes other than infer (FastAPI's) carry the id and log their status too.
+    health = httpx.get(f"{env_server.url}/v2/models/nope", headers={"X-Request-ID": "h-1"})
+    assert (health.status_code, health.headers["x-request-id"]) == (404, "h-1")
 
     def access(rid: str) -> dict[str, Any] | None:
         found = [r for r in env_server.records() if r.get("request_id") == rid]
@@ -142,6 +145,8 @@ def test_access_log_and_request_ids(env_server: EnvServer) -> None:
     assert line["method"] == "POST"
     assert access(generated)["version"] == "1"  # type: ignore[index]
     assert access(missing.headers["x-request-id"])["status"] == 404  # type: ignore[index]
+    wait_for(lambda: access("h-1") is not None)
+    assert access("h-1")["status"] == 404  # type: ignore[index]
 
 
 def test_duration_histogram_per_model_and_tenant(env_server: EnvServer) -> None:

@@ -223,12 +223,9 @@ class Engine:
         await self.context.shared_limits.release(ticket)
 
     async def infer_admitted(
-        self, request: InferenceRequest, state: TenantState
+        self, request: InferenceRequest, tenant: TenantState
     ) -> InferenceResult:
         """`infer` for a caller that already holds an admission from `admit`."""
-        return await self._infer(request, state)
-
-    async def _infer(self, request: InferenceRequest, tenant: TenantState) -> InferenceResult:
         served = self.version(request.model, request.version)
         if request.sequence is not None or served.sequences is not None:
             run = partial(self._run, served, tenant=tenant)

@@ -10,9 +10,10 @@ authenticated (it leaves it in the ASGI scope); other routes show "-".
 from __future__ import annotations
 
 import logging
+import random
 import re
 import time
-import uuid
+from collections.abc import Awaitable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,11 +23,16 @@ SANE_ID = re.compile(rb"^[\w.:@/+=-]{1,128}$")  # printable, no spaces: safe in 
 TENANT_KEY = "infergate.tenant"
 
 
+# Ids need to be unique, not secret: 128 bits from a generator seeded from the OS's
+# entropy once, at a fifth of uuid4's cost (a getrandom call and a UUID object each).
+_RANDOM = random.Random()
+
+
 def request_id(scope: Scope) -> bytes:
     for name, value in scope["headers"]:
         if name == b"x-request-id" and SANE_ID.match(value):
             return bytes(value)
-    return uuid.uuid4().hex.encode()
+    return b"%032x" % _RANDOM.getrandbits(128)
 
 
 class AccessLog:
@@ -41,12 +47,13 @@ class AccessLog:
         started = time.perf_counter()
         status = 0
 
-        async def send_with_id(message: Message) -> None:
+        def send_with_id(message: Message) -> Awaitable[None]:
+            # Not a coroutine of its own: send's is awaited directly (two fewer per request).
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
                 message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid)]
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, send_with_id)

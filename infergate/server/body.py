@@ -84,7 +84,7 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
     length = int(declared) if declared is not None and declared.isdigit() else None
     if length is not None and length > limit:
         raise too_big(limit)
-    encoding = content_encoding(headers)
+    encoding = content_encoding(headers) if b"content-encoding" in headers else ""
     inflater = _Inflater(encoding, limit) if encoding in ("gzip", "deflate") else None
     if inflater is None and length is not None and length > _STEP:
         return await _read_into(bytearray(length), receive)

@@ -120,6 +120,11 @@ class Keeper:
     def keep(self, items: list[bytes]) -> None:
         self._slices.append(items)
 
+    @property
+    def holding(self) -> bool:
+        """Whether `release` has anything to do (most requests have no BYTES tensor)."""
+        return bool(self._slices)
+
     async def release(self) -> None:
         while self._slices:
             self._slices.pop()

@@ -23,7 +23,7 @@ from infergate.engine.scheduling.sequences import sequence_params
 from infergate.engine.triton.classification import classify_outputs
 from infergate.errors import BadRequest, InfergateError
 from infergate.server.body import read_body
-from infergate.server.codec import encode_response
+from infergate.server.codec import DecodedRequest, encode_response
 from infergate.server.compression import compress_response
 from infergate.server.decoding import BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
@@ -143,10 +143,11 @@ class InferRoute:
             model, status < 500, now - started, None if tenant == "-" else tenant, now
         )
         body = compress_response(scope["headers"], headers, body, status)
-        headers.append((b"content-length", str(len(body)).encode()))
+        headers.append((b"content-length", b"%d" % len(body)))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        await keeper.release()
+        if keeper.holding:
+            await keeper.release()
 
     async def _answer(
         self,
@@ -190,30 +191,38 @@ class InferRoute:
                     )
             decoded = await self._decoder.decode(body, length, keeper)
             result = await self._engine.infer_admitted(
-                InferenceRequest(
-                    model=name,
-                    version=number,
-                    inputs=decoded.inputs,
-                    outputs=decoded.outputs,
-                    timeout_s=timeout_s(decoded.parameters),
-                    priority=decoded.parameters.get("priority"),
-                    session=session_of(decoded.parameters),
-                    sequence=sequence_params(decoded.parameters),
-                ),
-                tenant,
+                inference_request(name, number, decoded), tenant
             )
         finally:
             if ticket is None:
                 self._engine.leave(tenant)
             else:
                 await self._engine.leave_shared(ticket)
-        outputs = classify_outputs(
-            result.outputs, decoded.output_parameters, served.batchable, served.file.path
-        )
+        outputs = result.outputs
+        if decoded.output_parameters:  # classification asked for (rare)
+            outputs = classify_outputs(
+                outputs, decoded.output_parameters, served.batchable, served.file.path
+            )
         content, json_length = encode_response(result.model, result.version, outputs, decoded)
         if json_length is None:
             return [_JSON], content
-        return [_BINARY, (b"inference-header-content-length", str(json_length).encode())], content
+        return [_BINARY, (b"inference-header-content-length", b"%d" % json_length)], content
+
+
+def inference_request(name: str, number: int | None, decoded: DecodedRequest) -> InferenceRequest:
+    params = decoded.parameters
+    if not params:  # most requests: no timeout, priority, session or sequence to read
+        return InferenceRequest(name, decoded.inputs, number, decoded.outputs)
+    return InferenceRequest(
+        model=name,
+        version=number,
+        inputs=decoded.inputs,
+        outputs=decoded.outputs,
+        timeout_s=timeout_s(params),
+        priority=params.get("priority"),
+        session=session_of(params),
+        sequence=sequence_params(params),
+    )
 
 
 def error_headers(retry_after_s: float | None) -> list[tuple[bytes, bytes]]:
