@@ -4,6 +4,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,27 @@ REPO = Path(__file__).resolve().parent.parent
 # The scripted runtime (tests/scripted_runtime.py) exists in this process, in the servers
 # the tests start and in their workers, and nowhere else.
 os.environ[PLUGINS_ENV] = "tests.scripted_runtime"
+
+
+def _share_one_tls_context() -> None:
+    """httpx.get() and friends build a client per call, and each client loads certifi's CA
+    bundle into a new SSL context: 25 ms of CPU, for URLs that are all plain http here. The
+    tests make thousands of such calls (polling a starting server took more CPU than the
+    server itself), so they all get one context, made once; an SSLContext may be shared."""
+    from httpx._transports import default
+
+    make = default.create_ssl_context  # type: ignore[attr-defined]
+    shared = make()
+
+    def create(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is True and cert is None and trust_env:
+            return shared
+        return make(verify=verify, cert=cert, trust_env=trust_env)
+
+    default.create_ssl_context = create  # type: ignore[attr-defined]
+
+
+_share_one_tls_context()
 
 
 def write_profile(folder: Path, text: str = "") -> Path:
