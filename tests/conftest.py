@@ -108,10 +108,43 @@ def _parallel(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
 
 
+# The files that take longest (several servers each, and waits for breakers, restarts,
+# drains and watchers), longest first, as measured. pytest-xdist's loadscope hands out
+# whole files in collection order: one of these handed out last would run alone at the end
+# while the other workers sit idle.
+LONGEST_FIRST = (
+    "test_reload.py",
+    "test_cluster_outage.py",
+    "test_models_faults.py",
+    "test_cluster_limits.py",
+    "test_tenants.py",
+    "test_cli_unix.py",
+    "test_models_watcher.py",
+    "test_dashboard.py",
+    "test_remote.py",
+    "test_bench.py",
+    "test_repository_api.py",
+    "test_ops_examples.py",
+    "test_devices.py",
+    "test_models_profile.py",
+    "test_edge_drain.py",
+    "test_cluster_drain.py",
+    "test_observability.py",
+    "test_edge_connections.py",
+)
+
+
+def _file_rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A parallel run (-n N) leaves out the tests marked `serial`: they measure latency
-    against a wall clock, which other workers' servers would skew. The README's test
-    command runs them in a second pass of their own (`pytest -m serial`)."""
+    """The longest files first (see LONGEST_FIRST; a stable sort keeps each file's own
+    order). A parallel run (-n N) leaves out the tests marked `serial`: they measure
+    latency against a wall clock, which other workers' servers would skew. The README's
+    test command runs them in a second pass of their own (`pytest -m serial`)."""
+    items.sort(key=_file_rank)
     if not _parallel(config):
         return
     serial = [item for item in items if item.get_closest_marker("serial")]
