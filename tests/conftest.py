@@ -4,6 +4,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,27 @@ REPO = Path(__file__).resolve().parent.parent
 # The scripted runtime (tests/scripted_runtime.py) exists in this process, in the servers
 # the tests start and in their workers, and nowhere else.
 os.environ[PLUGINS_ENV] = "tests.scripted_runtime"
+
+
+def _share_one_tls_context() -> None:
+    """httpx.get() and friends build a client per call, and each client loads certifi's CA
+    bundle into a new SSL context: 25 ms of CPU, for URLs that are all plain http here. The
+    tests make thousands of such calls (polling a starting server took more CPU than the
+    server itself), so they all get one context, made once; an SSLContext may be shared."""
+    from httpx._transports import default
+
+    make = default.create_ssl_context  # type: ignore[attr-defined]
+    shared = make()
+
+    def create(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is True and cert is None and trust_env:
+            return shared
+        return make(verify=verify, cert=cert, trust_env=trust_env)
+
+    default.create_ssl_context = create  # type: ignore[attr-defined]
+
+
+_share_one_tls_context()
 
 
 def write_profile(folder: Path, text: str = "") -> Path:
@@ -86,10 +108,43 @@ def _parallel(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
 
 
+# The files that take longest (several servers each, and waits for breakers, restarts,
+# drains and watchers), longest first, as measured. pytest-xdist's loadscope hands out
+# whole files in collection order: one of these handed out last would run alone at the end
+# while the other workers sit idle.
+LONGEST_FIRST = (
+    "test_reload.py",
+    "test_cluster_outage.py",
+    "test_models_faults.py",
+    "test_cluster_limits.py",
+    "test_tenants.py",
+    "test_cli_unix.py",
+    "test_models_watcher.py",
+    "test_dashboard.py",
+    "test_remote.py",
+    "test_bench.py",
+    "test_repository_api.py",
+    "test_ops_examples.py",
+    "test_devices.py",
+    "test_models_profile.py",
+    "test_edge_drain.py",
+    "test_cluster_drain.py",
+    "test_observability.py",
+    "test_edge_connections.py",
+)
+
+
+def _file_rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A parallel run (-n N) leaves out the tests marked `serial`: they measure latency
-    against a wall clock, which other workers' servers would skew. The README's test
-    command runs them in a second pass of their own (`pytest -m serial`)."""
+    """The longest files first (see LONGEST_FIRST; a stable sort keeps each file's own
+    order). A parallel run (-n N) leaves out the tests marked `serial`: they measure
+    latency against a wall clock, which other workers' servers would skew. The README's
+    test command runs them in a second pass of their own (`pytest -m serial`)."""
+    items.sort(key=_file_rank)
     if not _parallel(config):
         return
     serial = [item for item in items if item.get_closest_marker("serial")]

@@ -66,18 +66,21 @@ class ServerProcess:
                 start_new_session=True,  # so a test can signal the whole group
             )
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                said = self.log.read_bytes()[logged:].decode(errors="replace")
-                if f"cannot listen on 127.0.0.1:{self.port}" in said:
-                    return False
-                raise RuntimeError(f"server exited early:\n{self.log.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
-                    return True
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.02)
+        # One client for every look (a new one per look costs more CPU than the server's
+        # start-up), and a look a few times a second while the server is not yet listening.
+        with httpx.Client(timeout=5) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    said = self.log.read_bytes()[logged:].decode(errors="replace")
+                    if f"cannot listen on 127.0.0.1:{self.port}" in said:
+                        return False
+                    raise RuntimeError(f"server exited early:\n{self.log.read_text()}")
+                try:
+                    if client.get(f"{self.url}/v2/health/ready").status_code == 200:
+                        return True
+                    time.sleep(0.02)  # up, loading its models
+                except httpx.TransportError:
+                    time.sleep(0.05)  # not listening yet: importing
         raise RuntimeError(f"server not ready in {timeout_s} s:\n{self.log.read_text()}")
 
     def stop(self) -> None:

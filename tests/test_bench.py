@@ -170,7 +170,11 @@ def test_repeats_windows_until_stable_or_gives_up(bench_server: ServerProcess) -
     [lv] = json.loads(out)["levels"]
     assert isinstance(lv["stable"], bool)
     assert lv["windows"] == 3  # stable at 3, or the last 3 of 4 reported
-    assert lv["windows_measured"] == (3 if lv["stable"] else 4)
+    # Stability is judged on the last 3 windows: it stops at the 3rd when they agree,
+    # at the 4th otherwise (stable then or not), never before the 3rd or after the 4th.
+    assert lv["windows_measured"] in (3, 4)
+    if lv["windows_measured"] == 3 or not lv["stable"]:
+        assert lv["windows_measured"] == (3 if lv["stable"] else 4)
 
 
 def test_inputs_from_files_and_shapes(bench_server: ServerProcess, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from tests.polling import wait_until
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
-ADMIN, ALICE, BOB = "admin-key", "alice-key", "bob-key"
+ADMIN, ALICE, BOB, MALLORY = "admin-key", "alice-key", "bob-key", "mallory-key"
 
 PROFILE = f"""
 # infergate test profile
@@ -50,6 +50,12 @@ burst = 5
 models = ["mlp", "flaky", "slow"]
 api_keys = ["{hash_key(ALICE)}"]
 
+[tenants.mallory]
+class = "burst"
+rps = 5
+burst = 5
+api_keys = ["{hash_key(MALLORY)}"]
+
 [tenants.bob]
 class = "burst"
 rps = 100000
@@ -59,16 +65,30 @@ api_keys = ["{hash_key(BOB)}"]
 """
 
 
-@pytest.fixture
-def tenant_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    models = tmp_path / "models"
+def _start_tenant_server(folder: Path) -> ServerProcess:
+    models = folder / "models"
     make_mlp(models / "mlp" / "1" / "model.onnx")
     make_mlp(models / "other" / "1" / "model.onnx", seed=9)
     make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
     make_scripted(models / "slow" / "1" / "model.scripted", ("sleep_ms",))
-    profile = tmp_path / "profile.toml"
+    profile = folder / "profile.toml"
     profile.write_text(PROFILE)
-    proc = ServerProcess(models, profile, tmp_path / "server.log").start()
+    return ServerProcess(models, profile, folder / "server.log").start()
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """For the tests that change nothing another test reads: each uses its own tenant's
+    limits (alice's rate, mallory's) and its own model's breaker (flaky, slow)."""
+    proc = _start_tenant_server(tmp_path_factory.mktemp("tenants"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def tenant_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of its own, for a test that changes the profile or kills the server."""
+    proc = _start_tenant_server(tmp_path)
     yield proc
     proc.stop()
 
@@ -89,18 +109,18 @@ def flaky(mode: int) -> dict[str, Any]:
     return {"inputs": [{"name": "mode", "datatype": "INT64", "shape": [1], "data": [mode]}]}
 
 
-def test_keys_allow_lists_and_rates(tenant_server: ServerProcess) -> None:
-    assert call(tenant_server, "mlp", None).status_code == 401
-    response = call(tenant_server, "mlp", "wrong")
+def test_keys_allow_lists_and_rates(shared_server: ServerProcess) -> None:
+    assert call(shared_server, "mlp", None).status_code == 401
+    response = call(shared_server, "mlp", "wrong")
     assert response.status_code == 401
     assert "unknown API key" in response.json()["error"]
     x_api_key = httpx.post(
-        f"{tenant_server.url}/v2/models/mlp/infer",
+        f"{shared_server.url}/v2/models/mlp/infer",
         headers={"X-API-Key": BOB},
         json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]},
     )
     assert x_api_key.status_code == 200
-    forbidden = call(tenant_server, "other", ALICE)
+    forbidden = call(shared_server, "other", ALICE)
     assert forbidden.status_code == 403
     assert "may not use model 'other'" in forbidden.json()["error"]
     responses: list[httpx.Response] = []
@@ -110,25 +130,25 @@ def test_keys_allow_lists_and_rates(tenant_server: ServerProcess) -> None:
         x = {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}
         body = {"inputs": [x]}
         while len(responses) < 50 and 429 not in (r.status_code for r in responses):
-            responses.append(client.post(f"{tenant_server.url}/v2/models/mlp/infer", json=body))
+            responses.append(client.post(f"{shared_server.url}/v2/models/mlp/infer", json=body))
     codes = [r.status_code for r in responses]
     assert codes[:5] == [200] * 5  # the burst
     assert 429 in codes
     limited = next(r for r in responses if r.status_code == 429)
     assert limited.headers["Retry-After"] == "1"  # 5/s: a token within a second
     assert "over its rate of 5 requests/s" in limited.json()["error"]
-    assert call(tenant_server, "mlp", BOB).status_code == 200  # bob is not affected
+    assert call(shared_server, "mlp", BOB).status_code == 200  # bob is not affected
 
 
-def test_admin_endpoints_need_the_admin_key(tenant_server: ServerProcess) -> None:
-    url = f"{tenant_server.url}/admin/models"
+def test_admin_endpoints_need_the_admin_key(shared_server: ServerProcess) -> None:
+    url = f"{shared_server.url}/admin/models"
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": f"Bearer {BOB}"}).status_code == 403
     assert httpx.get(url, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
-    index = httpx.post(f"{tenant_server.url}/v2/repository/index")
+    index = httpx.post(f"{shared_server.url}/v2/repository/index")
     assert index.status_code == 401
     assert "error" in index.json()
-    assert httpx.get(f"{tenant_server.url}/v2/health/ready").status_code == 200  # open
+    assert httpx.get(f"{shared_server.url}/v2/health/ready").status_code == 200  # open
 
 
 def breaker_state(server: ServerProcess, model: str) -> dict[str, Any]:
@@ -138,13 +158,13 @@ def breaker_state(server: ServerProcess, model: str) -> dict[str, Any]:
     return next(r for r in rows if r["model"] == model)
 
 
-def test_failures_trip_the_breaker_and_it_recovers(tenant_server: ServerProcess) -> None:
+def test_failures_trip_the_breaker_and_it_recovers(shared_server: ServerProcess) -> None:
     # Failures until the breaker opens. It opens on its own tick, two evaluations after the
     # 4th failure (min_requests), however many calls a busy machine gets in meanwhile.
     codes: list[int] = []
 
     def fail_until_open() -> httpx.Response | None:
-        response = call(tenant_server, "flaky", BOB, flaky(1))
+        response = call(shared_server, "flaky", BOB, flaky(1))
         codes.append(response.status_code)
         return response if response.status_code == 503 else None
 
@@ -155,19 +175,19 @@ def test_failures_trip_the_breaker_and_it_recovers(tenant_server: ServerProcess)
     assert "failure rate" in opened.json()["error"]
     assert int(opened.headers["Retry-After"]) >= 1
     # A good request is refused too while it is open; other models serve throughout.
-    assert breaker_state(tenant_server, "flaky")["state"] == "open"
-    assert call(tenant_server, "flaky", BOB, flaky(0)).status_code == 503
-    assert call(tenant_server, "mlp", BOB).status_code == 200
+    assert breaker_state(shared_server, "flaky")["state"] == "open"
+    assert call(shared_server, "flaky", BOB, flaky(0)).status_code == 503
+    assert call(shared_server, "mlp", BOB).status_code == 200
     # After the backoff, good probes close it.
     wait_until(
-        lambda: call(tenant_server, "flaky", BOB, flaky(0)).status_code == 200,
+        lambda: call(shared_server, "flaky", BOB, flaky(0)).status_code == 200,
         timeout_s=10,
         what="a probe to pass",
     )
-    assert call(tenant_server, "flaky", BOB, flaky(0)).status_code == 200
-    assert breaker_state(tenant_server, "flaky")["state"] == "closed"
+    assert call(shared_server, "flaky", BOB, flaky(0)).status_code == 200
+    assert breaker_state(shared_server, "flaky")["state"] == "closed"
     events = httpx.get(
-        f"{tenant_server.url}/admin/models/flaky", headers={"Authorization": f"Bearer {ADMIN}"}
+        f"{shared_server.url}/admin/models/flaky", headers={"Authorization": f"Bearer {ADMIN}"}
     ).json()["events"]
     kinds = [e["kind"] for e in events]
     assert (
@@ -177,18 +197,18 @@ def test_failures_trip_the_breaker_and_it_recovers(tenant_server: ServerProcess)
     )
 
 
-def test_slow_answers_trip_the_breaker(tenant_server: ServerProcess) -> None:
+def test_slow_answers_trip_the_breaker(shared_server: ServerProcess) -> None:
     slow = scripted_inputs(sleep_ms=200)  # over the 150 ms p99 limit, on any machine
     codes: list[int] = []
     while 503 not in codes and len(codes) < 40:
-        codes.append(call(tenant_server, "slow", BOB, slow).status_code)
+        codes.append(call(shared_server, "slow", BOB, slow).status_code)
     assert codes[-1] == 503
     assert set(codes[:-1]) == {200}  # they all succeeded, just too slowly
-    assert "p99 latency" in breaker_state(tenant_server, "slow")["reason"]
-    assert call(tenant_server, "mlp", BOB).status_code == 200
+    assert "p99 latency" in breaker_state(shared_server, "slow")["reason"]
+    assert call(shared_server, "mlp", BOB).status_code == 200
 
 
-def test_a_flooding_tenant_does_not_hurt_another(tenant_server: ServerProcess) -> None:
+def test_a_flooding_tenant_does_not_hurt_another(shared_server: ServerProcess) -> None:
     stop = threading.Event()
     flood: list[int] = []
 
@@ -197,8 +217,8 @@ def test_a_flooding_tenant_does_not_hurt_another(tenant_server: ServerProcess) -
             while not stop.is_set():
                 flood.append(
                     http.post(
-                        f"{tenant_server.url}/v2/models/mlp/infer",
-                        headers={"Authorization": f"Bearer {ALICE}"},
+                        f"{shared_server.url}/v2/models/mlp/infer",
+                        headers={"Authorization": f"Bearer {MALLORY}"},
                         json={
                             "inputs": [
                                 {
@@ -220,14 +240,14 @@ def test_a_flooding_tenant_does_not_hurt_another(tenant_server: ServerProcess) -
     try:
         wait_until(lambda: len(flood) >= 4, what="the flood to start")
         for _ in range(30):
-            codes.append(call(tenant_server, "mlp", BOB).status_code)
+            codes.append(call(shared_server, "mlp", BOB).status_code)
     finally:
         stop.set()
         for t in threads:
             t.join()
         flooded_s = time.monotonic() - started
     assert codes == [200] * 30  # none was refused, shed or late for its queue deadline
-    # Alice was held to her 5 requests/s: refused, and never more than her burst of 5 and
+    # Mallory was held to her 5 requests/s: refused, and never more than her burst of 5 and
     # 5 a second let through (a count against her own rate, whatever the flood's speed).
     assert 429 in flood
     assert flood.count(200) <= 5 + 5 * flooded_s, (flood.count(200), flooded_s)
@@ -270,6 +290,7 @@ def test_cli_tenant_changes_apply_persist_and_survive_restart(
         "alice",
         "bob",
         "carol",
+        "mallory",
     }
     code, out = admin(tenant_server, "breaker", "set", "mlp", "failure_rate=0.2")
     assert code == 0, out
@@ -296,7 +317,7 @@ def test_live_profile_edit_applies_and_a_broken_one_is_rejected(
         ),
         what="the edit to apply",
     )
-    tenant_server.profile.write_text(text.replace("rps = 5", "rps = 'fast'"))
+    tenant_server.profile.write_text(text.replace("rps = 5", "rps = 'fast'", 1))
     wait_until(
         lambda: "last edit was rejected" in admin_split(tenant_server, "tenant", "list")[2],
         what="the rejection",

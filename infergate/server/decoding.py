@@ -9,11 +9,16 @@ whole call (a single 60 MB copy takes 50 ms on a small machine), and a thread ru
 Python loop still takes the GIL from the loop every few milliseconds. So the work is
 split: a large JSON document is parsed in a helper process (the body goes over in a
 shared-memory segment and the tensors come back in one: numbers as raw arrays, BYTES in
-their length-prefixed wire form), and what is left for the gateway (copying the segments,
-building the BYTES elements as Python objects) runs on the event loop in slices of a few
-milliseconds, with the loop answering others between slices. A large binary request has
-only a small JSON header to parse; its numbers are views of the body, and its BYTES are
-built in the same slices.
+their length-prefixed wire form), and what is left for the gateway runs either on a
+thread in calls that let go of the GIL, or on the event loop in slices of a few
+milliseconds, with the loop answering others between slices. The segments are files in
+/dev/shm written and read with plain write and read calls on an I/O thread, never mapped
+by the gateway: the copies, the page faults, and the freeing of tens of megabytes at
+unlink (munmap and unlink of a 60 MB segment: tens of milliseconds, more on a busy
+machine) all happen there, with the GIL released. What needs Python objects (building the
+BYTES elements) runs on the loop in slices. A large binary request has only a small JSON
+header to parse; its numbers are views of the body, and its BYTES are built in the same
+slices.
 """
 
 from __future__ import annotations
@@ -26,19 +31,18 @@ import mmap
 import multiprocessing
 import os
 import secrets
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import NamedTuple
 
 import numpy as np
 
-from infergate.engine.workers.shm import MappedArena, OwnedArena
+from infergate.engine.workers.shm import MappedArena
 from infergate.errors import BadRequest, InfergateError
 from infergate.server.codec import Body, DecodedRequest, decode_request
 from infergate.tensors import Array, read_bytes_elements, serialize_bytes
 
 INLINE_MAX_BYTES = 1 << 20  # bodies up to this size decode in one go
-_CHUNK = 4 << 20  # bytes copied per slice
 _ELEMENTS = 2_000  # BYTES elements built per slice (a few milliseconds)
 
 
@@ -102,10 +106,54 @@ def _write_tensors(inputs: dict[str, Array]) -> tuple[str, tuple[_Tensor, ...]]:
     return segment, tuple(tensors)
 
 
-async def _copy(dst: memoryview, src: memoryview) -> None:
-    for start in range(0, len(src), _CHUNK):
-        dst[start : start + _CHUNK] = src[start : start + _CHUNK]
-        await asyncio.sleep(0)
+def _segment_path(segment: str) -> str:
+    return f"/dev/shm/{segment}"
+
+
+def _write_segment(segment: str, body: Body) -> None:
+    """On the I/O thread: the body into a new segment (os.write lets go of the GIL)."""
+    fd = os.open(_segment_path(segment), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(body).cast("B")
+        written = 0
+        while written < len(view):
+            written += os.write(fd, view[written:])
+    finally:
+        os.close(fd)
+
+
+def _unlink(segment: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_segment_path(segment))
+
+
+_Raw = dict[str, Array | bytearray]
+
+
+def _read_segment(decoded: _Decoded) -> _Raw:
+    """On the I/O thread: the helper's tensors out of its segment, which goes away
+    (numbers as arrays of their dtype, BYTES as their wire form, for the loop to split)."""
+    fd = os.open(_segment_path(decoded.segment), os.O_RDONLY)
+    try:
+        os.unlink(_segment_path(decoded.segment))  # its pages go when fd closes, here
+        raw: _Raw = {}
+        for t in decoded.tensors:
+            if t.datatype == "BYTES":
+                target = raw[t.name] = bytearray(t.size)
+                view = memoryview(target)
+            else:
+                array = raw[t.name] = np.empty(t.shape, dtype=np.dtype(t.datatype))
+                view = array.data.cast("B") if array.size else memoryview(b"")
+            done = 0
+            while done < t.size:
+                got = os.preadv(fd, [view[done:]], t.offset + done)
+                if got == 0:
+                    raise InfergateError(f"the body decoder's segment ended inside {t.name!r}")
+                done += got
+            view.release()
+    finally:
+        os.close(fd)
+    return raw
 
 
 class Keeper:
@@ -157,31 +205,20 @@ async def bytes_in_slices(
     return out.reshape(shape)
 
 
-async def _tensors_from_segment(decoded: _Decoded, keeper: Keeper | None) -> DecodedRequest:
-    segment = MappedArena(decoded.segment)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(f"/dev/shm/{decoded.segment}")  # the mapping outlives the name
+async def _tensors_from_raw(raw: _Raw, decoded: _Decoded, keeper: Keeper | None) -> DecodedRequest:
     inputs: dict[str, Array] = {}
-    try:
-        for t in decoded.tensors:
-            piece = segment.buf[t.offset : t.offset + t.size]
-            if t.datatype == "BYTES":
-                inputs[t.name] = await bytes_in_slices(t.name, piece, t.shape, keeper)
-            else:
-                array = np.empty(t.shape, dtype=np.dtype(t.datatype))
-                if array.size:
-                    await _copy(array.data.cast("B"), piece)
-                inputs[t.name] = array
-            piece.release()
-    finally:
-        segment.close()
+    for t in decoded.tensors:
+        value = raw.pop(t.name)
+        if isinstance(value, bytearray):
+            inputs[t.name] = await bytes_in_slices(t.name, memoryview(value), t.shape, keeper)
+        else:
+            inputs[t.name] = value
     return decoded.request._replace(inputs=inputs)
 
 
 def _discard(job: Future[_Decoded]) -> None:
     if not job.cancelled() and job.exception() is None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"/dev/shm/{job.result().segment}")
+        _unlink(job.result().segment)
 
 
 HELPER_NAME = b"ig-decoder"  # its name in ps and top, apart from the model workers
@@ -197,6 +234,7 @@ class BodyDecoder:
     def __init__(self, inline_max_bytes: int = INLINE_MAX_BYTES) -> None:
         self._inline_max = inline_max_bytes
         self._pool: ProcessPoolExecutor | None = None
+        self._io: ThreadPoolExecutor | None = None
 
     async def decode(
         self, body: Body, header_length: str | None, keeper: Keeper | None = None
@@ -219,10 +257,10 @@ class BodyDecoder:
     async def _in_helper(
         self, body: Body, header_length: str | None, keeper: Keeper | None
     ) -> DecodedRequest:
-        arena = OwnedArena(len(body))
+        segment = f"infergate-body-{os.getpid()}-{secrets.token_hex(6)}"
         try:
-            await _copy(arena.buf, memoryview(body))
-            job = self._helper().submit(_decode_in_helper, arena.name, len(body), header_length)
+            await asyncio.wrap_future(self._io_thread().submit(_write_segment, segment, body))
+            job = self._helper().submit(_decode_in_helper, segment, len(body), header_length)
             try:
                 decoded = await asyncio.wrap_future(job)
             except asyncio.CancelledError:
@@ -232,13 +270,23 @@ class BodyDecoder:
             self._pool = None  # a new helper for the next large body
             raise InfergateError("the body decoder process died; retry the request") from None
         finally:
-            arena.close()
-        return await _tensors_from_segment(decoded, keeper)
+            self._io_thread().submit(_unlink, segment)  # freeing its pages takes a while: not here
+        # The read unlinks the helper's segment whether or not this request is still
+        # waiting for it.
+        raw = await asyncio.wrap_future(self._io_thread().submit(_read_segment, decoded))
+        return await _tensors_from_raw(raw, decoded, keeper)
 
     def start(self) -> None:
         """Start the helper now (the gateway's start-up), so that the first large body
         does not wait for a process to start and import numpy, nor compete with it."""
         self._helper().submit(int)
+
+    def _io_thread(self) -> ThreadPoolExecutor:
+        if self._io is None:
+            # One thread, so that jobs run in the order given: an unlink queued after a
+            # write (a request cancelled while its body is written) finds the file there.
+            self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ig-decode-io")
+        return self._io
 
     def _helper(self) -> ProcessPoolExecutor:
         if self._pool is None:
@@ -253,3 +301,6 @@ class BodyDecoder:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        if self._io is not None:
+            self._io.shutdown(wait=True)  # what it has queued: unlinks, which must happen
+            self._io = None
