@@ -103,6 +103,7 @@ class SharedLimits:
         self.replica = uuid.uuid4().hex[:12]
         self._ids = itertools.count()
         self._held: dict[str, str] = {}  # lease id -> its sorted set
+        self._stopping = False  # from then on `stop` releases what is held, in one go
         self._shares = LocalShares(clock)
         self.replicas_seen = 1
         self.breaker = Breaker(REDIS_BREAKER, clock, self._on_breaker)
@@ -197,12 +198,22 @@ class SharedLimits:
         if ticket.lease_id is None or ticket.lease_key is None:
             return
         lease_key, lease_id = ticket.lease_key, ticket.lease_id
+        if self._stopping:
+            # Requests cut off by the end of a drain land here while `stop` closes the
+            # client: their leases stay held, and `stop` releases them all in one go.
+            return
         if self.breaker.state == "closed":
             # Forgotten only once released (or failed: then it expires within one TTL):
             # a request cut off by the end of a drain is cancelled here again, and
             # `stop` must still find its lease.
-            with contextlib.suppress(RedisUnavailable):
+            try:
                 await self._call("release", self._redis.zrem(lease_key, lease_id))
+            except RedisUnavailable:
+                pass
+            except RuntimeError:  # uvloop, on a connection `stop` closed meanwhile
+                if not self._stopping:
+                    raise
+                return
         self._held.pop(lease_id, None)
 
     async def _call(self, op: str, call: Awaitable[Any]) -> Any:
@@ -271,6 +282,7 @@ class SharedLimits:
     async def stop(self) -> None:
         """Release what this replica still holds (requests cut off by the end of a drain)
         and leave the replicas' count."""
+        self._stopping = True
         for task in (self._renewer, self._prober):
             if task is not None:
                 task.cancel()
