@@ -77,7 +77,7 @@ shape = [-1, 4]
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("instances = 0", "instances: expected an integer >= 1, got 0"),
+        ("instances = 0", "instances: expected an integer from 1 to 256, got 0"),
         ("instances = true", "instances: expected an integer, got True"),
         ("runtime = 'tensorflow'", "runtime: expected one of onnx, torchscript"),
         ("instanses = 2", "unknown key instanses"),
