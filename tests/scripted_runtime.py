@@ -8,6 +8,7 @@ TOML file (write one with `make_scripted`):
     load_ms = 0                 # sleep while loading
     load_alloc_mb = 0           # allocate (and keep) this much while loading
     load_fail = ""              # a message: loading fails with it
+    mark_loads = false          # hold `gate_dir/loading-<pid>` while loading
     reject_zeros = false        # a batch whose `x` is all zeros fails (as warm-up sends)
     [[inputs]] / [[outputs]]    # name, datatype, shape, as in model.toml
 
@@ -65,13 +66,20 @@ class ScriptedRuntime:
         self._outputs = _specs(script.get("outputs", []))
         self._gates = Path(script.get("gate_dir", path.parent))
         self._reject_zeros = bool(script.get("reject_zeros", False))
-        while (self._gates / "hold-loads").exists():  # a test keeps a restart from finishing
-            time.sleep(0.002)
-        if script.get("load_fail"):
-            raise RuntimeError(script["load_fail"])
-        if script.get("load_alloc_mb"):
-            _kept.append(_touch(int(script["load_alloc_mb"])))
-        time.sleep(float(script.get("load_ms", 0)) / 1000)
+        marker = self._gates / f"loading-{os.getpid()}"
+        if script.get("mark_loads"):  # a test counts the loads under way
+            self._gates.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        try:
+            while (self._gates / "hold-loads").exists():  # a test keeps a restart waiting
+                time.sleep(0.002)
+            if script.get("load_fail"):
+                raise RuntimeError(script["load_fail"])
+            if script.get("load_alloc_mb"):
+                _kept.append(_touch(int(script["load_alloc_mb"])))
+            time.sleep(float(script.get("load_ms", 0)) / 1000)
+        finally:
+            marker.unlink(missing_ok=True)
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
