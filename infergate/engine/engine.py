@@ -91,9 +91,6 @@ class Engine:
             self._startup.cancel()
         await self.registry.stop()
 
-    def models(self) -> list[ModelRecord]:
-        return self.registry.records()
-
     def model(self, name: str) -> ModelRecord:
         return self.registry.record(name)
 

@@ -20,7 +20,7 @@ from infergate.engine.lifecycle.instance import Instance
 from infergate.engine.lifecycle.registry import ModelRecord
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.repository.sequence_config import SequenceSettings, client_tensors
-from infergate.engine.repository.spec import TensorSpec
+from infergate.engine.repository.spec import TensorSpec, VersionPolicy
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,9 @@ class VersionView:
     instances: tuple[InstanceView, ...]
     breaker: BreakerView
     queue: dict[str, int]  # waiting requests by priority class
+    version_policy: VersionPolicy
+    max_batch_size: int  # rows the scheduler merges into one batch; 0: it does not batch
+    max_queue_delay_s: float  # how long a part-full batch may wait to fill
     upstream: dict[str, Any] | None = None  # a remote model's endpoints, as they are now
     sequence: SequenceSettings | None = None  # the gateway's own sequence tensors, if any
 
@@ -151,6 +154,7 @@ def breaker_view(served: ServedVersion) -> BreakerView:
 
 
 def version_view(served: ServedVersion) -> VersionView:
+    policy = served.scheduler.policy
     return VersionView(
         name=served.name,
         version=served.version,
@@ -166,6 +170,9 @@ def version_view(served: ServedVersion) -> VersionView:
         instances=tuple(instance_view(i) for i in served.instances),
         breaker=breaker_view(served),
         queue=served.depth_by_class(),
+        version_policy=served.config.version_policy,
+        max_batch_size=policy.max_batch_size if served.batchable else 0,
+        max_queue_delay_s=policy.max_delay_s,
         upstream=served.upstream_status(),
         sequence=served.config.sequence,
     )

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp
 
 from infergate import __version__
 from infergate.engine.engine import Engine
+from infergate.engine.lifecycle.readiness import not_ready_error
 from infergate.engine.triton.shared_memory import SYSTEM_SHM
 from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
@@ -96,10 +97,10 @@ def create_app(
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> Response:
-        served = engine.version(name, version_number(version))
-        if not served.ready:
-            raise served.not_ready_error()
-        return _json({"name": name, "version": str(served.version), "ready": True})
+        view = engine.version_view(name, version_number(version))
+        if not view.ready:
+            raise not_ready_error(view.name, view.version, view.state, view.reason)
+        return _json({"name": name, "version": str(view.version), "ready": True})
 
     @app.post("/v2/repository/index", dependencies=guard)
     async def index() -> Response:

@@ -40,10 +40,10 @@ def strict_not_ready(engine: Engine, strict: bool) -> str | None:
     if not strict:
         return None
     # Loading and restarting pass: they settle by themselves, a failed load does not.
-    bad = [r for r in engine.models() if r.state in ("failed", "unavailable")]
+    bad = [m for m in engine.model_views() if m.state in ("failed", "unavailable")]
     if not bad:
         return None
-    names = ", ".join(f"{r.name} ({r.state})" for r in bad)
+    names = ", ".join(f"{m.name} ({m.state})" for m in bad)
     return (
         f"strict readiness: these models failed to load: {names}. Hint: fix or unload them, or "
         "set strict_readiness = false under [server]"

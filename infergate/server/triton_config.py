@@ -12,6 +12,7 @@ from fastapi.responses import Response
 
 from infergate.engine.engine import Engine
 from infergate.engine.repository.config_override import parse_override
+from infergate.engine.snapshots import ModelView
 from infergate.engine.triton.config import model_config
 from infergate.errors import BadRequest, ModelNotFound
 from infergate.server.admin import check_model_name
@@ -37,14 +38,21 @@ def _load_parameters(name: str, raw: bytes) -> dict[str, Any]:
     return params
 
 
+def _serving_platform(model: ModelView) -> str | None:
+    """The platform of the version that serves `model` now, if one does."""
+    for view in model.versions:
+        if view.version == model.default_version:
+            return view.platform
+    return None
+
+
 def config_router(engine: Engine, guard: list[Any]) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v2/models/{name}/config")
     @router.get("/v2/models/{name}/versions/{version}/config")
     async def config(name: str, version: str | None = None) -> Response:
-        served = engine.version(name, version_number(version))
-        return _json(model_config(served, engine.model(name)))
+        return _json(model_config(engine.version_view(name, version_number(version))))
 
     @router.post("/v2/repository/models/{name}/load", dependencies=guard)
     async def load(name: str, request: Request) -> Response:
@@ -55,8 +63,7 @@ def config_router(engine: Engine, guard: list[Any]) -> APIRouter:
         if "config" in params:
             platform = None
             if engine.registry.has(name):
-                serving = engine.model(name).default_version()
-                platform = serving.platform if serving is not None else None
+                platform = _serving_platform(engine.model_view(name))
             overrides.set(name, parse_override(name, params["config"], platform))
         else:
             overrides.set(name, None)  # as in Triton: a plain load goes back to the files

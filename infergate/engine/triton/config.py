@@ -3,13 +3,12 @@ reported, the batching the scheduler uses, the instances placed."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from infergate.engine.lifecycle.registry import ModelRecord
-from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.repository.config_override import BACKENDS
-from infergate.engine.repository.sequence_config import client_tensors
 from infergate.engine.repository.spec import TensorSpec, VersionPolicy
+from infergate.engine.snapshots import VersionView
 from infergate.engine.triton.sequence import sequence_batching
 
 # Triton's model-config data types for the V2 datatypes (BYTES is TYPE_STRING there).
@@ -47,43 +46,40 @@ def _version_policy(policy: VersionPolicy) -> dict[str, Any]:
     return {"latest": {"num_versions": policy.latest}}
 
 
-def _instance_group(served: ServedVersion) -> list[dict[str, Any]]:
-    devices = [i.placement.device if i.placement else "cpu" for i in served.instances]
+def _instance_group(view: VersionView) -> list[dict[str, Any]]:
+    devices = [i.placed_on or "cpu" for i in view.instances]
     gpus = sorted({int(d.split(":")[1]) for d in devices if d.startswith("cuda:")})
     group: dict[str, Any] = {
-        "name": served.name,
+        "name": view.name,
         "kind": "KIND_GPU" if gpus else "KIND_CPU",
-        "count": len(served.instances),
+        "count": len(view.instances),
     }
     if gpus:
         group["gpus"] = gpus
     return [group]
 
 
-def model_config(served: ServedVersion, record: ModelRecord) -> dict[str, Any]:
+def model_config(view: VersionView) -> dict[str, Any]:
     """GET /v2/models/{m}[/versions/{v}]/config: Triton's schema, from what serves."""
-    policy = served.scheduler.policy
-    batching = served.batchable
-    sequence = served.config.sequence
+    batching = view.max_batch_size > 0
+    sequence = view.sequence
     doc: dict[str, Any] = {
-        "name": served.name,
-        "platform": served.platform,
-        "backend": BACKENDS.get(served.platform, served.platform),
-        "version_policy": _version_policy(served.config.version_policy),
-        "max_batch_size": policy.max_batch_size if batching else 0,
-        "input": [_tensor(s, batching) for s in client_tensors(served.inputs, sequence)],
-        "output": [_tensor(s, batching) for s in client_tensors(served.outputs, sequence)],
-        "instance_group": _instance_group(served),
-        "default_model_filename": served.file.path.name,
+        "name": view.name,
+        "platform": view.platform,
+        "backend": BACKENDS.get(view.platform, view.platform),
+        "version_policy": _version_policy(view.version_policy),
+        "max_batch_size": view.max_batch_size,
+        "input": [_tensor(s, batching) for s in view.client_inputs],
+        "output": [_tensor(s, batching) for s in view.client_outputs],
+        "instance_group": _instance_group(view),
+        "default_model_filename": Path(view.path).name,
         "parameters": {},
     }
     if sequence is not None:  # Triton's schedulers are one or the other
-        doc["sequence_batching"] = sequence_batching(
-            sequence, served.inputs, batching, TRITON_TYPES
-        )
+        doc["sequence_batching"] = sequence_batching(sequence, view.inputs, batching, TRITON_TYPES)
     elif batching:
         doc["dynamic_batching"] = {
             "preferred_batch_size": [],
-            "max_queue_delay_microseconds": round(policy.max_delay_s * 1e6),
+            "max_queue_delay_microseconds": round(view.max_queue_delay_s * 1e6),
         }
     return doc
