@@ -14,6 +14,7 @@ tiny c=64 workload. Each figure is the median of the rounds.
 
 `--tree NAME=PATH` (repeatable) runs the code of another checkout beside this one, measured
 in alternation, the order flipped each round: the way to measure a change on a busy host.
+`--bare` runs the HTTP servers alone, answering a fixed body: their own CPU per request.
 `--granian DIR` also serves this tree's app with granian (ASGI, one worker) installed under
 DIR (`pip install --target DIR granian`), to price the HTTP server layer; granian's
 gateway figure is its worker process plus its supervisor.
@@ -70,6 +71,25 @@ from infergate.server.gateway import build_gateway
 def app():
     profile = Path(os.environ["HTTP_CPU_PROFILE"])
     return build_gateway(load_profile(profile), Path(os.environ["HTTP_CPU_MODELS"])).app
+"""
+
+
+# `--bare`: the servers' own cost, each answering with the tiny model's answer as it is.
+BARE_APPS = """
+BODY = (b'{"model_name":"tiny","model_version":"1","outputs":[{"name":"y","datatype":"FP32",'
+        b'"shape":[1,10],"data":[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0]}]}')
+HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))]
+
+async def asgi(scope, receive, send):
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    await send({"type": "http.response.body", "body": BODY})
+
+async def rsgi(scope, protocol):
+    await protocol()
+    protocol.response_bytes(200, [("content-type", "application/json")], BODY)
 """
 
 
@@ -166,25 +186,32 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
     raise RuntimeError(f"server not ready:\n{log.read_text()}")
 
 
-def start_granian(
-    work: Path, models: Path, profile: Path, granian: Path
-) -> subprocess.Popen[bytes]:
-    (work / "http_cpu_granian_app.py").write_text(GRANIAN_APP)
+def launch(
+    work: Path, name: str, command: list[str], env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a server on a free port (`{port}` in the command); its process and URL."""
     port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), str(granian)]),
-        "HTTP_CPU_PROFILE": str(profile),
-        "HTTP_CPU_MODELS": str(models),
-    }
-    log = work / "granian.log"
-    command = [
+    log = work / f"{name}.log"
+    process = subprocess.Popen(
+        [a.replace("{port}", str(port)) for a in command],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, process, log)
+    return process, url
+
+
+def granian_command(interface: str, target: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "granian",
         "--interface",
-        "asgi",
-        "--factory",
+        interface,
+        *(["--factory"] if target.endswith(":app") else []),
         "--workers",
         "1",
         "--loop",
@@ -195,15 +222,46 @@ def start_granian(
         "--host",
         "127.0.0.1",
         "--port",
-        str(port),
-        "http_cpu_granian_app:app",
+        "{port}",
+        target,
     ]
-    process = subprocess.Popen(
-        command, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+
+
+def start_granian(
+    work: Path, models: Path, profile: Path, granian: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    (work / "http_cpu_granian_app.py").write_text(GRANIAN_APP)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), str(granian)]),
+        "HTTP_CPU_PROFILE": str(profile),
+        "HTTP_CPU_MODELS": str(models),
+    }
+    return launch(work, "granian", granian_command("asgi", "http_cpu_granian_app:app"), env)
+
+
+def start_bare(work: Path, granian: Path | None) -> dict[str, tuple[subprocess.Popen[bytes], str]]:
+    """The HTTP servers alone, each answering every request with a fixed body the size of
+    the tiny model's answer: uvicorn with the gateway's protocol, and granian's ASGI and
+    RSGI when given."""
+    (work / "http_cpu_bare.py").write_text(BARE_APPS)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), *([str(granian)] if granian else [])])
+    }
+    uvicorn_run = (
+        "import uvicorn, http_cpu_bare; "
+        "from infergate.server.http_protocol import GatewayHttpProtocol; "
+        "uvicorn.run(http_cpu_bare.asgi, host='127.0.0.1', port={port}, loop='uvloop', "
+        "http=GatewayHttpProtocol, lifespan='off', access_log=False, server_header=False, "
+        "proxy_headers=False, log_level='warning')"
     )
-    wait_ready(f"http://127.0.0.1:{port}", process, log)
-    process.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
-    return process
+    servers = {
+        "uvicorn-bare": launch(work, "uvicorn-bare", [sys.executable, "-c", uvicorn_run], env)
+    }
+    if granian:
+        for interface in ("asgi", "rsgi"):
+            command = granian_command(interface, f"http_cpu_bare:{interface}")
+            servers[f"granian-{interface}-bare"] = launch(work, interface, command, env)
+    return servers
 
 
 def stop_granian(process: subprocess.Popen[bytes]) -> None:
@@ -218,6 +276,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", action="append", default=[], help="NAME=PATH; default: this")
     parser.add_argument("--granian", type=Path, help="a folder holding granian: measure it too")
+    parser.add_argument(
+        "--bare", action="store_true", help="the HTTP servers alone (no gateway): their own cost"
+    )
     parser.add_argument("--requests", type=int, default=40_000, help="per round and server")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=64)
@@ -239,17 +300,20 @@ def main() -> None:
     servers: dict[str, Served] = {}
     stops: list[Callable[[], None]] = []
     try:
-        for name, tree in trees.items():
+        for name, tree in ({} if args.bare else trees).items():
             env = {"PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
             sp = ServerProcess(models, profile, work / f"{name}.log", env=env).start()
             stops.append(sp.stop)
             assert sp.process is not None
             servers[name] = Served(name, sp.url, sp.process.pid, worker_pids(sp.url))
-        if args.granian:
-            gp = start_granian(work, models, profile, args.granian)
+        if args.granian and not args.bare:
+            gp, url = start_granian(work, models, profile, args.granian)
             stops.append(partial(stop_granian, gp))
-            url = gp.url  # type: ignore[attr-defined]
             servers["granian"] = Served("granian", url, gp.pid, worker_pids(url))
+        if args.bare:
+            for name, (process, url) in start_bare(work, args.granian).items():
+                stops.append(partial(stop_granian, process))
+                servers[name] = Served(name, url, process.pid, [])
         for server in servers.values():  # warm up: imports, first batches, the JIT-free path
             measure(server, body, headers, min(args.requests, 5_000), args.concurrency)
         cells: dict[str, list[list[float]]] = {name: [] for name in servers}
