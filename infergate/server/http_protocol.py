@@ -109,6 +109,9 @@ def error_message(status: int, message: str, retry_after_s: int | None = None) -
 _FRAMING_SLACK = 256
 
 
+_TIMER_SLACK_S = 0.001
+
+
 class _Refused(Exception):
     """Raised inside a parser callback to stop parsing; the answer is already chosen."""
 
@@ -272,7 +275,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _on_timer(self) -> None:
         self._timer = None
-        now = self.loop.time()
+        # Timers keep whole milliseconds (uvloop's clock too): a deadline within one of
+        # now is due, or the timer would spin on a remainder that rounds to zero.
+        now = self.loop.time() + _TIMER_SLACK_S
         idle_at, late_at = self._idle_at, self._late_at
         if idle_at is not None and idle_at <= now:
             self._idle_at = None
