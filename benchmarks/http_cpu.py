@@ -1,0 +1,366 @@
+"""The gateway's CPU per request over real HTTP, at the tiny model and concurrency 64.
+
+    .venv/bin/python benchmarks/http_cpu.py [--quick] [--requests N] [--rounds R] [--json]
+        [--tree NAME=PATH ...] [--granian DIR]
+
+On a shared machine, requests/s measures the neighbours as much as the server; the CPU a
+request costs the server does not (much). So this starts a real `infergate serve` (uvicorn,
+our edge-limit protocol, sockets: everything `benchmarks/gateway_cpu.py` leaves out), sends
+it N requests from 64 keep-alive connections (infergate's raw client, in this process: its
+CPU is not counted) and reads the utime + stime of the gateway process and of its model
+workers from /proc before and after. The model is the MLP 64→128→10 with JSON tensors both
+ways, two one-thread instances, batching up to 32 rows or 5 ms: `benchmarks/triton_peer.py`'s
+tiny c=64 workload. Each figure is the median of the rounds.
+
+`--tree NAME=PATH` (repeatable) runs the code of another checkout beside this one, measured
+in alternation, the order flipped each round: the way to measure a change on a busy host.
+`--bare` runs the HTTP servers alone, answering a fixed body: their own CPU per request.
+`--granian DIR` also serves this tree's app with granian (ASGI, one worker) installed under
+DIR (`pip install --target DIR granian`), to price the HTTP server layer; granian's
+gateway figure is its worker process plus its supervisor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from infergate.loadgen import prepare  # noqa: E402
+from infergate.rawhttp import RawConnection  # noqa: E402
+from tests.onnx_models import make_mlp  # noqa: E402
+from tests.server import ServerProcess, free_port  # noqa: E402
+
+PATH = "/v2/models/tiny/infer"
+PROFILE = """
+[tenants.default]
+class = "batch"
+rps = 1000000
+burst = 1000000
+max_concurrency = 10000
+"""
+MODEL_TOML = "instances = 2\nthreads = 1\n[batching]\nmax_batch_size = 32\nmax_queue_delay_ms = 5\n"
+TICK = os.sysconf("SC_CLK_TCK")
+
+# Run by granian's worker (`--granian`): the gateway's ASGI app built from the environment.
+GRANIAN_APP = """
+import os
+from pathlib import Path
+from infergate.profile import load_profile
+from infergate.server.gateway import build_gateway
+
+def app():
+    profile = Path(os.environ["HTTP_CPU_PROFILE"])
+    return build_gateway(load_profile(profile), Path(os.environ["HTTP_CPU_MODELS"])).app
+"""
+
+
+# `--bare`: the servers' own cost, each answering with the tiny model's answer as it is.
+BARE_APPS = """
+BODY = (b'{"model_name":"tiny","model_version":"1","outputs":[{"name":"y","datatype":"FP32",'
+        b'"shape":[1,10],"data":[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0]}]}')
+HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))]
+
+async def asgi(scope, receive, send):
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    await send({"type": "http.response.body", "body": BODY})
+
+async def rsgi(scope, protocol):
+    await protocol()
+    protocol.response_bytes(200, [("content-type", "application/json")], BODY)
+"""
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of one process, in seconds (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of stat(5)
+
+
+def descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+@dataclass(frozen=True)
+class Served:
+    name: str
+    url: str
+    root: int  # the process started; the gateway is it and every descendant but workers
+    workers: list[int]
+
+
+def snapshot(server: Served) -> tuple[float, float]:
+    """CPU seconds of (the gateway's processes, the model workers and their children)."""
+    workers = set(server.workers)
+    for pid in server.workers:
+        workers.update(descendants(pid))
+    every = [server.root, *descendants(server.root)]
+    gateway = sum(cpu_s(p) for p in every if p not in workers)
+    return gateway, sum(cpu_s(p) for p in workers)
+
+
+async def drive(url: str, body: bytes, headers: dict[str, str], n: int, c: int) -> None:
+    conns = [await RawConnection.open(url) for _ in range(c)]
+    prepared = conns[0].request_bytes("POST", PATH, body, headers)
+    bad: list[int] = []
+
+    async def client(conn: RawConnection, count: int) -> None:
+        for _ in range(count):
+            response = await conn.send(prepared)
+            if response.status != 200:
+                bad.append(response.status)
+
+    try:
+        await asyncio.gather(*(client(conn, n // c + (i < n % c)) for i, conn in enumerate(conns)))
+    finally:
+        for conn in conns:
+            await conn.close()
+    if bad:
+        raise RuntimeError(f"{len(bad)} requests failed: {sorted(set(bad))}")
+
+
+def measure(server: Served, body: bytes, headers: dict[str, str], n: int, c: int) -> list[float]:
+    gateway, workers = snapshot(server)
+    started = time.perf_counter()
+    uvloop.run(drive(server.url, body, headers, n, c))
+    wall = time.perf_counter() - started
+    gateway_after, workers_after = snapshot(server)
+    return [
+        (gateway_after - gateway) / n * 1e6,
+        (workers_after - workers) / n * 1e6,
+        n / wall,
+    ]
+
+
+def worker_pids(url: str) -> list[int]:
+    doc = httpx.get(f"{url}/admin/models/tiny", timeout=10).json()
+    return [i["pid"] for v in doc["versions"] for i in v["instances"] if i["pid"] is not None]
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server not ready:\n{log.read_text()}")
+
+
+def launch(
+    work: Path, name: str, command: list[str], env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a server on a free port (`{port}` in the command); its process and URL."""
+    port = free_port()
+    log = work / f"{name}.log"
+    process = subprocess.Popen(
+        [a.replace("{port}", str(port)) for a in command],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, process, log)
+    return process, url
+
+
+def granian_command(interface: str, target: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "granian",
+        "--interface",
+        interface,
+        *(["--factory"] if target.endswith(":app") else []),
+        "--workers",
+        "1",
+        "--loop",
+        "uvloop",
+        "--http",
+        "1",
+        "--no-ws",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        target,
+    ]
+
+
+def start_granian(
+    work: Path, models: Path, profile: Path, granian: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    (work / "http_cpu_granian_app.py").write_text(GRANIAN_APP)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), str(granian)]),
+        "HTTP_CPU_PROFILE": str(profile),
+        "HTTP_CPU_MODELS": str(models),
+    }
+    return launch(work, "granian", granian_command("asgi", "http_cpu_granian_app:app"), env)
+
+
+def start_bare(work: Path, granian: Path | None) -> dict[str, tuple[subprocess.Popen[bytes], str]]:
+    """The HTTP servers alone, each answering every request with a fixed body the size of
+    the tiny model's answer: uvicorn with the gateway's protocol, and granian's ASGI and
+    RSGI when given."""
+    (work / "http_cpu_bare.py").write_text(BARE_APPS)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), *([str(granian)] if granian else [])])
+    }
+    uvicorn_run = (
+        "import uvicorn, http_cpu_bare; "
+        "from infergate.server.http_protocol import GatewayHttpProtocol; "
+        "uvicorn.run(http_cpu_bare.asgi, host='127.0.0.1', port={port}, loop='uvloop', "
+        "http=GatewayHttpProtocol, lifespan='off', access_log=False, server_header=False, "
+        "proxy_headers=False, log_level='warning')"
+    )
+    servers = {
+        "uvicorn-bare": launch(work, "uvicorn-bare", [sys.executable, "-c", uvicorn_run], env)
+    }
+    if granian:
+        for interface in ("asgi", "rsgi"):
+            command = granian_command(interface, f"http_cpu_bare:{interface}")
+            servers[f"granian-{interface}-bare"] = launch(work, interface, command, env)
+    return servers
+
+
+def stop_granian(process: subprocess.Popen[bytes]) -> None:
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", action="append", default=[], help="NAME=PATH; default: this")
+    parser.add_argument("--granian", type=Path, help="a folder holding granian: measure it too")
+    parser.add_argument(
+        "--bare", action="store_true", help="the HTTP servers alone (no gateway): their own cost"
+    )
+    parser.add_argument("--requests", type=int, default=40_000, help="per round and server")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--quick", action="store_true", help="a short pass (CI smoke test)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.rounds = 5_000, 1
+    trees = dict(t.split("=", 1) for t in args.tree) or {"this": str(ROOT)}
+    work = Path(tempfile.mkdtemp(prefix="infergate-httpcpu-"))
+    models = work / "models"
+    make_mlp(models / "tiny" / "1" / "model.onnx", sizes=(64, 128, 10))
+    (models / "tiny" / "model.toml").write_text(MODEL_TOML)
+    profile = work / "profile.toml"
+    profile.write_text(PROFILE)
+    os.chdir(work)  # `python -m` puts the working directory first: one that holds no code
+    x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
+    body, headers = prepare({"x": x}, binary=False)
+    servers: dict[str, Served] = {}
+    stops: list[Callable[[], None]] = []
+    try:
+        for name, tree in ({} if args.bare else trees).items():
+            env = {"PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
+            sp = ServerProcess(models, profile, work / f"{name}.log", env=env).start()
+            stops.append(sp.stop)
+            assert sp.process is not None
+            servers[name] = Served(name, sp.url, sp.process.pid, worker_pids(sp.url))
+        if args.granian and not args.bare:
+            gp, url = start_granian(work, models, profile, args.granian)
+            stops.append(partial(stop_granian, gp))
+            servers["granian"] = Served("granian", url, gp.pid, worker_pids(url))
+        if args.bare:
+            for name, (process, url) in start_bare(work, args.granian).items():
+                stops.append(partial(stop_granian, process))
+                servers[name] = Served(name, url, process.pid, [])
+        for server in servers.values():  # warm up: imports, first batches, the JIT-free path
+            measure(server, body, headers, min(args.requests, 5_000), args.concurrency)
+        cells: dict[str, list[list[float]]] = {name: [] for name in servers}
+        for round_ in range(args.rounds):
+            order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
+            for name in order:
+                got = measure(servers[name], body, headers, args.requests, args.concurrency)
+                cells[name].append(got)
+    finally:
+        for stop in reversed(stops):
+            stop()
+    report: dict[str, Any] = {
+        name: {
+            "gateway_cpu_us_per_request": round(statistics.median(r[0] for r in rows), 1),
+            "workers_cpu_us_per_request": round(statistics.median(r[1] for r in rows), 1),
+            "requests_per_s": round(statistics.median(r[2] for r in rows)),
+            "gateway_cpu_us_each_round": [round(r[0], 1) for r in rows],
+        }
+        for name, rows in cells.items()
+    }
+    first = cells[next(iter(cells))]
+    for name, rows in list(cells.items())[1:]:  # round by round: the host drifts between
+        ratios = [r[0] / f[0] for r, f in zip(rows, first, strict=True) if f[0]]
+        report[name]["gateway_cpu_ratio_to_first"] = round(statistics.median(ratios), 3)
+    report["load_average"] = os.getloadavg()[0]
+    if args.json:
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+        return
+    print(
+        f"tiny MLP, JSON, c={args.concurrency}: CPU µs per request, median of {args.rounds} "
+        f"rounds of {args.requests} requests (load average {os.getloadavg()[0]:.1f})"
+    )
+    for name, row in report.items():
+        if name == "load_average":
+            continue
+        assert isinstance(row, dict)
+        print(
+            f"  {name:10s} gateway {row['gateway_cpu_us_per_request']:6.1f}  workers "
+            f"{row['workers_cpu_us_per_request']:6.1f}  ({row['requests_per_s']} req/s; "
+            f"rounds {row['gateway_cpu_us_each_round']})"
+        )
+        if "gateway_cpu_ratio_to_first" in row:
+            print(
+                f"  {'':10s} gateway CPU / {next(iter(cells))}'s, median of the rounds' "
+                f"ratios: {row['gateway_cpu_ratio_to_first']}"
+            )
+
+
+if __name__ == "__main__":
+    main()
