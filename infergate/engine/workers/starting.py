@@ -17,11 +17,16 @@ CUDA_VISIBLE_DEVICES, its CPUs and niceness, as a spawned worker did.
 
 The fork server is a child of the gateway and the workers are its children: the gateway
 still learns each worker's pid at start and its exit code from its sentinel (the fork
-server reaps it and reports the code), and kills it by pid. A worker's environment is the
-gateway's when the worker starts (passed along, since the fork server's is a snapshot of
-its own start), and every worker holds the read end of a lifeline pipe whose write end only
-the gateway holds: when the gateway dies, even by SIGKILL, its workers exit, including one
-stuck in a model call.
+server reaps it and reports the code), and kills it through a pidfd taken at start (the
+fork server reaps it, so by then its pid alone could name another process). A worker's
+environment is the gateway's when the worker starts (passed along, since the fork server's
+is a snapshot of its own start), and every worker holds the read end of a lifeline pipe
+whose write end only the gateway holds: when the gateway dies, even by SIGKILL, its workers
+exit, including one stuck in a model call; the fork server exits once they all have.
+
+multiprocessing runs the script that started the gateway again in each worker, before the
+worker's own code (not a module run with -m): the `infergate` console script imports only
+infergate.cli.main, which imports nothing.
 """
 
 from __future__ import annotations
