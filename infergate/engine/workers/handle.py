@@ -149,6 +149,7 @@ class WorkerHandle:
     def _launch(self) -> None:
         self._in = OwnedArena(INITIAL_ARENA)
         self._out = OwnedArena(INITIAL_ARENA)
+        starting.ensure_server()
         context = starting.context()
         self._conn, child = context.Pipe(duplex=True)
         try:

@@ -34,6 +34,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import sys
+from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
 
@@ -49,7 +51,27 @@ _warming: asyncio.Future[None] | None = None
 
 
 def context() -> ForkServerContext:
+    """The context to start a worker with; `ensure_server()` first."""
     return _context
+
+
+def ensure_server() -> None:
+    """Start the fork server if it is not running (the first time, or after it died), on
+    the gateway's sys.path. It does not inherit sys.path (Python 3.11 ignores the one
+    multiprocessing passes it): it would import the worker module from wherever its own
+    default path finds infergate (the current directory first), maybe another copy than
+    the gateway runs, so it is started with the gateway's path as PYTHONPATH. Workers get
+    the gateway's environment back as they start. Not starting a process is a waitpid."""
+    path = os.pathsep.join(p or os.getcwd() for p in sys.path)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = path
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 def lifeline() -> Connection:
@@ -75,6 +97,7 @@ async def ready() -> None:
             continue
         _warming = warming = loop.create_future()
         try:
+            ensure_server()
             await asyncio.to_thread(_first_fork)
             _warmed = True
         finally:
