@@ -219,3 +219,40 @@ def test_a_client_timeout_bounds_only_its_queue_wait(worker_server: ServerProces
     assert "did not answer within 1000 ms" in response.json()["error"]
     with contextlib.suppress(psutil.NoSuchProcess):
         psutil.Process(old).wait(timeout=10)
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie nobody has reaped yet (its parent died)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_the_workers_of_a_gateway_killed_by_sigkill_exit_even_mid_call(tmp_path: Path) -> None:
+    """No worker outlives its gateway: not an idle one, nor one stuck in a model call, which
+    would otherwise keep its CPU and memory (a GPU's, in production) until the call ends."""
+    models, gates = tmp_path / "models", tmp_path / "gates"
+    gates.mkdir()
+    make_scripted(models / "busy" / "1" / "model.scripted", ("hold",), gate_dir=gates)
+    make_scripted(models / "idle" / "1" / "model.scripted", ("hold",), gate_dir=gates)
+    server = ServerProcess(models, write_profile(tmp_path), tmp_path / "server.log").start()
+    assert server.process is not None
+    try:
+        idle = server.worker_pids("idle")
+        url = f"{server.url}/v2/models/busy/infer"
+
+        def call() -> None:  # held until released: never, here; the gateway dies under it
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(url, json=scripted_inputs(hold=1), timeout=60)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        busy = wait_until(lambda: holding(gates, 1), what="the call to be held")
+        os.kill(server.process.pid, signal.SIGKILL)  # the gateway alone, not its group
+        server.process.wait()
+        wait_until(lambda: all(gone(p) for p in idle + busy), what="the workers to exit")
+        caller.join(60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)  # whatever is left of the group

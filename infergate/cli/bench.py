@@ -8,9 +8,8 @@ import csv
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import orjson
 import typer
 from rich.text import Text
@@ -30,21 +29,10 @@ from infergate.cli.common import (
 from infergate.cli.common import (
     Format as OutputFormat,
 )
-from infergate.cli.npy import load_npy, load_npz
-from infergate.client import ClientError
-from infergate.loadgen import (
-    LoadResult,
-    Mode,
-    Plan,
-    Progress,
-    Target,
-    prepare,
-    run_level,
-    sample_inputs,
-    server_split_reader,
-)
-from infergate.loadgen import run as run_load
-from infergate.tensors import Array, numpy_dtype
+
+if TYPE_CHECKING:  # numpy, the client and the load generator load when a bench runs
+    from infergate.loadgen import LoadResult, Mode, Plan, Progress, Target
+    from infergate.tensors import Array
 
 SCHEMA_VERSION = 1
 CSV_COLUMNS = [
@@ -113,6 +101,10 @@ def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
 
 def _v2_request(path: Path) -> tuple[dict[str, Array], dict[str, Any]]:
     """The inputs and parameters of a V2 JSON request file."""
+    import numpy as np
+
+    from infergate.tensors import numpy_dtype
+
     try:
         doc = orjson.loads(path.read_bytes())
         inputs: dict[str, Array] = {}
@@ -135,6 +127,8 @@ def _v2_request(path: Path) -> tuple[dict[str, Array], dict[str, Any]]:
 def input_data(path: Path, metadata: dict[str, Any]) -> tuple[dict[str, Array], dict[str, Any]]:
     """--input-data: a .npy (a one-input model), an .npz (arrays named as the inputs), or a
     V2 JSON request."""
+    from infergate.cli.npy import load_npy, load_npz
+
     if not path.is_file():
         raise typer.BadParameter(f"--input-data {path}: no such file")
     names = [t["name"] for t in metadata.get("inputs", [])]
@@ -155,6 +149,8 @@ def input_data(path: Path, metadata: dict[str, Any]) -> tuple[dict[str, Array], 
 def _batched(inputs: dict[str, Array], metadata: dict[str, Any]) -> dict[str, Array]:
     """A single sample (one dimension short of a batching model's shape) becomes a batch of
     one, as `infergate infer` does."""
+    import numpy as np
+
     dims = {t["name"]: t["shape"] for t in metadata.get("inputs", [])}
     out = {}
     for name, array in inputs.items():
@@ -268,6 +264,9 @@ def bench(
         else parse_range(concurrency, "--concurrency-range", integer=True)
     )
     shapes = parse_shapes(shape or [])
+    from infergate.client import ClientError
+    from infergate.loadgen import Plan, Target, prepare, sample_inputs
+
     try:
         with client(url, token) as c:
             metadata = c.metadata(model, version)
@@ -307,6 +306,9 @@ def bench(
 def _run_levels(
     target: Target, mode: Mode, levels: list[float], plan: Plan, show: bool
 ) -> list[LoadResult]:
+    from infergate.loadgen import run as run_load
+    from infergate.loadgen import run_level, server_split_reader
+
     shown = [-1]  # off a terminal (a log file), one line a second, not one a tick
 
     def line(p: Progress) -> None:

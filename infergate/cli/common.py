@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import orjson
 import typer
@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from infergate.client import Client, ClientError, default_url
+if TYPE_CHECKING:  # the client (httpx, numpy) loads when a command talks to a server
+    from infergate.client import Client, ClientError
 
 console = Console(highlight=False, soft_wrap=True)  # lines as written, not rewrapped
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)  # one greppable line
@@ -86,6 +87,8 @@ def example(*lines: str) -> str:
 
 
 def client(url: str | None, token: str | None) -> Client:
+    from infergate.client import Client, default_url
+
     return Client(url or default_url(), token)
 
 
@@ -160,6 +163,8 @@ def _tsv(value: str) -> str:
 
 def request(url: str | None, token: str | None, as_json: bool, call: Callable[[Client], T]) -> T:
     """Run `call` on a client; a server's error becomes one clear line and exit 1."""
+    from infergate.client import ClientError
+
     try:
         with client(url, token) as c:
             return call(c)

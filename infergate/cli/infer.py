@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import orjson
 import typer
 from rich.text import Text
@@ -24,13 +23,20 @@ from infergate.cli.common import (
     print_json,
     say,
 )
-from infergate.cli.npy import load_npy
-from infergate.client import Client, ClientError, InferResponse
-from infergate.tensors import Array, numpy_dtype
+
+if TYPE_CHECKING:  # numpy and the client load when an inference runs
+    import numpy as np
+
+    from infergate.client import Client, InferResponse
+    from infergate.tensors import Array
 
 
 def _parse_value(text: str, dtype: np.dtype[Any] | None) -> Array:
     """A .npy file, a .json file, or a JSON literal."""
+    import numpy as np
+
+    from infergate.cli.npy import load_npy
+
     path = Path(text)
     if text.endswith(".npy"):
         array: Array = load_npy(path)
@@ -48,6 +54,10 @@ def _parse_value(text: str, dtype: np.dtype[Any] | None) -> Array:
 
 
 def _build_inputs(items: list[str], metadata: dict[str, Any]) -> dict[str, Array]:
+    import numpy as np
+
+    from infergate.tensors import numpy_dtype
+
     specs = {t["name"]: t for t in metadata.get("inputs", [])}
     inputs: dict[str, Array] = {}
     for item in items:
@@ -79,6 +89,8 @@ def _preview(array: Array, limit: int = 10) -> str:
 
 def _show(response: InferResponse, json: bool, save: Path | None) -> None:
     if save is not None:
+        import numpy as np
+
         save.mkdir(parents=True, exist_ok=True)
         for name, array in response.outputs.items():
             np.save(save / f"{name}.npy", array, allow_pickle=array.dtype.kind == "O")
@@ -138,6 +150,8 @@ def infer(
     json: JsonOption = False,
 ) -> None:
     """Run one inference and print the outputs."""
+    from infergate.client import ClientError
+
     items = inputs or []
     if not items:
         fail(

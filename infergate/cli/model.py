@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
@@ -26,7 +26,9 @@ from infergate.cli.common import (
     say,
     styled_state,
 )
-from infergate.client import Client
+
+if TYPE_CHECKING:
+    from infergate.client import Client
 
 app = make_app("List, inspect, load, unload, sign and verify models.")
 TokenOption = AdminTokenOption  # every model command is an admin call

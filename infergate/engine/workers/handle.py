@@ -20,13 +20,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import multiprocessing
 import os
+import signal
 import struct
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+from infergate.engine.workers import starting
 from infergate.engine.workers.messages import (
     InferCall,
     InferDone,
@@ -52,7 +53,6 @@ from infergate.errors import WorkerStartError as WorkerStartError  # raised here
 from infergate.tensors import Array, from_wire
 
 log = logging.getLogger("infergate.workers")
-_SPAWN = multiprocessing.get_context("spawn")
 INITIAL_ARENA = 1 << 20
 _READ = 1 << 20  # bytes asked of the pipe per read
 _LINGER_S = 5.0  # a worker whose pipe closed but which has not exited is killed after this
@@ -116,6 +116,7 @@ class WorkerHandle:
         self._frames: _Frames | None = None
         self._process: BaseProcess | None = None
         self._pid: int | None = None
+        self._pidfd: int | None = None
         self._reaping = False
         self._linger: asyncio.TimerHandle | None = None
         self.death_reason = "the worker exited"
@@ -130,11 +131,12 @@ class WorkerHandle:
         return not self.exited.done()
 
     async def start(self, timeout_s: float) -> Ready:
-        """Spawn the process and wait until its model is loaded and warmed up. Raises
+        """Start the process and wait until its model is loaded and warmed up. Raises
         WorkerStartError when the process could not even be started (nothing is left
         open), WorkerLoadError when it started and did not load."""
         try:
-            self._spawn()
+            await starting.ready()
+            self._launch()
         except Exception as exc:
             self._discard()
             raise WorkerStartError(f"{type(exc).__name__}: {exc}") from exc
@@ -144,14 +146,17 @@ class WorkerHandle:
             self.kill(f"it did not finish loading within {timeout_s:.0f} s")
             raise WorkerLoadError(f"loading took longer than {timeout_s:.0f} s") from None
 
-    def _spawn(self) -> None:
+    def _launch(self) -> None:
         self._in = OwnedArena(INITIAL_ARENA)
         self._out = OwnedArena(INITIAL_ARENA)
-        self._conn, child = _SPAWN.Pipe(duplex=True)
+        starting.ensure_server()
+        context = starting.context()
+        self._conn, child = context.Pipe(duplex=True)
         try:
-            self._process = _SPAWN.Process(
+            self._process = context.Process(
                 target=worker_main,
-                args=(child, self.spec),
+                # The environment as it is now: the fork server's is that of its own start.
+                args=(child, self.spec, dict(os.environ), starting.lifeline()),
                 name=f"infergate-worker:{self.spec.model}:{self.spec.version}",
                 daemon=True,
             )
@@ -159,13 +164,14 @@ class WorkerHandle:
         finally:
             child.close()
         self._pid = self._process.pid
+        self._pidfd = _open_pidfd(self._pid)
         fd = self._conn.fileno()
         os.set_blocking(fd, False)
         self._frames = _Frames(fd)
         self._loop.add_reader(fd, self._on_readable)
 
     def _discard(self) -> None:
-        """Release what a failed spawn had opened."""
+        """Release what a failed start had opened."""
         for arena in (self._in, self._out):
             if arena is not None:
                 arena.close()
@@ -175,6 +181,7 @@ class WorkerHandle:
             with contextlib.suppress(Exception):
                 self._process.kill()
                 self._process.join(1.0)
+        self._close_pidfd()
         if not self.exited.done():
             self.exited.set_result(None)
 
@@ -261,6 +268,7 @@ class WorkerHandle:
         if self._linger is not None:
             self._linger.cancel()
         self._process.close()  # its pipe fds now, not at some later garbage collection
+        self._close_pidfd()
         how = (
             f"was killed by signal {-code}"
             if code is not None and code < 0
@@ -291,15 +299,24 @@ class WorkerHandle:
     def kill(self, why: str) -> None:
         """SIGKILL the worker; its futures fail once the sentinel says it is gone."""
         self.death_reason = f"worker pid {self.pid} was killed: {why}"
-        if self._process is not None and not self.exited.done() and self._pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._pid, 9)  # not reaped yet (exited is set then), so still ours
+        if self._process is None or self.exited.done() or self._pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if self._pidfd is not None:  # this process, even if its pid was reused since
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:
+                os.kill(self._pid, signal.SIGKILL)
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Ask the worker to exit after its current call; kill it if it does not."""
         if not self.alive:
             return
-        if self._process is None:  # never spawned
+        if self._process is None:  # never started
             self.exited.set_result(None)
             return
         if self._conn is not None and not self._reaping:
@@ -363,6 +380,17 @@ class WorkerHandle:
                 f"{limit_ms:.0f} ms; its worker was killed and is being restarted. "
                 "Hint: raise timeout_ms in model.toml if the model is legitimately slow"
             ) from None
+
+
+def _open_pidfd(pid: int | None) -> int | None:
+    """A handle on the process itself: the fork server, not the gateway, reaps a worker, so
+    by the time the gateway kills it its pid may already name another process."""
+    if pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # gone already, or a kernel before 5.3: kill by pid
+        return None
 
 
 class _Call:

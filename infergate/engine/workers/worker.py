@@ -1,12 +1,16 @@
 """The worker loop: load one model instance, warm it up, then answer InferCalls.
 
-Runs in a spawned process. It imports the runtime's library; the gateway never does.
+Runs in a process forked from the fork server (infergate.engine.workers.starting). It
+imports the runtime's library; the gateway never does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
+import threading
 import traceback
 from multiprocessing.connection import Connection
 
@@ -116,10 +120,41 @@ def _answer(runtime: Runtime, call: InferCall, arenas: _Arenas) -> InferDone:
     return InferDone(call.id, write_tensors(out.buf, outputs), needed=needed)
 
 
-def worker_main(conn: Connection, spec: WorkerSpec) -> None:
+PROCESS_NAME = b"ig-worker"  # in ps and top; a worker's command line is the fork server's
+
+
+def _name_process() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # Linux only: a name is a nicety
+        ctypes.CDLL(None, use_errno=True).prctl(15, PROCESS_NAME, 0, 0, 0)  # PR_SET_NAME
+
+
+def _watch(lifeline: Connection) -> None:
+    """Exit as soon as the gateway is gone (its end of the lifeline closes when it dies,
+    even by SIGKILL), whatever the worker is doing: a model call cannot be interrupted."""
+
+    def watch() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            lifeline.recv_bytes()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="infergate-lifeline", daemon=True).start()
+
+
+def worker_main(
+    conn: Connection,
+    spec: WorkerSpec,
+    environ: dict[str, str] | None = None,
+    lifeline: Connection | None = None,
+) -> None:
     # Ctrl-C in the terminal reaches the whole process group; the gateway decides when
     # workers stop, so they ignore SIGINT and drain in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _name_process()
+    if lifeline is not None:
+        _watch(lifeline)
+    if environ is not None:  # the gateway's, as it was when this worker was started
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ.update(dict(spec.env))  # before any runtime initialises CUDA
     if spec.cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, spec.cpus)
