@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from infergate.engine.runtimes import PLUGINS_ENV
+from tests import cpu_usage
 from tests.onnx_models import make_echo, make_mlp
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
@@ -101,6 +102,11 @@ def breaker_server(tmp_path: Path) -> Iterator[ServerProcess]:
     proc = ServerProcess(models, write_profile(tmp_path, BREAKER_PROFILE), tmp_path / "server.log")
     yield proc.start()
     proc.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(cpu_usage.ENV) == "1":
+        config.pluginmanager.register(cpu_usage.CpuUsage(), "infergate-cpu-usage")
 
 
 def _parallel(config: pytest.Config) -> bool:
