@@ -99,7 +99,7 @@ def add_model(
     return name
 
 
-def failures(server: ServerProcess, name: str) -> dict[str, str]:
+def failures(server: ServerProcess, name: str = "mlp") -> dict[str, str]:
     return server.model(name)["failures"]  # type: ignore[no-any-return]
 
 
