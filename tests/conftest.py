@@ -50,7 +50,8 @@ def write_profile(folder: Path, text: str = "") -> Path:
 
 
 def build_repository(root: Path) -> Path:
-    """The models most server tests share."""
+    """The models most server tests share. Not the TorchScript `encoder`: its worker costs
+    2 s of CPU in every xdist worker's shared server, and one test serves it (test_v2_api)."""
     models = root / "models"
     make_mlp(models / "mlp" / "1" / "model.onnx", offset=0.0)
     make_mlp(models / "mlp" / "2" / "model.onnx", offset=100.0)
@@ -60,7 +61,6 @@ def build_repository(root: Path) -> Path:
     (models / "broken" / "1").mkdir(parents=True)
     (models / "broken" / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
     shutil.copytree(REPO / "models" / "digits", models / "digits")
-    shutil.copytree(REPO / "models" / "encoder", models / "encoder")
     return models
 
 
