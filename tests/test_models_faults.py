@@ -24,6 +24,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("faults")
     models = root / "models"
     make_scripted(models / "script" / "1" / "model.scripted", controls=("crash",))
+    # A model of its own for the start-failure test: a worker's restart backoff doubles
+    # with each crash (up to 10 s), and script's has doubled five times in the fd test.
+    make_scripted(models / "starter" / "1" / "model.scripted", controls=("crash",))
     make_scripted(models / "wide" / "1" / "model.scripted", controls=(), width=-1, outputs=("y",))
     profile = write_profile(root, "[server]\nmax_request_mb = 64\n")
     proc = ServerProcess(models, profile, root / "server.log").start()
@@ -82,14 +85,14 @@ def test_a_worker_that_cannot_start_is_retried_and_health_says_so(
         limit = open_fds(pid) - 2  # the dead worker's fds come back, a new one needs more
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, hard))
         try:
-            response = client.post(f"{server.url}/v2/models/script/infer", json=crash_body)
+            response = client.post(f"{server.url}/v2/models/starter/infer", json=crash_body)
             assert response.status_code == 503
             ready = wait_for(
                 lambda: (r := client.get(f"{server.url}/v2/health/ready")).status_code == 503 and r,
                 "ready to say 503",
             )
             assert "could not start a worker process" in ready.json()["error"]
-            model = client.get(f"{server.url}/admin/models/script").json()
+            model = client.get(f"{server.url}/admin/models/starter").json()
             assert any(e["kind"] == "worker_start_failed" for e in model["events"])
         finally:
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
@@ -97,8 +100,8 @@ def test_a_worker_that_cannot_start_is_retried_and_health_says_so(
         wait_for(
             lambda: client.get(f"{server.url}/v2/health/ready").status_code == 200, "ready again"
         )
-        wait_for(lambda: server.model("script")["state"] == "ready", "the model to be ready")
-        ok = client.post(f"{server.url}/v2/models/script/infer", json=scripted_inputs(crash=0))
+        wait_for(lambda: server.model("starter")["state"] == "ready", "the model to be ready")
+        ok = client.post(f"{server.url}/v2/models/starter/infer", json=scripted_inputs(crash=0))
         assert ok.status_code == 200
 
 
