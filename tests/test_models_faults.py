@@ -28,6 +28,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # with each crash (up to 10 s), and script's has doubled five times in the fd test.
     make_scripted(models / "starter" / "1" / "model.scripted", controls=("crash",))
     make_scripted(models / "wide" / "1" / "model.scripted", controls=(), width=-1, outputs=("y",))
+    # The arena test's own: its arena must not have grown already (the reply test grows wide's).
+    make_scripted(models / "arena" / "1" / "model.scripted", controls=(), width=-1, outputs=("y",))
     profile = write_profile(root, "[server]\nmax_request_mb = 64\n")
     proc = ServerProcess(models, profile, root / "server.log").start()
     yield proc
@@ -105,7 +107,9 @@ def test_a_worker_that_cannot_start_is_retried_and_health_says_so(
         assert ok.status_code == 200
 
 
-def binary_infer(client: httpx.Client, server: ServerProcess, floats: int) -> httpx.Response:
+def binary_infer(
+    client: httpx.Client, server: ServerProcess, floats: int, model: str = "wide"
+) -> httpx.Response:
     x = np.arange(floats, dtype=np.float32)
     header = orjson.dumps(
         {
@@ -121,7 +125,7 @@ def binary_infer(client: httpx.Client, server: ServerProcess, floats: int) -> ht
         }
     )
     return client.post(
-        f"{server.url}/v2/models/wide/infer",
+        f"{server.url}/v2/models/{model}/infer",
         content=header + x.tobytes(),
         headers={"Inference-Header-Content-Length": str(len(header))},
     )
@@ -135,11 +139,11 @@ def test_a_refused_arena_growth_is_a_503_and_the_worker_serves_on(
     with httpx.Client(timeout=60) as client:
         resource.prlimit(pid, resource.RLIMIT_FSIZE, (4 << 20, hard))  # shm segments too
         try:
-            refused = binary_infer(client, server, 2 << 20)  # 8 MB in: the arena must grow
+            refused = binary_infer(client, server, 2 << 20, "arena")  # 8 MB: it must grow
             assert refused.status_code == 503, refused.text
             assert "shared memory" in refused.json()["error"]
             for _ in range(3):
-                assert binary_infer(client, server, 1000).status_code == 200
+                assert binary_infer(client, server, 1000, "arena").status_code == 200
         finally:
             resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
 
