@@ -65,12 +65,14 @@ api_keys = ["{hash_key(BOB)}"]
 """
 
 
-def _start_tenant_server(folder: Path) -> ServerProcess:
+def _start_tenant_server(folder: Path, breakers: bool = True) -> ServerProcess:
+    """mlp and other; with `breakers`, flaky and slow too (the breaker tests' models)."""
     models = folder / "models"
     make_mlp(models / "mlp" / "1" / "model.onnx")
     make_mlp(models / "other" / "1" / "model.onnx", seed=9)
-    make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
-    make_scripted(models / "slow" / "1" / "model.scripted", ("sleep_ms",))
+    if breakers:
+        make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
+        make_scripted(models / "slow" / "1" / "model.scripted", ("sleep_ms",))
     profile = folder / "profile.toml"
     profile.write_text(PROFILE)
     return ServerProcess(models, profile, folder / "server.log").start()
@@ -88,7 +90,7 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
 @pytest.fixture
 def tenant_server(tmp_path: Path) -> Iterator[ServerProcess]:
     """A server of its own, for a test that changes the profile or kills the server."""
-    proc = _start_tenant_server(tmp_path)
+    proc = _start_tenant_server(tmp_path, breakers=False)
     yield proc
     proc.stop()
 
