@@ -37,6 +37,7 @@ class CpuUsage:
         self._session = 0.0  # session fixtures' CPU inside the phase under way
         self._by_file: defaultdict[str, float] = defaultdict(float)
         self._by_test: defaultdict[str, float] = defaultdict(float)
+        self._wall_by_file: defaultdict[str, float] = defaultdict(float)
 
     def pytest_collection_finish(self) -> None:
         self._last = _cpu_s()  # collection is nobody's test
@@ -72,14 +73,17 @@ class CpuUsage:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         used = getattr(report, "cpu_s", 0.0)
         self._by_file[report.nodeid.split("::")[0]] += used
+        self._wall_by_file[report.nodeid.split("::")[0]] += report.duration
         self._by_test[report.nodeid] += used
         self._by_file[SESSION] += getattr(report, "session_cpu_s", 0.0)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         total = sum(self._by_file.values())
         terminalreporter.write_sep("=", f"CPU seconds by test file ({total:.0f} s in all)")
+        terminalreporter.write_line("     CPU     wall  (wall: what LONGEST_FIRST orders by)")
         for name, used in sorted(self._by_file.items(), key=lambda kv: -kv[1]):
-            terminalreporter.write_line(f"{used:8.1f}  {name}")
+            wall = self._wall_by_file.get(name, 0.0)
+            terminalreporter.write_line(f"{used:8.1f} {wall:8.1f}  {name}")
         terminalreporter.write_sep("-", "the 25 tests that used most CPU")
         for name, used in sorted(self._by_test.items(), key=lambda kv: -kv[1])[:25]:
             terminalreporter.write_line(f"{used:8.1f}  {name}")
