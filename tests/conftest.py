@@ -77,6 +77,21 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     proc.stop()
 
 
+@pytest.fixture(scope="session")
+def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server of Triton-like models (tests/triton_models.py), with the default
+    profile's batching, for every Triton test file. Defined here, once: a session fixture
+    that test modules import is defined once per module, and each module got a server of
+    its own, kept to the end of the session."""
+    from tests.triton_models import build_triton_repository
+
+    folder = tmp_path_factory.mktemp("triton")
+    models = build_triton_repository(folder)
+    proc = ServerProcess(models, write_profile(folder), folder / "server.log").start()
+    yield proc
+    proc.stop()
+
+
 BAD_REQUEST = scripted_inputs(fail=1)  # for the breaker_server's flaky model
 
 BREAKER_PROFILE = """
