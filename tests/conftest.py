@@ -130,28 +130,33 @@ def _parallel(config: pytest.Config) -> bool:
 
 
 # The files that take longest (several servers each, and waits for breakers, restarts,
-# drains and watchers), longest first, as measured. pytest-xdist's loadscope hands out
-# whole files in collection order: one of these handed out last would run alone at the end
-# while the other workers sit idle.
+# drains and watchers), longest first, by the wall seconds of a parallel run
+# (INFERGATE_TEST_CPU=1 prints them). pytest-xdist's loadscope hands out whole files in
+# collection order: one of these handed out last would run alone at the end while the
+# other workers sit idle.
 LONGEST_FIRST = (
-    "test_reload.py",
-    "test_cluster_outage.py",
-    "test_models_faults.py",
-    "test_cluster_limits.py",
-    "test_tenants.py",
-    "test_cli_unix.py",
-    "test_models_watcher.py",
     "test_dashboard.py",
-    "test_remote.py",
+    "test_cluster_limits.py",
+    "test_cli_unix.py",
+    "test_cluster_outage.py",
+    "test_reload.py",
+    "test_tenants.py",
     "test_bench.py",
+    "test_models_watcher.py",
+    "test_cli.py",
+    "test_models_faults.py",
     "test_repository_api.py",
     "test_ops_examples.py",
-    "test_devices.py",
+    "test_edge_requests.py",
     "test_models_profile.py",
-    "test_edge_drain.py",
-    "test_cluster_drain.py",
-    "test_observability.py",
     "test_edge_connections.py",
+    "test_cluster_drain.py",
+    "test_edge_drain.py",
+    "test_triton_config.py",
+    "test_devices.py",
+    "test_remote.py",
+    "test_observability.py",
+    "test_v2_api.py",
 )
 
 
