@@ -129,16 +129,32 @@ def _parallel(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
 
 
+# Files that share one session server and nothing else needs: one xdist worker runs them
+# all (one work unit), so one worker starts that server, not each of the four.
+ONE_WORKER = dict.fromkeys(
+    (
+        "test_triton_config.py",
+        "test_triton_readiness.py",
+        "test_triton_responses.py",
+        "test_triton_shm.py",
+        "test_triton_stats.py",
+        "test_triton_strings.py",
+    ),
+    "triton_server",
+)
+
+
 # The files that take longest (several servers each, and waits for breakers, restarts,
 # drains and watchers), longest first, by the wall seconds of a parallel run
 # (INFERGATE_TEST_CPU=1 prints them). pytest-xdist's loadscope hands out whole files in
-# collection order: one of these handed out last would run alone at the end while the
-# other workers sit idle.
+# collection order (pytest_xdist_make_scheduler below): one of these handed out last would
+# run alone at the end while the other workers sit idle.
 LONGEST_FIRST = (
     "test_dashboard.py",
     "test_cluster_limits.py",
     "test_cli_unix.py",
     "test_cluster_outage.py",
+    *ONE_WORKER,  # one unit of work: the six take about as long as that together
     "test_reload.py",
     "test_tenants.py",
     "test_bench.py",
@@ -152,12 +168,29 @@ LONGEST_FIRST = (
     "test_edge_connections.py",
     "test_cluster_drain.py",
     "test_edge_drain.py",
-    "test_triton_config.py",
     "test_devices.py",
     "test_remote.py",
     "test_observability.py",
     "test_v2_api.py",
 )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """loadscope, with the ONE_WORKER files as one scope, and the scopes handed out in
+    collection order (LONGEST_FIRST): xdist's default reorders them by their number of
+    tests, which hands out a long file of few tests last."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class Scopes(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return ONE_WORKER.get(path.rsplit("/", 1)[-1]) or str(super()._split_scope(nodeid))
+
+    config.option.loadscopereorder = False
+    return Scopes(config, log)
 
 
 def _file_rank(item: pytest.Item) -> int:
