@@ -172,6 +172,13 @@ LONGEST_FIRST = (
     "test_remote.py",
     "test_observability.py",
     "test_v2_api.py",
+    "test_engine_hardening.py",
+    "test_workers.py",
+    "test_models_verified_store.py",
+    "test_scheduler.py",
+    "test_bad_inputs.py",
+    "test_sequences_triton.py",
+    "test_edge_admin.py",
 )
 
 
