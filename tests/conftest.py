@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from infergate.engine.runtimes import PLUGINS_ENV
+from tests import cpu_usage
 from tests.onnx_models import make_echo, make_mlp
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
@@ -49,7 +50,8 @@ def write_profile(folder: Path, text: str = "") -> Path:
 
 
 def build_repository(root: Path) -> Path:
-    """The models most server tests share."""
+    """The models most server tests share. Not the TorchScript `encoder`: its worker costs
+    2 s of CPU in every xdist worker's shared server, and one test serves it (test_v2_api)."""
     models = root / "models"
     make_mlp(models / "mlp" / "1" / "model.onnx", offset=0.0)
     make_mlp(models / "mlp" / "2" / "model.onnx", offset=100.0)
@@ -59,7 +61,6 @@ def build_repository(root: Path) -> Path:
     (models / "broken" / "1").mkdir(parents=True)
     (models / "broken" / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
     shutil.copytree(REPO / "models" / "digits", models / "digits")
-    shutil.copytree(REPO / "models" / "encoder", models / "encoder")
     return models
 
 
@@ -72,6 +73,21 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("server")
     proc = ServerProcess(repository, write_profile(folder), folder / "server.log").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server of Triton-like models (tests/triton_models.py), with the default
+    profile's batching, for every Triton test file. Defined here, once: a session fixture
+    that test modules import is defined once per module, and each module got a server of
+    its own, kept to the end of the session."""
+    from tests.triton_models import build_triton_repository
+
+    folder = tmp_path_factory.mktemp("triton")
+    models = build_triton_repository(folder)
+    proc = ServerProcess(models, write_profile(folder), folder / "server.log").start()
     yield proc
     proc.stop()
 
@@ -103,35 +119,85 @@ def breaker_server(tmp_path: Path) -> Iterator[ServerProcess]:
     proc.stop()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(cpu_usage.ENV) == "1":
+        config.pluginmanager.register(cpu_usage.CpuUsage(), "infergate-cpu-usage")
+
+
 def _parallel(config: pytest.Config) -> bool:
     """An xdist run: this is one of its workers, or the controller of some."""
     return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
 
 
+# Files that share one session server and nothing else needs: one xdist worker runs them
+# all (one work unit), so one worker starts that server, not each of the four.
+ONE_WORKER = dict.fromkeys(
+    (
+        "test_triton_config.py",
+        "test_triton_readiness.py",
+        "test_triton_responses.py",
+        "test_triton_shm.py",
+        "test_triton_stats.py",
+        "test_triton_strings.py",
+    ),
+    "triton_server",
+)
+
+
 # The files that take longest (several servers each, and waits for breakers, restarts,
-# drains and watchers), longest first, as measured. pytest-xdist's loadscope hands out
-# whole files in collection order: one of these handed out last would run alone at the end
-# while the other workers sit idle.
+# drains and watchers), longest first, by the wall seconds of a parallel run
+# (INFERGATE_TEST_CPU=1 prints them). pytest-xdist's loadscope hands out whole files in
+# collection order (pytest_xdist_make_scheduler below): one of these handed out last would
+# run alone at the end while the other workers sit idle.
 LONGEST_FIRST = (
-    "test_reload.py",
-    "test_cluster_outage.py",
-    "test_models_faults.py",
-    "test_cluster_limits.py",
-    "test_tenants.py",
-    "test_cli_unix.py",
-    "test_models_watcher.py",
     "test_dashboard.py",
-    "test_remote.py",
+    "test_cluster_limits.py",
+    "test_cli_unix.py",
+    "test_cluster_outage.py",
+    *ONE_WORKER,  # one unit of work: the six take about as long as that together
+    "test_reload.py",
+    "test_tenants.py",
     "test_bench.py",
+    "test_models_watcher.py",
+    "test_cli.py",
+    "test_models_faults.py",
     "test_repository_api.py",
     "test_ops_examples.py",
-    "test_devices.py",
+    "test_edge_requests.py",
     "test_models_profile.py",
-    "test_edge_drain.py",
-    "test_cluster_drain.py",
-    "test_observability.py",
     "test_edge_connections.py",
+    "test_cluster_drain.py",
+    "test_edge_drain.py",
+    "test_devices.py",
+    "test_remote.py",
+    "test_observability.py",
+    "test_v2_api.py",
+    "test_engine_hardening.py",
+    "test_workers.py",
+    "test_models_verified_store.py",
+    "test_scheduler.py",
+    "test_bad_inputs.py",
+    "test_sequences_triton.py",
+    "test_edge_admin.py",
 )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """loadscope, with the ONE_WORKER files as one scope, and the scopes handed out in
+    collection order (LONGEST_FIRST): xdist's default reorders them by their number of
+    tests, which hands out a long file of few tests last."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class Scopes(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return ONE_WORKER.get(path.rsplit("/", 1)[-1]) or str(super()._split_scope(nodeid))
+
+    config.option.loadscopereorder = False
+    return Scopes(config, log)
 
 
 def _file_rank(item: pytest.Item) -> int:

@@ -137,39 +137,45 @@ def test_each_holder_releases_only_its_own_reservation() -> None:
 
 QUOTA_PROFILE = """
 [tenants.default]
-memory_mb = 1000
 rps = 100000
 burst = 100000
+[tenants.quota]
+memory_mb = 1000
+[tenants.reloads]
+memory_mb = 1300
 """
 
 
-def test_a_load_past_the_tenant_quota_is_refused(tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    for name in ("a", "b"):
+@pytest.fixture(scope="module")
+def quota_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Two tenants with memory quotas, one per test: `quota` owns a and b (600 MB each,
+    for 1000 MB), `reloads` owns r (600 MB, for 1300 MB)."""
+    root = tmp_path_factory.mktemp("quota")
+    models = root / "models"
+    for name, tenant in (("a", "quota"), ("b", "quota"), ("r", "reloads")):
         make_scripted(models / name / "1" / "model.scripted", ())
-        (models / name / "model.toml").write_text("memory_mb = 600\n")
-    server = ServerProcess(
-        models, write_profile(tmp_path, QUOTA_PROFILE), tmp_path / "server.log"
-    ).start()
-    try:
-        states = {m: server.model(m) for m in ("a", "b")}
-        assert sorted(s["state"] for s in states.values()) == ["failed", "ready"]
-        refused = next(s for s in states.values() if s["state"] == "failed")
-        assert "tenant 'default' has 400 MB of its 1000 MB memory quota left" in refused["reason"]
-        load = httpx.post(f"{server.url}/v2/repository/models/{refused['name']}/load")
-        assert load.status_code == 400
-        assert "memory quota" in load.json()["error"]
-        ready = next(s for s in states.values() if s["state"] == "ready")
-        assert (
-            httpx.post(f"{server.url}/v2/repository/models/{ready['name']}/unload").status_code
-            == 200
-        )
-        assert (
-            httpx.post(f"{server.url}/v2/repository/models/{refused['name']}/load").status_code
-            == 200
-        )  # the quota freed up
-    finally:
-        server.stop()
+        (models / name / "model.toml").write_text(f'memory_mb = 600\ntenant = "{tenant}"\n')
+    server = ServerProcess(models, write_profile(root, QUOTA_PROFILE), root / "server.log")
+    yield server.start()
+    server.stop()
+
+
+def test_a_load_past_the_tenant_quota_is_refused(quota_server: ServerProcess) -> None:
+    server = quota_server
+    states = {m: server.model(m) for m in ("a", "b")}
+    assert sorted(s["state"] for s in states.values()) == ["failed", "ready"]
+    refused = next(s for s in states.values() if s["state"] == "failed")
+    assert "tenant 'quota' has 400 MB of its 1000 MB memory quota left" in refused["reason"]
+    load = httpx.post(f"{server.url}/v2/repository/models/{refused['name']}/load")
+    assert load.status_code == 400
+    assert "memory quota" in load.json()["error"]
+    ready = next(s for s in states.values() if s["state"] == "ready")
+    assert (
+        httpx.post(f"{server.url}/v2/repository/models/{ready['name']}/unload").status_code == 200
+    )
+    assert (
+        httpx.post(f"{server.url}/v2/repository/models/{refused['name']}/load").status_code == 200
+    )  # the quota freed up
 
 
 SIM_PROFILE = """
@@ -222,37 +228,29 @@ def test_simulated_gpus_placement_environment_and_kills(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_reloading_an_unchanged_model_keeps_its_reservation(tmp_path: Path) -> None:
+def test_reloading_an_unchanged_model_keeps_its_reservation(quota_server: ServerProcess) -> None:
     """The old version's stop releases the old version's reservation, not the new one's:
     after the reload the quota still counts the model, so a second one does not fit.
     (During the reload both versions' workers run, and both count: hence 1300 MB.)"""
-    models = tmp_path / "models"
-    make_scripted(models / "a" / "1" / "model.scripted", ())
-    (models / "a" / "model.toml").write_text("memory_mb = 600\n")
-    profile = write_profile(tmp_path, QUOTA_PROFILE.replace("1000", "1300"))
-    server = ServerProcess(models, profile, tmp_path / "server.log").start()
-    try:
-        assert server.wait_model_state("a", "ready")
-        reload = httpx.post(f"{server.url}/v2/repository/models/a/load", timeout=60)
-        assert reload.status_code == 200
+    server = quota_server
+    assert server.wait_model_state("r", "ready")
+    reload = httpx.post(f"{server.url}/v2/repository/models/r/load", timeout=60)
+    assert reload.status_code == 200
 
-        def stats() -> dict[str, Any]:
-            return httpx.get(f"{server.url}/admin/stats").json()  # type: ignore[no-any-return]
+    def stats() -> dict[str, Any]:
+        return httpx.get(f"{server.url}/admin/stats").json()  # type: ignore[no-any-return]
 
-        wait_until(
-            lambda: any(
-                e["kind"] == "model_version_stopped" and e["model"] == "a"
-                for e in stats()["events"]
-            ),
-            what="the replaced version of a to stop",
-        )
-        tenant = next(t for t in stats()["tenants"] if t["name"] == "default")
-        assert tenant["reserved_mb"] == 600
-        make_scripted(models / "b" / "1" / "model.scripted", ())
-        (models / "b" / "model.toml").write_text("memory_mb = 800\n")
-        load = httpx.post(f"{server.url}/v2/repository/models/b/load", timeout=60)
-        assert load.status_code == 400
-        error = load.json()["error"]
-        assert "tenant 'default' has 700 MB of its 1300 MB memory quota left" in error
-    finally:
-        server.stop()
+    wait_until(
+        lambda: any(
+            e["kind"] == "model_version_stopped" and e["model"] == "r" for e in stats()["events"]
+        ),
+        what="the replaced version of r to stop",
+    )
+    tenant = next(t for t in stats()["tenants"] if t["name"] == "reloads")
+    assert tenant["reserved_mb"] == 600
+    make_scripted(server.models / "r2" / "1" / "model.scripted", ())
+    (server.models / "r2" / "model.toml").write_text('memory_mb = 800\ntenant = "reloads"\n')
+    load = httpx.post(f"{server.url}/v2/repository/models/r2/load", timeout=60)
+    assert load.status_code == 400
+    error = load.json()["error"]
+    assert "tenant 'reloads' has 700 MB of its 1300 MB memory quota left" in error

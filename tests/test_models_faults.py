@@ -24,7 +24,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("faults")
     models = root / "models"
     make_scripted(models / "script" / "1" / "model.scripted", controls=("crash",))
+    # A model of its own for the start-failure test: a worker's restart backoff doubles
+    # with each crash (up to 10 s), and script's has doubled five times in the fd test.
+    make_scripted(models / "starter" / "1" / "model.scripted", controls=("crash",))
     make_scripted(models / "wide" / "1" / "model.scripted", controls=(), width=-1, outputs=("y",))
+    # The arena test's own: its arena must not have grown already (the reply test grows wide's).
+    make_scripted(models / "arena" / "1" / "model.scripted", controls=(), width=-1, outputs=("y",))
     profile = write_profile(root, "[server]\nmax_request_mb = 64\n")
     proc = ServerProcess(models, profile, root / "server.log").start()
     yield proc
@@ -82,14 +87,14 @@ def test_a_worker_that_cannot_start_is_retried_and_health_says_so(
         limit = open_fds(pid) - 2  # the dead worker's fds come back, a new one needs more
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, hard))
         try:
-            response = client.post(f"{server.url}/v2/models/script/infer", json=crash_body)
+            response = client.post(f"{server.url}/v2/models/starter/infer", json=crash_body)
             assert response.status_code == 503
             ready = wait_for(
                 lambda: (r := client.get(f"{server.url}/v2/health/ready")).status_code == 503 and r,
                 "ready to say 503",
             )
             assert "could not start a worker process" in ready.json()["error"]
-            model = client.get(f"{server.url}/admin/models/script").json()
+            model = client.get(f"{server.url}/admin/models/starter").json()
             assert any(e["kind"] == "worker_start_failed" for e in model["events"])
         finally:
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
@@ -97,12 +102,14 @@ def test_a_worker_that_cannot_start_is_retried_and_health_says_so(
         wait_for(
             lambda: client.get(f"{server.url}/v2/health/ready").status_code == 200, "ready again"
         )
-        wait_for(lambda: server.model("script")["state"] == "ready", "the model to be ready")
-        ok = client.post(f"{server.url}/v2/models/script/infer", json=scripted_inputs(crash=0))
+        wait_for(lambda: server.model("starter")["state"] == "ready", "the model to be ready")
+        ok = client.post(f"{server.url}/v2/models/starter/infer", json=scripted_inputs(crash=0))
         assert ok.status_code == 200
 
 
-def binary_infer(client: httpx.Client, server: ServerProcess, floats: int) -> httpx.Response:
+def binary_infer(
+    client: httpx.Client, server: ServerProcess, floats: int, model: str = "wide"
+) -> httpx.Response:
     x = np.arange(floats, dtype=np.float32)
     header = orjson.dumps(
         {
@@ -118,7 +125,7 @@ def binary_infer(client: httpx.Client, server: ServerProcess, floats: int) -> ht
         }
     )
     return client.post(
-        f"{server.url}/v2/models/wide/infer",
+        f"{server.url}/v2/models/{model}/infer",
         content=header + x.tobytes(),
         headers={"Inference-Header-Content-Length": str(len(header))},
     )
@@ -132,11 +139,11 @@ def test_a_refused_arena_growth_is_a_503_and_the_worker_serves_on(
     with httpx.Client(timeout=60) as client:
         resource.prlimit(pid, resource.RLIMIT_FSIZE, (4 << 20, hard))  # shm segments too
         try:
-            refused = binary_infer(client, server, 2 << 20)  # 8 MB in: the arena must grow
+            refused = binary_infer(client, server, 2 << 20, "arena")  # 8 MB: it must grow
             assert refused.status_code == 503, refused.text
             assert "shared memory" in refused.json()["error"]
             for _ in range(3):
-                assert binary_infer(client, server, 1000).status_code == 200
+                assert binary_infer(client, server, 1000, "arena").status_code == 200
         finally:
             resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
 

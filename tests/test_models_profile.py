@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from infergate.engine.admission.tenants import hash_key
+from tests.polling import wait_until
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
@@ -33,15 +34,45 @@ api_keys = ["{hash_key(ALICE)}"]
 """
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    models = tmp_path / "models"
+def start(folder: Path) -> ServerProcess:
+    models = folder / "models"
     make_scripted(models / "m" / "1" / "model.scripted", controls=())
-    profile = tmp_path / "profile.toml"
+    profile = folder / "profile.toml"
     profile.write_text(PROFILE)
-    proc = ServerProcess(models, profile, tmp_path / "server.log")
-    yield proc.start()
+    return ServerProcess(models, profile, folder / "server.log").start()
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """For a test whose edit only a restart would undo."""
+    proc = start(tmp_path)
+    yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = start(tmp_path_factory.mktemp("profile"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def server(shared_server: ServerProcess) -> ServerProcess:
+    """The shared server, its profile as written (restored and applied, whatever the test
+    before did to the file)."""
+    if not shared_server.profile.exists() or shared_server.profile.read_text() != PROFILE:
+        shared_server.profile.write_text(PROFILE)
+    shared_server.profile.chmod(0o644)
+    wait_until(lambda: as_written(shared_server), what="the profile as written to apply")
+    return shared_server
+
+
+def as_written(server: ServerProcess) -> bool:
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    doc = httpx.get(f"{server.url}/admin/tenants", headers=headers, timeout=10).json()
+    tenants = {t["name"]: t["rps"] for t in doc["tenants"]}
+    return doc["profile_error"] is None and tenants == {"default": 1000, "alice": None}
 
 
 def admin(server: ServerProcess, key: str | None = None) -> int:
@@ -88,8 +119,9 @@ def test_an_emptied_profile_is_rejected_and_the_keys_still_hold(server: ServerPr
 
 
 def test_loosening_waits_for_a_restart_and_tightening_applies_live(
-    server: ServerProcess,
+    own_server: ServerProcess,
 ) -> None:
+    server = own_server
     body = scripted_inputs(rows=1)
     assert httpx.post(f"{server.url}/v2/models/m/infer", json=body).status_code == 200
     text = server.profile.read_text()

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -16,6 +20,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from infergate.client import encode_infer_request
+from infergate.engine.admission.tenants import hash_key
 from tests.conftest import write_profile
 from tests.polling import wait_until
 from tests.remote_upstream import Upstream
@@ -34,15 +39,35 @@ def remote_toml(endpoints: list[str], extra: str = "", remote_extra: str = "") -
     )
 
 
-def gateway(tmp_path: Path, toml: str | dict[str, str], profile: str = "") -> ServerProcess:
-    """A gateway serving `toml` as model `front` (or each model named in a dict)."""
-    models = tmp_path / "gw-models"
-    for name, text in ({"front": toml} if isinstance(toml, str) else toml).items():
-        (models / name).mkdir(parents=True)
-        (models / name / "model.toml").write_text(text)
-    folder = tmp_path / "gw"
-    folder.mkdir()
-    return ServerProcess(models, write_profile(folder, profile), folder / "server.log")
+LIMITED_KEY = "limited-key"
+# One gateway for the file. Each test adds models of its own (remote, on upstreams of its
+# own) and they go when it ends, so a test sees only its models' series. The breaker and
+# the rate limit some tests need are scoped to a model (flaky) and a tenant (limited).
+PROFILE = f"""
+[server]
+max_request_mb = 1
+file_stable_s = 0.2
+[breaker.models.flaky]
+window_seconds = 2
+failure_rate = 0.5
+min_requests = 4
+consecutive_windows = 1
+backoff_initial_s = 30
+[tenants.default]
+[tenants.limited]
+rps = 0.01
+burst = 2
+api_keys = ["{hash_key(LIMITED_KEY)}"]
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("gateway")
+    (folder / "models").mkdir()
+    proc = ServerProcess(folder / "models", write_profile(folder, PROFILE), folder / "log")
+    yield proc.start()
+    proc.stop()
 
 
 @pytest.fixture
@@ -53,6 +78,47 @@ def upstreams() -> Iterator[list[Upstream]]:
         upstream.stop()
 
 
+@pytest.fixture
+def gw(gateway: ServerProcess, upstreams: list[Upstream]) -> Iterator[ServerProcess]:
+    """The shared gateway; the models the test added go when it ends, before the
+    upstreams they point at stop (set up after `upstreams`, so torn down before it)."""
+    yield gateway
+    names = [p.name for p in gateway.models.iterdir()]
+    for name in names:
+        shutil.rmtree(gateway.models / name)
+    for name in names:
+        wait_until(partial(gone, gateway, name), 30, f"{name} to go")
+
+
+def gone(proc: ServerProcess, name: str) -> bool:
+    return status_or_none(proc, name) is None
+
+
+def status_or_none(proc: ServerProcess, name: str) -> dict[str, Any] | None:
+    response = httpx.get(f"{proc.url}/admin/models/{name}", timeout=5)
+    return None if response.status_code == 404 else response.raise_for_status().json()
+
+
+def add(proc: ServerProcess, toml: str | dict[str, str]) -> ServerProcess:
+    """Serve `toml` as model `front` (or each model named in a dict): each folder is made
+    beside the models folder and moved in whole, so the watcher watches it from the start.
+    Back when none of them is loading any more."""
+    named = {"front": toml} if isinstance(toml, str) else toml
+    for name, text in named.items():
+        incoming = proc.models.parent / "incoming" / name
+        incoming.mkdir(parents=True)
+        (incoming / "model.toml").write_text(text)
+        os.replace(incoming, proc.models / name)
+    for name in named:
+
+        def loaded(name: str = name) -> bool:
+            status = status_or_none(proc, name)
+            return status is not None and status["state"] != "loading"
+
+        wait_until(loaded, 30, f"{name} to load")
+    return proc
+
+
 def start_upstreams(started: list[Upstream], count: int) -> list[Upstream]:
     for _ in range(count):
         started.append(Upstream().start())
@@ -60,17 +126,19 @@ def start_upstreams(started: list[Upstream], count: int) -> list[Upstream]:
 
 
 @pytest.fixture
-def front(tmp_path: Path, upstreams: list[Upstream]) -> Iterator[ServerProcess]:
-    """A gateway whose model `front` is remote-mlp on one recording upstream."""
+def front(gw: ServerProcess, upstreams: list[Upstream]) -> ServerProcess:
+    """The gateway, with model `front`: remote-mlp on one recording upstream."""
     (upstream,) = start_upstreams(upstreams, 1)
-    proc = gateway(tmp_path, remote_toml([upstream.url])).start()
-    wait_until(lambda: proc.model("front")["state"] == "ready", 30, "front to load")
-    yield proc
-    proc.stop()
+    add(gw, remote_toml([upstream.url]))
+    assert gw.model("front")["state"] == "ready"
+    return gw
 
 
 def infer(
-    server: ServerProcess, body: bytes, headers: dict[str, str], model: str = "front"
+    server: ServerProcess,
+    body: bytes,
+    headers: dict[str, str],
+    model: str = "front",
 ) -> httpx.Response:
     return httpx.post(
         f"{server.url}/v2/models/{model}/infer", content=body, headers=headers, timeout=30
@@ -79,17 +147,6 @@ def infer(
 
 BODY, HEADERS = encode_infer_request({"x": X}, ["y"])
 QUIET = "health_interval_s = 600"  # no active checks: what the test sees is the traffic's
-
-
-def started(proc: ServerProcess, *names: str) -> ServerProcess:
-    proc.start()
-    for name in names or ("front",):
-
-        def loaded(name: str = name) -> bool:
-            return bool(proc.model(name)["state"] != "loading")
-
-        wait_until(loaded, 30, f"{name} to load")
-    return proc
 
 
 def endpoints(proc: ServerProcess, model: str = "front") -> dict[str, dict[str, object]]:
@@ -121,230 +178,189 @@ def test_bodies_arrive_byte_identical(front: ServerProcess, upstreams: list[Upst
 
 
 def test_health_checks_keep_requests_off_an_endpoint_that_is_not_ready(
-    tmp_path: Path, upstreams: list[Upstream]
+    gw: ServerProcess, upstreams: list[Upstream]
 ) -> None:
     sick, good = start_upstreams(upstreams, 2)
     checks = "health_interval_s = 0.1\nunhealthy_threshold = 2"
-    proc = started(gateway(tmp_path, remote_toml([sick.url, good.url], remote_extra=checks)))
-    try:
-        sick.ready = False
-        wait_until(lambda: endpoints(proc)[sick.url]["healthy"] is False, 30, "it to be out")
-        statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(10)]
-        assert statuses == [200] * 10
-        assert len(sick.received) == 0
-        assert metric(proc, "infergate_remote_endpoint_healthy", endpoint=sick.url) == 0
-        sick.ready = True
-        wait_until(lambda: endpoints(proc)[sick.url]["healthy"] is True, 30, "it to be back")
+    proc = add(gw, remote_toml([sick.url, good.url], remote_extra=checks))
+    sick.ready = False
+    wait_until(lambda: endpoints(proc)[sick.url]["healthy"] is False, 30, "it to be out")
+    statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(10)]
+    assert statuses == [200] * 10
+    assert len(sick.received) == 0
+    assert metric(proc, "infergate_remote_endpoint_healthy", endpoint=sick.url) == 0
+    sick.ready = True
+    wait_until(lambda: endpoints(proc)[sick.url]["healthy"] is True, 30, "it to be back")
 
-        def both_used() -> bool:
-            assert infer(proc, BODY, HEADERS).status_code == 200
-            return len(sick.received) > 0
+    def both_used() -> bool:
+        assert infer(proc, BODY, HEADERS).status_code == 200
+        return len(sick.received) > 0
 
-        wait_until(both_used, 30, "requests to reach it again")
-    finally:
-        proc.stop()
+    wait_until(both_used, 30, "requests to reach it again")
 
 
 def test_metadata_and_results_come_from_another_infergate(
-    tmp_path: Path, upstreams: list[Upstream]
+    tmp_path: Path, gw: ServerProcess
 ) -> None:
     models = tmp_path / "up-models"
     make_scripted(models / "remote-mlp" / "1" / "model.scripted", ())
-    (tmp_path / "up").mkdir()
-    back = ServerProcess(models, write_profile(tmp_path / "up"), tmp_path / "up" / "log")
+    back = ServerProcess(models, write_profile(tmp_path), tmp_path / "log")
     back.start()
     try:
         wait_until(lambda: back.model("remote-mlp")["state"] == "ready", 60, "upstream")
-        proc = gateway(tmp_path, remote_toml([back.url], remote_extra="version = 1")).start()
-        try:
-            wait_until(lambda: proc.model("front")["state"] == "ready", 30, "front to load")
-            ours = httpx.get(f"{proc.url}/v2/models/front", timeout=5).json()
-            theirs = httpx.get(f"{back.url}/v2/models/remote-mlp", timeout=5).json()
-            assert ours["inputs"] == theirs["inputs"]
-            assert ours["outputs"] == theirs["outputs"]
-            request = scripted_inputs(rows=2)
-            x = request["inputs"][0]["data"]
-            body = json.dumps({**request, "outputs": [{"name": "y"}]}).encode()
-            response = infer(proc, body, {"content-type": "application/json"})
-            assert response.status_code == 200, response.text
-            (y,) = response.json()["outputs"]
-            assert y["name"] == "y"
-            assert y["data"] == x
-            shm_round_trip(proc)
-        finally:
-            proc.stop()
+        proc = add(gw, remote_toml([back.url], remote_extra="version = 1"))
+        assert proc.model("front")["state"] == "ready"
+        ours = httpx.get(f"{proc.url}/v2/models/front", timeout=5).json()
+        theirs = httpx.get(f"{back.url}/v2/models/remote-mlp", timeout=5).json()
+        assert ours["inputs"] == theirs["inputs"]
+        assert ours["outputs"] == theirs["outputs"]
+        request = scripted_inputs(rows=2)
+        x = request["inputs"][0]["data"]
+        body = json.dumps({**request, "outputs": [{"name": "y"}]}).encode()
+        response = infer(proc, body, {"content-type": "application/json"})
+        assert response.status_code == 200, response.text
+        (y,) = response.json()["outputs"]
+        assert y["name"] == "y"
+        assert y["data"] == x
+        shm_round_trip(proc)
     finally:
+        shutil.rmtree(gw.models / "front")  # before its upstream goes
+        wait_until(partial(gone, gw, "front"), 30, "front to go")
         back.stop()
 
 
 def test_connection_failures_are_retried_on_another_endpoint(
-    tmp_path: Path, upstreams: list[Upstream]
+    gw: ServerProcess, upstreams: list[Upstream]
 ) -> None:
     gone, good = start_upstreams(upstreams, 2)
-    proc = started(gateway(tmp_path, remote_toml([gone.url, good.url], remote_extra=QUIET)))
-    try:
-        gone.stop()  # after the load: its port now refuses connections
-        upstreams.remove(gone)
-        statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(20)]
-        assert statuses == [200] * 20
-        assert len(good.received) == 20
-        refused = metric(proc, "infergate_remote_attempts_total", outcome="connect_failed")
-        assert metric(proc, "infergate_remote_retries_total", why="connect_failed") == refused
-        assert 1 <= refused <= 5  # then outlier detection ejects it
-    finally:
-        proc.stop()
+    proc = add(gw, remote_toml([gone.url, good.url], remote_extra=QUIET))
+    gone.stop()  # after the load: its port now refuses connections
+    upstreams.remove(gone)
+    statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(20)]
+    assert statuses == [200] * 20
+    assert len(good.received) == 20
+    refused = metric(
+        proc, "infergate_remote_attempts_total", model="front", outcome="connect_failed"
+    )
+    assert (
+        metric(proc, "infergate_remote_retries_total", model="front", why="connect_failed")
+        == refused
+    )
+    assert 1 <= refused <= 5  # then outlier detection ejects it
 
 
 def test_editing_model_toml_moves_the_model_to_other_endpoints(
-    tmp_path: Path, upstreams: list[Upstream]
+    gw: ServerProcess, upstreams: list[Upstream]
 ) -> None:
     first, second = start_upstreams(upstreams, 2)
-    proc = started(gateway(tmp_path, remote_toml([first.url])))
-    try:
-        assert infer(proc, BODY, HEADERS).json()["parameters"]["upstream"] == first.port
-        (proc.models / "front" / "model.toml").write_text(remote_toml([second.url]))
+    proc = add(gw, remote_toml([first.url]))
+    assert infer(proc, BODY, HEADERS).json()["parameters"]["upstream"] == first.port
+    (proc.models / "front" / "model.toml").write_text(remote_toml([second.url]))
 
-        def moved() -> bool:
-            answer = infer(proc, BODY, HEADERS)
-            assert answer.status_code == 200, answer.text  # never a failed request
-            return bool(answer.json()["parameters"]["upstream"] == second.port)
+    def moved() -> bool:
+        answer = infer(proc, BODY, HEADERS)
+        assert answer.status_code == 200, answer.text  # never a failed request
+        return bool(answer.json()["parameters"]["upstream"] == second.port)
 
-        wait_until(moved, 30, "requests to reach the second upstream")
-        assert endpoints(proc).keys() == {second.url}
-    finally:
-        proc.stop()
+    wait_until(moved, 30, "requests to reach the second upstream")
+    assert endpoints(proc).keys() == {second.url}
 
 
 def test_503_is_retried_and_passed_on_when_every_endpoint_says_it(
-    tmp_path: Path, upstreams: list[Upstream]
+    gw: ServerProcess, upstreams: list[Upstream]
 ) -> None:
     busy, good = start_upstreams(upstreams, 2)
     busy.mode = "busy"
-    proc = started(gateway(tmp_path, remote_toml([busy.url, good.url], remote_extra=QUIET)))
-    try:
-        statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(20)]
-        assert statuses == [200] * 20
-        assert len(good.received) == 20
-        good.mode = "busy"
-        response = infer(proc, BODY, HEADERS)
-        assert response.status_code == 503
-        assert "upstream busy" in response.json()["error"]
-        assert response.headers["retry-after"] == "2"
-    finally:
-        proc.stop()
+    proc = add(gw, remote_toml([busy.url, good.url], remote_extra=QUIET))
+    statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(20)]
+    assert statuses == [200] * 20
+    assert len(good.received) == 20
+    good.mode = "busy"
+    response = infer(proc, BODY, HEADERS)
+    assert response.status_code == 503
+    assert "upstream busy" in response.json()["error"]
+    assert response.headers["retry-after"] == "2"
 
 
-def test_five_consecutive_5xx_eject_an_endpoint(tmp_path: Path, upstreams: list[Upstream]) -> None:
+def test_five_consecutive_5xx_eject_an_endpoint(
+    gw: ServerProcess, upstreams: list[Upstream]
+) -> None:
     bad, good = start_upstreams(upstreams, 2)
     bad.mode = "fail"
-    proc = started(gateway(tmp_path, remote_toml([bad.url, good.url], remote_extra=QUIET)))
-    try:
-        statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(40)]
-        # 500s are answers, not retried: each of the first five the bad one got is seen.
-        assert statuses.count(500) == 5
-        assert len(bad.received) == 5
-        assert statuses[-10:] == [200] * 10
-        state = endpoints(proc)
-        assert state[bad.url]["ejected"] is True
-        assert state[bad.url]["ejections"] == 1
-        assert state[good.url]["ejected"] is False
-        assert metric(proc, "infergate_remote_ejections_total", endpoint=bad.url) == 1
-        assert metric(proc, "infergate_remote_endpoint_ejected", endpoint=bad.url) == 1
-        assert metric(proc, "infergate_remote_endpoint_ejected", endpoint=good.url) == 0
-        assert metric(proc, "infergate_remote_attempts_total", endpoint=bad.url) == 5
-    finally:
-        proc.stop()
+    proc = add(gw, remote_toml([bad.url, good.url], remote_extra=QUIET))
+    statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(40)]
+    # 500s are answers, not retried: each of the first five the bad one got is seen.
+    assert statuses.count(500) == 5
+    assert len(bad.received) == 5
+    assert statuses[-10:] == [200] * 10
+    state = endpoints(proc)
+    assert state[bad.url]["ejected"] is True
+    assert state[bad.url]["ejections"] == 1
+    assert state[good.url]["ejected"] is False
+    assert metric(proc, "infergate_remote_ejections_total", endpoint=bad.url) == 1
+    assert metric(proc, "infergate_remote_endpoint_ejected", endpoint=bad.url) == 1
+    assert metric(proc, "infergate_remote_endpoint_ejected", endpoint=good.url) == 0
+    assert metric(proc, "infergate_remote_attempts_total", endpoint=bad.url) == 5
 
 
-def test_load_checks_the_remote_metadata(tmp_path: Path, upstreams: list[Upstream]) -> None:
+def test_load_checks_the_remote_metadata(gw: ServerProcess, upstreams: list[Upstream]) -> None:
     one, other = start_upstreams(upstreams, 2)
     other.outputs = [{"name": "z", "datatype": "INT64", "shape": [-1, 1]}]
     declared = '[[inputs]]\nname = "x"\ndatatype = "FP64"\nshape = [-1, 4]\n'
     dead = f"http://127.0.0.1:{free_port()}"
-    proc = started(
-        gateway(
-            tmp_path,
-            {
-                "good": remote_toml([one.url, dead]),
-                "declared": remote_toml([one.url]).replace("[remote]", declared + "[remote]"),
-                "disagree": remote_toml([one.url, other.url]),
-                "nowhere": remote_toml([dead]),
-            },
-        ),
-        "good",
-        "declared",
-        "disagree",
-        "nowhere",
+    proc = add(
+        gw,
+        {
+            "good": remote_toml([one.url, dead]),
+            "declared": remote_toml([one.url]).replace("[remote]", declared + "[remote]"),
+            "disagree": remote_toml([one.url, other.url]),
+            "nowhere": remote_toml([dead]),
+        },
     )
-    try:
-        assert proc.model("good")["state"] == "ready"  # one endpoint down is not a failure
-        assert endpoints(proc, "good")[dead]["healthy"] is False
-        reasons = {n: proc.model(n) for n in ("declared", "disagree", "nowhere")}
-        assert {n: r["state"] for n, r in reasons.items()} == dict.fromkeys(reasons, "failed")
-        assert "differ from model.toml's (x FP64 [-1, 4])" in reasons["declared"]["reason"]
-        assert "endpoints disagree" in reasons["disagree"]["reason"]
-        assert f"no endpoint serves 'remote-mlp': {dead}" in reasons["nowhere"]["reason"]
-        response = infer(proc, BODY, HEADERS, model="nowhere")
-        assert response.status_code == 424
-    finally:
-        proc.stop()
+    assert proc.model("good")["state"] == "ready"  # one endpoint down is not a failure
+    assert endpoints(proc, "good")[dead]["healthy"] is False
+    reasons = {n: proc.model(n) for n in ("declared", "disagree", "nowhere")}
+    assert {n: r["state"] for n, r in reasons.items()} == dict.fromkeys(reasons, "failed")
+    assert "differ from model.toml's (x FP64 [-1, 4])" in reasons["declared"]["reason"]
+    assert "endpoints disagree" in reasons["disagree"]["reason"]
+    assert f"no endpoint serves 'remote-mlp': {dead}" in reasons["nowhere"]["reason"]
+    response = infer(proc, BODY, HEADERS, model="nowhere")
+    assert response.status_code == 424
 
 
-LIMITS_PROFILE = """
-[server]
-max_request_mb = 1
-[breaker]
-window_seconds = 2
-failure_rate = 0.5
-min_requests = 4
-consecutive_windows = 1
-backoff_initial_s = 30
-[tenants.default]
-rps = 0.01
-burst = 2
-"""
-
-
-def test_tenant_limits_and_breakers_apply(tmp_path: Path, upstreams: list[Upstream]) -> None:
+def test_tenant_limits_and_breakers_apply(gw: ServerProcess, upstreams: list[Upstream]) -> None:
     good, bad = start_upstreams(upstreams, 2)
     bad.mode = "fail"
     toml = {"front": remote_toml([good.url]), "flaky": remote_toml([bad.url], remote_extra=QUIET)}
-    proc = started(gateway(tmp_path, toml, LIMITS_PROFILE), "front", "flaky")
-    try:
-        statuses = [infer(proc, BODY, HEADERS).status_code for _ in range(3)]
-        assert statuses == [200, 200, 429]  # burst 2, then the tenant's rate
-        assert len(good.received) == 2
-    finally:
-        proc.stop()
-    breaker_profile = LIMITS_PROFILE.replace("rps = 0.01\nburst = 2\n", "")
-    proc = started(gateway(tmp_path / "b", toml, breaker_profile), "front", "flaky")
-    try:
-        for _ in range(4):
-            assert infer(proc, BODY, HEADERS, model="flaky").status_code == 500
+    proc = add(gw, toml)
+    limited = {**HEADERS, "X-API-Key": LIMITED_KEY}
+    statuses = [infer(proc, BODY, limited).status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]  # burst 2, then the tenant's rate
+    assert len(good.received) == 2
+    # flaky's breaker (the profile's [breaker.models.flaky]) opens on its upstream's 500s.
+    for _ in range(4):
+        assert infer(proc, BODY, HEADERS, model="flaky").status_code == 500
 
-        def opened() -> bool:
-            return infer(proc, BODY, HEADERS, model="flaky").status_code == 503
+    def opened() -> bool:
+        return infer(proc, BODY, HEADERS, model="flaky").status_code == 503
 
-        wait_until(opened, 10, "the breaker to open")
-        sent = len(bad.received)
-        response = infer(proc, BODY, HEADERS, model="flaky")
-        assert response.status_code == 503
-        assert "circuit breaker" in response.json()["error"]
-        assert len(bad.received) == sent  # refused here, never sent upstream
-    finally:
-        proc.stop()
+    wait_until(opened, 10, "the breaker to open")
+    sent = len(bad.received)
+    response = infer(proc, BODY, HEADERS, model="flaky")
+    assert response.status_code == 503
+    assert "circuit breaker" in response.json()["error"]
+    assert len(bad.received) == sent  # refused here, never sent upstream
 
 
-def test_model_timeout_bounds_the_upstream_call(tmp_path: Path, upstreams: list[Upstream]) -> None:
+def test_model_timeout_bounds_the_upstream_call(
+    gw: ServerProcess, upstreams: list[Upstream]
+) -> None:
     (slow,) = start_upstreams(upstreams, 1)
     slow.delay_s = 30
-    proc = started(gateway(tmp_path, remote_toml([slow.url], extra="timeout_ms = 300")))
-    try:
-        response = infer(proc, BODY, HEADERS)
-        assert response.status_code == 504
-        assert "did not answer within the model's timeout" in response.json()["error"]
-    finally:
-        proc.stop()
+    proc = add(gw, remote_toml([slow.url], extra="timeout_ms = 300"))
+    response = infer(proc, BODY, HEADERS)
+    assert response.status_code == 504
+    assert "did not answer within the model's timeout" in response.json()["error"]
 
 
 def shm_round_trip(proc: ServerProcess) -> None:

@@ -25,54 +25,69 @@ def start(tmp_path: Path, profile: str) -> ServerProcess:
     ).start()
 
 
-@pytest.fixture
-def explicit_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    make_mlp(tmp_path / "models" / "mlp" / "1" / "model.onnx")
-    make_mlp(tmp_path / "models" / "spare" / "1" / "model.onnx", seed=2)
-    proc = start(tmp_path, '[server]\nmodel_control = "explicit"\nfile_stable_s = 0.1\n')
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the file's explicit-mode tests. It loads `present` at start; each
+    test adds models of its own and loads them (nothing else would), so none sees
+    another's."""
+    root = tmp_path_factory.mktemp("explicit")
+    make_mlp(root / "models" / "present" / "1" / "model.onnx")
+    proc = start(root, '[server]\nmodel_control = "explicit"\nfile_stable_s = 0.1\n')
     yield proc
     proc.stop()
 
 
+def add(server: ServerProcess, name: str, seed: int = 0) -> str:
+    make_mlp(server.models / name / "1" / "model.onnx", seed=seed)
+    triton.InferenceServerClient(server.url.removeprefix("http://")).load_model(name)
+    return name
+
+
 def test_tritonclient_load_unload_index(explicit_server: ServerProcess) -> None:
     client = triton.InferenceServerClient(explicit_server.url.removeprefix("http://"))
-    pids = explicit_server.worker_pids("spare")
-    client.unload_model("spare")
+    spare = add(explicit_server, "spare-index", seed=2)
+    pids = explicit_server.worker_pids(spare)
+    client.unload_model(spare)
     for pid in pids:
         assert not psutil.pid_exists(pid)  # unload returns after the workers exited
-    assert not client.is_model_ready("spare")
+    assert not client.is_model_ready(spare)
     index = {m["name"]: m for m in client.get_model_repository_index()}
-    assert index["spare"]["state"] == "UNAVAILABLE"
-    assert "unloaded" in index["spare"]["reason"]
-    assert index["mlp"]["state"] == "READY"
-    client.load_model("spare")
-    assert client.is_model_ready("spare")
+    assert index[spare]["state"] == "UNAVAILABLE"
+    assert "unloaded" in index[spare]["reason"]
+    assert index["present"]["state"] == "READY"  # loaded at start
+    client.load_model(spare)
+    assert client.is_model_ready(spare)
     with pytest.raises(InferenceServerException, match="no model 'nothere'"):
         client.load_model("nothere")
 
 
 def test_explicit_mode_ignores_file_changes_until_load(explicit_server: ServerProcess) -> None:
-    base = infer(explicit_server.url).json()["outputs"][0]["data"]
-    place(explicit_server.models / "mlp" / "1" / "model.onnx", lambda p: make_mlp(p, offset=3.0))
-    # No watcher in explicit mode: give a watcher ample time, and the old file still serves.
+    name = add(explicit_server, "edited")
+    make_mlp(explicit_server.models / "unasked" / "1" / "model.onnx")
+    base = infer(explicit_server.url, name).json()["outputs"][0]["data"]
+    place(explicit_server.models / name / "1" / "model.onnx", lambda p: make_mlp(p, offset=3.0))
+    # No watcher in explicit mode: give a watcher ample time, and the old file still serves
+    # (and a new model folder is not loaded).
     deadline = __import__("time").monotonic() + 1.0
     while __import__("time").monotonic() < deadline:
-        assert offset_of(infer(explicit_server.url), base) == 0
+        assert offset_of(infer(explicit_server.url, name), base) == 0
+    assert infer(explicit_server.url, "unasked").status_code == 404
     client = triton.InferenceServerClient(explicit_server.url.removeprefix("http://"))
-    client.load_model("mlp")  # loading a loaded model reloads it
-    assert offset_of(infer(explicit_server.url), base) == 3
+    client.load_model(name)  # loading a loaded model reloads it
+    assert offset_of(infer(explicit_server.url, name), base) == 3
 
 
 def test_loading_a_bad_file_says_why_and_keeps_serving(explicit_server: ServerProcess) -> None:
-    base = infer(explicit_server.url).json()["outputs"][0]["data"]
+    name = add(explicit_server, "spoiled")
+    base = infer(explicit_server.url, name).json()["outputs"][0]["data"]
     place(
-        explicit_server.models / "mlp" / "1" / "model.onnx",
+        explicit_server.models / name / "1" / "model.onnx",
         lambda p: p.write_bytes(b"garbage") or p,
     )
     client = triton.InferenceServerClient(explicit_server.url.removeprefix("http://"))
-    with pytest.raises(InferenceServerException, match="failed to load 'mlp'"):
-        client.load_model("mlp")
-    assert offset_of(infer(explicit_server.url), base) == 0
+    with pytest.raises(InferenceServerException, match=f"failed to load '{name}'"):
+        client.load_model(name)
+    assert offset_of(infer(explicit_server.url, name), base) == 0
 
 
 def test_signed_models_only(tmp_path: Path) -> None:
@@ -118,23 +133,24 @@ def test_cli_load_unload_reload(explicit_server: ServerProcess) -> None:
 
     from tests.test_cli import run
 
-    pids = explicit_server.worker_pids("spare")
-    code, out = run("model", "unload", "spare", "--url", explicit_server.url)
+    spare = add(explicit_server, "spare-cli", seed=2)
+    pids = explicit_server.worker_pids(spare)
+    code, out = run("model", "unload", spare, "--url", explicit_server.url)
     assert code == 0, out
-    assert "spare: unloaded" in out
+    assert f"{spare}: unloaded" in out
     assert not any(psutil.pid_exists(p) for p in pids)
-    code, out = run("model", "load", "spare", "--url", explicit_server.url, "--json")
+    code, out = run("model", "load", spare, "--url", explicit_server.url, "--json")
     assert code == 0, out
     assert json.loads(out)["state"] == "ready"
-    code, out = run("model", "reload", "spare", "--url", explicit_server.url)
+    code, out = run("model", "reload", spare, "--url", explicit_server.url)
     assert code == 0
-    assert "spare: reloaded, version 1 serving" in out
+    assert f"{spare}: reloaded, version 1 serving" in out
     place(
-        explicit_server.models / "spare" / "1" / "model.onnx", lambda p: p.write_bytes(b"junk") or p
+        explicit_server.models / spare / "1" / "model.onnx", lambda p: p.write_bytes(b"junk") or p
     )
-    code, out = run("model", "reload", "spare", "--url", explicit_server.url)
+    code, out = run("model", "reload", spare, "--url", explicit_server.url)
     assert code == 1
-    assert "failed to load 'spare'" in out
+    assert f"failed to load '{spare}'" in out
     assert "version 1 keeps serving" in out
 
 

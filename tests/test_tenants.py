@@ -65,12 +65,14 @@ api_keys = ["{hash_key(BOB)}"]
 """
 
 
-def _start_tenant_server(folder: Path) -> ServerProcess:
+def _start_tenant_server(folder: Path, breakers: bool = True) -> ServerProcess:
+    """mlp and other; with `breakers`, flaky and slow too (the breaker tests' models)."""
     models = folder / "models"
     make_mlp(models / "mlp" / "1" / "model.onnx")
     make_mlp(models / "other" / "1" / "model.onnx", seed=9)
-    make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
-    make_scripted(models / "slow" / "1" / "model.scripted", ("sleep_ms",))
+    if breakers:
+        make_fails_on_demand(models / "flaky" / "1" / "model.onnx")
+        make_scripted(models / "slow" / "1" / "model.scripted", ("sleep_ms",))
     profile = folder / "profile.toml"
     profile.write_text(PROFILE)
     return ServerProcess(models, profile, folder / "server.log").start()
@@ -85,12 +87,38 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
     proc.stop()
 
 
-@pytest.fixture
-def tenant_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server of its own, for a test that changes the profile or kills the server."""
-    proc = _start_tenant_server(tmp_path)
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = _start_tenant_server(tmp_path_factory.mktemp("own"), breakers=False)
     yield proc
     proc.stop()
+
+
+@pytest.fixture
+def tenant_server(own_server: ServerProcess) -> ServerProcess:
+    """The server of the tests that change the profile or stop the server, shared by them:
+    each starts from PROFILE as written (restored, applied, the server started again if a
+    test left it stopped), whatever ran before."""
+    if own_server.profile.read_text() != PROFILE:
+        own_server.profile.write_text(PROFILE)
+    if own_server.process is None or own_server.process.poll() is not None:
+        own_server.start()
+    wait_until(lambda: as_written(own_server), what="the profile as written to apply")
+    return own_server
+
+
+def as_written(server: ServerProcess) -> bool:
+    """Whether the server applies PROFILE: no rejected edit, its tenants as it says, no
+    breaker of its own for mlp."""
+    doc = httpx.get(f"{server.url}/admin/tenants", headers={"X-API-Key": ADMIN}).json()
+    tenants = {t["name"]: t for t in doc["tenants"]}
+    return (
+        doc["profile_error"] is None
+        and tenants.keys() == {"alice", "bob", "mallory"}
+        and tenants["alice"]["models"] == ["mlp", "flaky", "slow"]
+        and tenants["bob"]["rps"] == 100000
+        and breaker_state(server, "mlp")["policy"]["failure_rate"] == 0.5
+    )
 
 
 def call(

@@ -11,9 +11,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.server import ServerProcess
-from tests.triton_models import TRITON_MODELS, triton_server
-
-__all__ = ["triton_server"]
+from tests.triton_models import TRITON_MODELS
 
 
 def client(server: ServerProcess) -> httpclient.InferenceServerClient:

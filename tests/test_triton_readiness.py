@@ -14,9 +14,7 @@ import pytest
 
 from tests.conftest import write_profile
 from tests.server import ServerProcess
-from tests.triton_models import make_simple, triton_server
-
-__all__ = ["triton_server"]
+from tests.triton_models import make_simple
 
 
 @pytest.fixture

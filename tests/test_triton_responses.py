@@ -11,9 +11,6 @@ from tritonclient.utils import InferenceServerException
 
 from infergate.server.compression import MIN_BYTES, compress_response
 from tests.server import ServerProcess
-from tests.triton_models import triton_server
-
-__all__ = ["triton_server"]
 
 
 def client(server: ServerProcess) -> httpclient.InferenceServerClient:

@@ -17,9 +17,7 @@ from tritonclient.utils import InferenceServerException
 from infergate.engine.admission.tenants import hash_key
 from tests.conftest import write_profile
 from tests.server import ServerProcess
-from tests.triton_models import make_simple, triton_server
-
-__all__ = ["triton_server"]
+from tests.triton_models import make_simple
 
 BYTES = 16 * 4  # one row of 16 INT32
 

@@ -11,9 +11,6 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient import utils
 
 from tests.server import ServerProcess
-from tests.triton_models import triton_server
-
-__all__ = ["triton_server"]
 
 
 def client(server: ServerProcess) -> httpclient.InferenceServerClient:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -12,6 +14,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import REPO, write_profile
 from tests.onnx_models import ECHO_TYPES
 from tests.server import ServerProcess
 
@@ -197,8 +200,20 @@ def test_requested_outputs_only(server: ServerProcess) -> None:
     assert [o["name"] for o in doc["outputs"]] == ["label"]
 
 
-def test_torchscript_model_is_served(server: ServerProcess) -> None:
+@pytest.fixture
+def encoder_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """The TorchScript example alone: the shared server leaves it out (its worker costs as
+    much CPU as the rest of that server)."""
+    shutil.copytree(REPO / "models" / "encoder", tmp_path / "models" / "encoder")
+    proc = ServerProcess(tmp_path / "models", write_profile(tmp_path), tmp_path / "server.log")
+    yield proc.start()
+    proc.stop()
+
+
+def test_torchscript_model_is_served(encoder_server: ServerProcess) -> None:
     import torch
+
+    server = encoder_server
 
     features = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
     body = {
@@ -216,7 +231,7 @@ def test_torchscript_model_is_served(server: ServerProcess) -> None:
     out = response.json()["outputs"][0]
     assert out["name"] == "embedding"
     got = np.array(out["data"], np.float32).reshape(out["shape"])
-    model_pt = Path(__file__).parent.parent / "models/encoder/1/model.pt"
+    model_pt = REPO / "models/encoder/1/model.pt"
     module = torch.jit.load(str(model_pt))  # type: ignore[no-untyped-call]  # torch's own
     np.testing.assert_allclose(got, module(torch.from_numpy(features)).detach().numpy(), rtol=1e-5)
     meta = httpx.get(f"{server.url}/v2/models/encoder").json()

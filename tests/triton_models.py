@@ -1,21 +1,18 @@
-"""Models like Triton's quickstart ones, and one server of them the Triton tests share.
+"""Models like Triton's quickstart ones; `triton_server` in conftest.py serves them to the
+Triton tests.
 
 `simple`: INPUT0, INPUT1 INT32 [-1, 16] -> OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 -
 INPUT1, as Triton's client examples expect it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import write_profile
 from tests.onnx_models import OPSET, _save, make_fails_on_demand
-from tests.server import ServerProcess
 
 
 def make_simple(path: Path, batch: bool = True) -> Path:
@@ -98,13 +95,3 @@ def build_triton_repository(root: Path) -> Path:
     (models / "broken" / "1").mkdir(parents=True)
     (models / "broken" / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
     return models
-
-
-@pytest.fixture(scope="session")
-def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One server of Triton-like models, with the default profile's batching."""
-    folder = tmp_path_factory.mktemp("triton")
-    models = build_triton_repository(folder)
-    proc = ServerProcess(models, write_profile(folder), folder / "server.log").start()
-    yield proc
-    proc.stop()
