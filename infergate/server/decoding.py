@@ -31,6 +31,7 @@ import mmap
 import multiprocessing
 import os
 import secrets
+import signal
 import sys
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -272,10 +273,17 @@ def _discard(job: Future[_Decoded]) -> None:
 HELPER_NAME = b"ig-decoder"  # its name in ps and top, apart from the model workers
 
 
-def _start_helper() -> None:
+def _start_helper(gateway: int) -> None:
     os.nice(5)  # the gateway's loop (health, small requests) goes before a big decode
-    with contextlib.suppress(OSError, AttributeError):  # Linux only: a name is a nicety
-        ctypes.CDLL(None, use_errno=True).prctl(15, HELPER_NAME, 0, 0, 0)  # PR_SET_NAME
+    with contextlib.suppress(OSError, AttributeError):  # Linux only
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, HELPER_NAME, 0, 0, 0)  # PR_SET_NAME
+        # PR_SET_PDEATHSIG: ends with the gateway, however it ends. Without it a killed
+        # gateway's helper waited for work for good: it holds both ends of its own queue's
+        # pipe, so it never reads an end of file there.
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != gateway:  # the gateway was gone before that was set
+        os._exit(0)
 
 
 class BodyDecoder:
@@ -344,6 +352,7 @@ class BodyDecoder:
                 max_workers=1,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_helper,
+                initargs=(os.getpid(),),
             )
         return self._pool
 
