@@ -252,8 +252,8 @@ async def _tensors_from_raw(raw: _Raw, decoded: _Decoded, keeper: Keeper | None)
         if isinstance(value, mmap.mmap):
             wire = [value]  # its only reference once split: freed off the loop after
             del value
+            view = memoryview(wire[0])[: t.size]
             try:
-                view = memoryview(wire[0])[: t.size]
                 inputs[t.name] = await bytes_in_slices(t.name, view, t.shape, keeper)
             finally:
                 view.release()
