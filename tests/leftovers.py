@@ -22,6 +22,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 
 import psutil
 import pytest
@@ -43,10 +44,13 @@ def _ours() -> list[Found]:
     """The live processes of this test run, this one left out."""
     tag = os.environ[RUN_ENV]
     me = os.getpid()
+    # multiprocessing's resource tracker, once a test used shared memory here, lives as
+    # long as this process does, by design.
+    tracker = resource_tracker._resource_tracker._pid  # type: ignore[attr-defined]
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         info = proc.info
-        if info["pid"] == me or info["status"] == psutil.STATUS_ZOMBIE:
+        if info["pid"] in (me, tracker) or info["status"] == psutil.STATUS_ZOMBIE:
             continue
         try:
             if proc.environ().get(RUN_ENV) != tag:
