@@ -10,6 +10,7 @@ import pytest
 
 from infergate.engine.runtimes import PLUGINS_ENV
 from tests import cpu_usage
+from tests.leftovers import no_leftover_processes  # noqa: F401  (autouse, for serial tests)
 from tests.onnx_models import make_echo, make_mlp
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess

@@ -7,58 +7,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from infergate.clock import FakeClock
-from infergate.engine.context import EngineContext
-from infergate.engine.lifecycle.instance import Instance
-from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.scheduling.batching import batch_key
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES
 from infergate.engine.scheduling.queue import QueuePolicy
-from infergate.engine.scheduling.scheduler import Scheduler
-from infergate.engine.scheduling.tickets import Timing
-from infergate.engine.workers.messages import WorkerSpec
-from infergate.tensors import Array
-from tests.fake_workers import FakeWorkers
+from tests.fake_served import Answer, Served
 from tests.polling import eventually
 
 BATCH = DEFAULT_CLASSES[2]  # a 30 s queue deadline: only the batching delay can hold it
-SPEC = WorkerSpec(
-    model="m",
-    version=1,
-    path=Path("m.scripted"),
-    runtime="scripted",
-    device="cpu",
-    inputs=(TensorSpec("x", "FP32", (-1, 4)),),
-    outputs=(TensorSpec("y", "FP32", (-1, 4)), TensorSpec("pid", "INT64", (-1, 1))),
-)
-Answer = tuple[dict[str, Array], Timing]
 
 
-class Batcher:
+class Batcher(Served):
     """Instances on fake workers, batching up to 8 rows with a 5 ms delay."""
 
     def __init__(self, instances: int = 1) -> None:
-        self.clock = FakeClock()
-        self.workers = FakeWorkers()
-        context = EngineContext(clock=self.clock, worker_factory=self.workers)
-        self.instances = [Instance(SPEC, i, context) for i in range(instances)]
-        policy = QueuePolicy(max_batch_size=8, max_delay_s=0.005)
-        self.scheduler = Scheduler("m", 1, self.instances, policy, self.clock, context.metrics)
-
-    async def start(self) -> Batcher:
-        for instance in self.instances:
-            instance.start()
-        await asyncio.gather(*(i.wait_settled() for i in self.instances))
-        return self
-
-    async def stop(self) -> None:
-        await self.scheduler.stop()
-        await asyncio.gather(*(i.stop() for i in self.instances))
+        super().__init__(instances, QueuePolicy(max_batch_size=8, max_delay_s=0.005))
 
     async def send(self, rows: int) -> asyncio.Task[Answer]:
         """A batchable request; returns once the scheduler has admitted it (and sent it,

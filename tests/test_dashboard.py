@@ -274,10 +274,13 @@ def test_top_in_a_real_terminal_shows_models_quickly(
 
     infergate = Path(sys.executable).parent / "infergate"
     session = f"top{breaker_server.port}"
+    # A tmux server of this test's own: a shared one (another test run's) would start
+    # `top` in its environment, and live on after this test.
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
     started = time.monotonic()
     subprocess.run(
         [
-            "tmux",
+            *tmux,
             "new-session",
             "-d",
             "-s",
@@ -294,7 +297,7 @@ def test_top_in_a_real_terminal_shows_models_quickly(
         shown = None
         while time.monotonic() - started < 10:
             screen = subprocess.run(
-                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True
+                [*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True
             ).stdout
             if "flaky" in screen and "mlp" in screen:
                 shown = time.monotonic() - started
@@ -303,7 +306,7 @@ def test_top_in_a_real_terminal_shows_models_quickly(
         assert shown is not None, screen
         assert shown < 2.0, f"the models took {shown:.2f} s to show"
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+        subprocess.run([*tmux, "kill-server"], check=False)  # and `top` with it
 
 
 ADMIN, TENANT = "top-admin-key", "top-tenant-key"

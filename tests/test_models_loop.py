@@ -3,7 +3,6 @@ many models reload and workers are killed, and only so many workers load at once
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import psutil
 import pytest
 
 from tests.conftest import write_profile
+from tests.health_probe import HealthProbe
 from tests.polling import wait_until
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
@@ -25,40 +25,9 @@ pytestmark = pytest.mark.serial
 MODELS = 10
 LIMIT = 2
 
-# Probes health in a process of its own, so that what the test does meanwhile (psutil,
-# admin calls) does not delay the probe and count against the gateway.
-PROBE = """
-import sys, time, httpx
-url, stop = sys.argv[1], sys.argv[2]
-out = []
-with httpx.Client(timeout=10) as client:
-    client.get(url)  # connect first: the connection is not what is measured
-    while True:
-        started = time.perf_counter()
-        assert client.get(url).status_code == 200
-        out.append(time.perf_counter() - started)
-        try:
-            open(stop).close()
-            break
-        except FileNotFoundError:
-            time.sleep(0.02)
-print(repr(out))
-"""
 
-
-class Prober:
-    def __init__(self, url: str, folder: Path) -> None:
-        self._stop = folder / "stop-probing"
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", PROBE, f"{url}/v2/health/live", str(self._stop)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-
-    def latencies(self) -> list[float]:
-        self._stop.touch()
-        out, _ = self._process.communicate(timeout=60)
-        return list(ast.literal_eval(out))
+def durations(answers: list[tuple[float, float]]) -> list[float]:
+    return [end - start for start, end in answers]
 
 
 def decoder_named(server_pid: int) -> bool:
@@ -70,15 +39,11 @@ def decoder_named(server_pid: int) -> bool:
 
 
 def spawned_workers(server_pid: int) -> int:
-    children = psutil.Process(server_pid).children()
+    """Model workers: named ig-worker, children of the gateway's fork server."""
     count = 0
-    for child in children:
-        try:
-            # Model workers only: not the gateway's body-decoding helper.
-            if "spawn_main" in " ".join(child.cmdline()) and child.name() != "ig-decoder":
-                count += 1
-        except psutil.Error:
-            continue
+    for child in psutil.Process(server_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            count += child.name() == "ig-worker"
     return count
 
 
@@ -103,7 +68,7 @@ def test_health_stays_fast_while_models_reload_and_workers_die(tmp_path: Path) -
     pid = server.process.pid
     wait_until(lambda: decoder_named(pid), what="the decoding helper")
     most_loading = 0
-    prober = Prober(server.url, tmp_path)
+    prober = HealthProbe(server.url, tmp_path, pause_s=0.02)
     try:
         for path in files:  # every model gets a new file: ten reloads
             path.write_text(path.read_text() + "# new\n")
@@ -124,8 +89,10 @@ def test_health_stays_fast_while_models_reload_and_workers_die(tmp_path: Path) -
             time.sleep(0.05)
         metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     finally:
-        latencies = prober.latencies()
-        server.stop()
+        try:
+            latencies = durations(prober.stop())
+        finally:
+            server.stop()
     assert len(latencies) > 20
     assert max(latencies) < 0.1, sorted(latencies)[-5:]
     # At most LIMIT loads at once, restarts included; and loads were seen (300 ms each).
@@ -163,19 +130,19 @@ def test_health_answers_fast_with_two_hundred_models_loading(tmp_path: Path) -> 
                         break
                 time.sleep(0.05)
             wait_until(lambda: decoder_named(pid), what="the decoding helper")
-            prober = Prober(server.url, tmp_path)
-            # No load can finish while they are held, so every worker alive is loading.
-            wait_until(lambda: spawned_workers(pid) >= LIMIT, what=f"{LIMIT} loading workers")
-            for _ in range(20):  # a second for a third worker to show up, if one would
-                most_loading = max(most_loading, spawned_workers(pid))
-                time.sleep(0.05)
-            (gates / "hold-loads").unlink()
-            loaded = 0
-            while loaded < 6:  # a few loads' worth of time, 194 models still waiting
-                index = client.post(f"{server.url}/v2/repository/index").json()
-                loaded = sum(m.get("state") == "READY" for m in index)
-                time.sleep(0.05)
-            latencies = prober.latencies()
+            with HealthProbe(server.url, tmp_path, pause_s=0.02) as prober:
+                # No load can finish while they are held: every worker alive is loading.
+                wait_until(lambda: spawned_workers(pid) >= LIMIT, what=f"{LIMIT} loaders")
+                for _ in range(20):  # a second for a third worker to show up, if one would
+                    most_loading = max(most_loading, spawned_workers(pid))
+                    time.sleep(0.05)
+                (gates / "hold-loads").unlink()
+                loaded = 0
+                while loaded < 6:  # a few loads' worth of time, 194 models still waiting
+                    index = client.post(f"{server.url}/v2/repository/index").json()
+                    loaded = sum(m.get("state") == "READY" for m in index)
+                    time.sleep(0.05)
+                latencies = durations(prober.stop())
             assert client.get(f"{server.url}/v2/health/ready").status_code == 503
     finally:
         started = time.monotonic()

@@ -31,14 +31,17 @@ import mmap
 import multiprocessing
 import os
 import secrets
+import signal
+import sys
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from infergate.engine.workers.shm import MappedArena
 from infergate.errors import BadRequest, InfergateError
+from infergate.server.body import anonymous_mapping, free_off_loop
 from infergate.server.codec import Body, DecodedRequest, decode_request
 from infergate.tensors import Array, read_bytes_elements, serialize_bytes
 
@@ -127,23 +130,30 @@ def _unlink(segment: str) -> None:
         os.unlink(_segment_path(segment))
 
 
-_Raw = dict[str, Array | bytearray]
+_Raw = dict[str, Array | mmap.mmap]
 
 
 def _read_segment(decoded: _Decoded) -> _Raw:
     """On the I/O thread: the helper's tensors out of its segment, which goes away
-    (numbers as arrays of their dtype, BYTES as their wire form, for the loop to split)."""
+    (numbers as arrays of their dtype, BYTES as their wire form, for the loop to split).
+    Each lands in an anonymous mapping of its own, so that it can be freed off the loop
+    too (see Keeper)."""
     fd = os.open(_segment_path(decoded.segment), os.O_RDONLY)
     try:
         os.unlink(_segment_path(decoded.segment))  # its pages go when fd closes, here
         raw: _Raw = {}
         for t in decoded.tensors:
+            if t.size == 0:  # (a mapping cannot be empty)
+                raw[t.name] = _empty(t)
+                continue
+            target = anonymous_mapping(t.size)
+            view = memoryview(target)
             if t.datatype == "BYTES":
-                target = raw[t.name] = bytearray(t.size)
-                view = memoryview(target)
+                raw[t.name] = target
             else:
-                array = raw[t.name] = np.empty(t.shape, dtype=np.dtype(t.datatype))
-                view = array.data.cast("B") if array.size else memoryview(b"")
+                dtype = np.dtype(t.datatype)
+                array = np.frombuffer(target, dtype, t.size // dtype.itemsize)
+                raw[t.name] = array.reshape(t.shape)
             done = 0
             while done < t.size:
                 got = os.preadv(fd, [view[done:]], t.offset + done)
@@ -156,24 +166,52 @@ def _read_segment(decoded: _Decoded) -> _Raw:
     return raw
 
 
+def _empty(t: _Tensor) -> Array | mmap.mmap:
+    if t.datatype == "BYTES":
+        return anonymous_mapping(1)  # (read as a view of its first 0 bytes)
+    return np.empty(t.shape, dtype=np.dtype(t.datatype))
+
+
 class Keeper:
-    """The BYTES elements of a large request, held in the slices they were built in, so
-    they can be freed the same way once the answer is sent: the tensor's own last
-    reference then only drops references, and freeing a million small objects at once
-    (tens of milliseconds) never holds the event loop."""
+    """What a large request holds, kept until its answer is sent so that it can be let
+    go of without holding up the event loop: its body and its tensors' buffers (tens of
+    megabytes, freed on the freeing thread, see body.free_off_loop), and its BYTES
+    tensors, emptied and freed in slices, as they were built (freeing a million small
+    objects at once, or only an array of a million references to them, takes
+    milliseconds to tens of milliseconds)."""
 
     def __init__(self) -> None:
         self._slices: list[list[bytes]] = []
+        self._elements: list[Array] = []
+        self._buffers: list[Any] = []
 
     def keep(self, items: list[bytes]) -> None:
         self._slices.append(items)
 
+    def keep_elements(self, flat: Array) -> None:
+        """A BYTES tensor's flat object array, to empty in slices once answered."""
+        self._elements.append(flat)
+
+    def keep_buffer(self, buffer: Any) -> None:
+        """A large body, or an array of one, to free off the loop once answered."""
+        self._buffers.append(buffer)
+
     @property
     def holding(self) -> bool:
-        """Whether `release` has anything to do (most requests have no BYTES tensor)."""
-        return bool(self._slices)
+        """Whether `release` has anything to do (most requests hold nothing large)."""
+        return bool(self._slices or self._elements or self._buffers)
 
     async def release(self) -> None:
+        if self._buffers:
+            held, self._buffers = self._buffers, []
+            free_off_loop(held)  # the last references, when the request let go of them
+        while self._elements:
+            flat = self._elements.pop()
+            if sys.getrefcount(flat) == 2:  # (`flat` and the argument): nobody else's
+                for start in range(0, len(flat), _ELEMENTS):
+                    flat[start : start + _ELEMENTS].fill(None)
+                    await asyncio.sleep(0)
+            del flat
         while self._slices:
             self._slices.pop()
             await asyncio.sleep(0)
@@ -185,6 +223,8 @@ async def bytes_in_slices(
     """A binary BYTES tensor, its elements built a slice at a time."""
     count = math.prod(shape)
     out = np.empty(count, dtype=object)
+    if keeper is not None:
+        keeper.keep_elements(out)
     offset = filled = 0
     while offset < len(data):
         try:
@@ -209,9 +249,18 @@ async def _tensors_from_raw(raw: _Raw, decoded: _Decoded, keeper: Keeper | None)
     inputs: dict[str, Array] = {}
     for t in decoded.tensors:
         value = raw.pop(t.name)
-        if isinstance(value, bytearray):
-            inputs[t.name] = await bytes_in_slices(t.name, memoryview(value), t.shape, keeper)
+        if isinstance(value, mmap.mmap):
+            wire = [value]  # its only reference once split: freed off the loop after
+            del value
+            view = memoryview(wire[0])[: t.size]
+            try:
+                inputs[t.name] = await bytes_in_slices(t.name, view, t.shape, keeper)
+            finally:
+                view.release()
+                free_off_loop(wire)
         else:
+            if keeper is not None:
+                keeper.keep_buffer(value)
             inputs[t.name] = value
     return decoded.request._replace(inputs=inputs)
 
@@ -224,10 +273,17 @@ def _discard(job: Future[_Decoded]) -> None:
 HELPER_NAME = b"ig-decoder"  # its name in ps and top, apart from the model workers
 
 
-def _start_helper() -> None:
+def _start_helper(gateway: int) -> None:
     os.nice(5)  # the gateway's loop (health, small requests) goes before a big decode
-    with contextlib.suppress(OSError, AttributeError):  # Linux only: a name is a nicety
-        ctypes.CDLL(None, use_errno=True).prctl(15, HELPER_NAME, 0, 0, 0)  # PR_SET_NAME
+    with contextlib.suppress(OSError, AttributeError):  # Linux only
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, HELPER_NAME, 0, 0, 0)  # PR_SET_NAME
+        # PR_SET_PDEATHSIG: ends with the gateway, however it ends. Without it a killed
+        # gateway's helper waited for work for good: it holds both ends of its own queue's
+        # pipe, so it never reads an end of file there.
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != gateway:  # the gateway was gone before that was set
+        os._exit(0)
 
 
 class BodyDecoder:
@@ -241,6 +297,8 @@ class BodyDecoder:
     ) -> DecodedRequest:
         if len(body) <= self._inline_max:
             return decode_request(body, header_length)
+        if keeper is not None:
+            keeper.keep_buffer(body)  # the request's own reference goes first
         json_heavy = header_length is None or (
             header_length.isdigit() and int(header_length) > self._inline_max
         )
@@ -294,6 +352,7 @@ class BodyDecoder:
                 max_workers=1,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_helper,
+                initargs=(os.getpid(),),
             )
         return self._pool
 

@@ -11,16 +11,18 @@ from infergate.engine.engine import Engine
 from infergate.engine.remote.client import answered
 from infergate.engine.remote.passthrough import forward_admitted
 from infergate.engine.remote.served import RemoteServedVersion
-from infergate.server.codec import _header_length, json_object
+from infergate.server.codec import Body, _header_length, json_object
 
 # Shared-memory regions are this machine's: the upstream cannot read them.
 _LOCAL_ONLY = b"shared_memory_region"
 
 
-def header_of(body: bytes | bytearray, header_length: str | None) -> dict[str, Any] | None:
+def header_of(body: Body, header_length: str | None) -> dict[str, Any] | None:
     """The request's JSON header, or None when the request must be decoded here."""
     json_len = len(body) if header_length is None else _header_length(header_length, len(body))
     header = body[:json_len]
+    if isinstance(header, memoryview):  # (a large body: `in` would look for an int)
+        header = header.tobytes()
     if _LOCAL_ONLY in header:
         return None
     return json_object(header, "a JSON object with an 'inputs' array")
@@ -29,7 +31,7 @@ def header_of(body: bytes | bytearray, header_length: str | None) -> dict[str, A
 async def pass_through(
     engine: Engine,
     served: RemoteServedVersion,
-    body: bytes | bytearray,
+    body: Body,
     doc: dict[str, Any],
     header_length: str | None,
     content_type: str | None,
@@ -42,7 +44,7 @@ async def pass_through(
     headers = {"content-type": content_type or "application/json"}
     if header_length is not None:
         headers["inference-header-content-length"] = header_length
-    if isinstance(body, bytearray):  # httpx would iterate it as ints
+    if not isinstance(body, bytes):  # httpx would iterate a bytearray or a view as ints
         body = bytes(body)
     reply = await forward_admitted(
         engine.context, served, body, headers, priority, timeout_s, tenant
