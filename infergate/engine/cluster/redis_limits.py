@@ -1,9 +1,11 @@
 """Tenant limits shared by every replica through Redis.
 
 The rate is one GCRA per tenant and the concurrency a set of leases per tenant, checked
-together in one Lua script (scripts.ADMIT) that reads Redis's clock. A lease is renewed
-while its request runs (every TTL/3, with this replica's heartbeat), so the slots of a
-replica that dies are free again within one TTL; a replica that stops releases its own.
+together in one Lua script (scripts.ADMIT) that reads Redis's clock: the one round trip a
+request waits for. Its lease's release is written before its answer is sent, without
+waiting for Redis to confirm it (channel.py). Leases are renewed on a timer, all of this
+replica's in one call (every TTL/3, with its heartbeat), so the slots of a replica that
+dies are free again within one TTL; a replica that stops releases its own.
 
 Redis being slow or gone never stalls a request: every call is bounded by the socket
 timeout and made without retries, a breaker stops calling a Redis that keeps failing,
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import math
@@ -23,11 +26,14 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
+from redis.exceptions import NoScriptError
+
 from infergate.clock import Clock
 from infergate.engine.admission.breaker import Breaker, BreakerPolicy
 from infergate.engine.admission.breaker import State as BreakerState
 from infergate.engine.admission.tenants import NO_CONCURRENCY_LIMIT, Tenants, TenantState
 from infergate.engine.cluster import scripts
+from infergate.engine.cluster.channel import Channel
 from infergate.engine.cluster.local_share import LocalShares, Share
 from infergate.engine.cluster.metrics import ClusterMetrics
 from infergate.engine.cluster.settings import ClusterSettings
@@ -94,9 +100,12 @@ class SharedLimits:
             socket_connect_timeout=settings.connect_timeout_ms / 1000,
             retry=Retry(NoBackoff(), 0),  # a retry would double the wait; we fall back
         )
-        # register_script loads each script once and again after a NOSCRIPT (a restarted
-        # Redis, SCRIPT FLUSH).
-        self._admit = self._redis.register_script(scripts.ADMIT)
+        # The request path's calls (admission, release) go through the channel; the rest
+        # (renewals, probes, the release at stop) through the client.
+        self._channel = Channel(settings.redis_url, settings.connect_timeout_ms / 1000)
+        self._admit_sha = hashlib.sha1(scripts.ADMIT.encode()).hexdigest()
+        # register_script loads the script once and again after a NOSCRIPT (a restarted
+        # Redis, SCRIPT FLUSH); _run_admit does the same for the admission script.
         self._renew = self._redis.register_script(scripts.RENEW)
         self._timeout_s = settings.socket_timeout_ms / 1000
         self._ttl_us = int(settings.lease_ttl_s * 1e6)
@@ -140,15 +149,14 @@ class SharedLimits:
         try:
             code, wait_us = await self._call(
                 "admit",
-                self._admit(
-                    keys=[self._key(tenant.name, "tat"), lease_key],
-                    args=[
-                        f"{interval:.3f}",
-                        f"{(tenant.burst - 1) * interval:.3f}" if rated else "0",
-                        slots,
-                        self._ttl_us,
-                        lease_id,
-                    ],
+                self._run_admit(
+                    self._key(tenant.name, "tat"),
+                    lease_key,
+                    f"{interval:.3f}",
+                    f"{(tenant.burst - 1) * interval:.3f}" if rated else "0",
+                    slots,
+                    self._ttl_us,
+                    lease_id,
                 ),
             )
         except RedisUnavailable:
@@ -163,6 +171,19 @@ class SharedLimits:
             return _admitted(Ticket(state))
         self._held[lease_id] = lease_key
         return _admitted(Ticket(state, lease_key, lease_id))
+
+    async def _run_admit(self, *keys_and_args: str | int) -> Any:
+        """The admission script (two keys, then its arguments), loaded again if Redis
+        forgot it."""
+        try:
+            return await self._channel.call(
+                self._channel.pack("EVALSHA", self._admit_sha, 2, *keys_and_args)
+            )
+        except NoScriptError:
+            await self._channel.call(self._channel.pack("SCRIPT", "LOAD", scripts.ADMIT))
+            return await self._channel.call(
+                self._channel.pack("EVALSHA", self._admit_sha, 2, *keys_and_args)
+            )
 
     def _without_redis(self, state: TenantState) -> Ticket:
         mode = self.settings.fail_mode
@@ -191,7 +212,13 @@ class SharedLimits:
     async def release(self, ticket: Ticket) -> None:
         """End an admitted request, before it is answered: a client that sends one request
         after another must never find its previous request's slot still taken (a release
-        in the background lost that race, see tests/test_cluster_limits.py)."""
+        in the background, after the answer, lost that race; see
+        tests/test_cluster_limits.py). The release is written to Redis here, and its reply
+        read with the next admission on the same connection: no request waits for it.
+
+        A release that does not reach Redis (it is down, or the breaker is open) leaves
+        the lease to expire, at most one TTL after its last renewal: a slot is only ever
+        freed late, never early, so the limit can only get stricter meanwhile."""
         ticket.state.concurrency.leave()
         if ticket.share is not None:
             ticket.share.concurrency.leave()
@@ -207,7 +234,11 @@ class SharedLimits:
             # a request cut off by the end of a drain is cancelled here again, and
             # `stop` must still find its lease.
             try:
-                await self._call("release", self._redis.zrem(lease_key, lease_id))
+                written = await self._call(
+                    "release", self._channel.send(self._channel.pack("ZREM", lease_key, lease_id))
+                )
+                if not written:  # no connection open: Redis went away since the admission
+                    self._metrics.redis_errors.labels("release").inc()
             except RedisUnavailable:
                 pass
             except RuntimeError:  # uvloop, on a connection `stop` closed meanwhile
@@ -239,6 +270,10 @@ class SharedLimits:
         first requests and the renewal loop)."""
         with contextlib.suppress(Exception):
             await _bounded(self._load_scripts(), max(1.0, self._timeout_s))
+        with contextlib.suppress(Exception):  # the request path's first connection
+            await _bounded(
+                self._channel.call(self._channel.pack("PING")), max(1.0, self._timeout_s)
+            )
         self._renewer = asyncio.create_task(self._renew_forever(), name="cluster:renew")
         self._prober = asyncio.create_task(self._probe_forever(), name="cluster:probe")
 
@@ -288,6 +323,7 @@ class SharedLimits:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await self._channel.close()  # the releases written on it are still delivered
         with contextlib.suppress(RedisUnavailable):
             await self._call("release", self._release_all())
         await self._redis.aclose()
