@@ -149,13 +149,12 @@ class SharedLimits:
         try:
             code, wait_us = await self._call(
                 "admit",
-                self._run_admit(
+                self._ask(
                     self._key(tenant.name, "tat"),
                     lease_key,
                     f"{interval:.3f}",
                     f"{(tenant.burst - 1) * interval:.3f}" if rated else "0",
                     slots,
-                    self._ttl_us,
                     lease_id,
                 ),
             )
@@ -164,13 +163,33 @@ class SharedLimits:
             return self._without_redis(state)
         self.breaker.record(admission, True, None)
         if code == 0:
-            self._tenants.refuse_rate(state, int(wait_us) / 1e6)
+            self._tenants.refuse_rate(state, wait_us / 1e6)
         if code == 2:
             self._tenants.refuse_concurrency(state)
         if not slots:
             return _admitted(Ticket(state))
         self._held[lease_id] = lease_key
         return _admitted(Ticket(state, lease_key, lease_id))
+
+    async def _ask(
+        self, tat_key: str, lease_key: str, interval: str, tolerance: str, slots: int, lease: str
+    ) -> tuple[int, int]:
+        """The admission script's answer: (1, 0) admitted, (0, wait) over the rate, (2, 0)
+        no free slot. No free slot is asked again once, without the rate (its token is
+        taken): Redis serves the commands waiting on different connections in no set
+        order, so the release another replica wrote before answering this client's
+        previous request can come after this request's admission when both wait for
+        Redis together; by the time that admission's answer is back, Redis has read the
+        release too."""
+        code, wait_us = await self._run_admit(
+            tat_key, lease_key, interval, tolerance, slots, self._ttl_us, lease
+        )
+        if code == 2:
+            self._metrics.asked_again.inc()
+            code, wait_us = await self._run_admit(
+                tat_key, lease_key, "0", "0", slots, self._ttl_us, lease
+            )
+        return int(code), int(wait_us)
 
     async def _run_admit(self, *keys_and_args: str | int) -> Any:
         """The admission script (two keys, then its arguments), loaded again if Redis
