@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import statistics
 import sys
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -52,14 +54,14 @@ IN_SCRIPTS = frozenset(
 )
 
 
-def command_calls(redis: RedisProcess) -> dict[str, int]:
+def command_calls(client: redis.Redis) -> dict[str, int]:
     """Calls of each command Redis has run so far (INFO commandstats)."""
-    stats = redis.client().info("commandstats")
+    stats = client.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
 async def measure(
-    urls: dict[str, str], rounds: int, count: int, redis: RedisProcess
+    urls: dict[str, str], rounds: int, count: int, redis_process: RedisProcess
 ) -> tuple[list[dict[str, list[float]]], dict[str, int]]:
     """`rounds` rounds of `count` requests to each gateway in turn, after 100 to warm up;
     and the Redis commands run during the rounds."""
@@ -83,9 +85,10 @@ async def measure(
         return latencies
 
     await one_round(100)
-    before = command_calls(redis)
+    stats = redis_process.client()  # one connection, opened before the first count
+    before = command_calls(stats)
     results = [await one_round(count) for _ in range(rounds)]
-    after = command_calls(redis)
+    after = command_calls(stats)
     for c in conns.values():
         await c.close()
     commands = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
@@ -113,12 +116,16 @@ def main() -> None:
     rounds = args.rounds or (3 if args.quick else 5)
     count = 300 if args.quick else 2000
 
+    load_start = os.getloadavg()[0]  # the machine's business, beside the figures
     work = Path(tempfile.mkdtemp(prefix="infergate-bench-"))
     make_mlp(work / "models" / "mlp" / "1" / "model.onnx", sizes=(64, 128, 10))
-    redis = RedisProcess(work / "redis-server").start()
+    redis_process = RedisProcess(work / "redis-server").start()
     servers: dict[str, ServerProcess] = {}
     try:
-        for name, cluster in (("local", ""), ("redis", f'[cluster]\nredis_url = "{redis.url}"\n')):
+        for name, cluster in (
+            ("local", ""),
+            ("redis", f'[cluster]\nredis_url = "{redis_process.url}"\n'),
+        ):
             folder = work / name
             folder.mkdir()
             (folder / "profile.toml").write_text(cluster + LIMITS)
@@ -126,13 +133,14 @@ def main() -> None:
                 work / "models", folder / "profile.toml", folder / "server.log"
             ).start()
         results, commands = asyncio.run(
-            measure({n: s.url for n, s in servers.items()}, rounds, count, redis)
+            measure({n: s.url for n, s in servers.items()}, rounds, count, redis_process)
         )
     finally:
         for server in servers.values():
             server.stop()
-        redis.kill()
+        redis_process.kill()
 
+    load = os.getloadavg()[0]
     per_round = [summarize(r) for r in results]
     requests = rounds * count
     median = {k: statistics.median(f[k] for f in per_round) for k in per_round[0]}
@@ -143,13 +151,17 @@ def main() -> None:
         "requests_per_round": count,
         "redis_commands_per_request": sum(sent.values()),
         "redis_commands": sent,
+        "load_average_1m": {"start": load_start, "end": load},
         "run_by_scripts_per_request": sum(n for k, n in commands.items() if k in IN_SCRIPTS)
         / requests,
     }
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
         return
-    print(f"{rounds} rounds of {count} requests to each gateway, concurrency 1")
+    print(
+        f"{rounds} rounds of {count} requests to each gateway, concurrency 1 "
+        f"(load average {load_start:.1f} at the start, {load:.1f} at the end)"
+    )
     print(
         f"{'round':>5} {'local p50':>10} {'p99':>7} {'redis p50':>10} {'p99':>7} "
         f"{'added p50':>10} {'p99':>7}  (ms)"
