@@ -118,12 +118,15 @@ class SharedLimits:
         self.breaker = Breaker(REDIS_BREAKER, clock, self._on_breaker)
         self._renewer: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
+        self._not_closed = asyncio.Event()  # wakes the prober: it sleeps while Redis answers
         metrics.breaker_state.set(0)
         metrics.replicas.set(1)
 
     def _on_breaker(self, state: BreakerState, reason: str) -> None:
         self._metrics.breaker_state.set(_BREAKER_GAUGE[state])
         log.warning("the breaker around Redis is %s: %s", state.replace("_", "-"), reason)
+        if state != "closed":
+            self._not_closed.set()
 
     def _key(self, tenant: str, kind: str) -> str:
         return f"{self.settings.key_prefix}:{kind}:{tenant}"
@@ -309,8 +312,12 @@ class SharedLimits:
 
     async def _probe_forever(self) -> None:
         """Requests never probe a Redis that failed (each would risk the timeout): this
-        does, when the breaker turns half-open."""
+        does, when the breaker turns half-open. While it is closed the prober sleeps: no
+        timer wakes the event loop 20 times a second beside the requests."""
         while True:
+            if self.breaker.state == "closed":
+                self._not_closed.clear()
+                await self._not_closed.wait()
             await asyncio.sleep(0.05)
             if self.breaker.state != "half_open" or self.breaker.allow() != "probe":
                 continue
