@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from redis.exceptions import ResponseError
 
 from infergate.engine.cluster.channel import Channel
 from tests.cluster_setup import require_redis_server
@@ -26,7 +27,8 @@ def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
 async def test_a_call_gets_its_own_reply_after_commands_not_waited_for(
     redis_server: RedisProcess,
 ) -> None:
-    channel = Channel(redis_server.url, 5.0)
+    unread: list[ResponseError] = []
+    channel = Channel(redis_server.url, 5.0, unread.append)
     try:
         assert not await channel.send(channel.pack("INCR", "n"))  # nothing open yet: not sent
         assert await channel.call(channel.pack("PING")) == b"PONG"  # raw replies
@@ -35,7 +37,7 @@ async def test_a_call_gets_its_own_reply_after_commands_not_waited_for(
         await channel.call(channel.pack("SET", "word", "x"))
         assert await channel.send(channel.pack("INCR", "word"))  # answered with an error
         assert await channel.call(channel.pack("GET", "n")) == b"3"
-        assert channel.unread_errors == 1
+        assert [str(e) for e in unread] == ["value is not an integer or out of range"]
     finally:
         await channel.close()
 

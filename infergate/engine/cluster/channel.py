@@ -19,6 +19,7 @@ packing commands and parsing replies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import ConnectionPool
@@ -44,7 +45,12 @@ class _Link:
 
 
 class Channel:
-    def __init__(self, url: str, connect_timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        connect_timeout_s: float,
+        on_unread_error: Callable[[ResponseError], None] = lambda exc: None,
+    ) -> None:
         # The pool only makes connections as the URL says; it never hands them out.
         self._pool = ConnectionPool.from_url(
             url, socket_timeout=None, socket_connect_timeout=connect_timeout_s
@@ -52,7 +58,7 @@ class Channel:
         self._packer = self._connection()
         self._idle: list[_Link] = []  # the most recently used last: the next to be taken
         self._busy: list[_Link] = []  # waiting for a reply
-        self.unread_errors = 0  # error replies to commands no one waited for
+        self._on_unread_error = on_unread_error  # an error reply to a command sent by `send`
 
     def _connection(self) -> AbstractConnection:
         conn: AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
@@ -84,11 +90,14 @@ class Channel:
                 if link.read == mine:
                     break
                 if isinstance(reply, ResponseError):
-                    self.unread_errors += 1
+                    self._on_unread_error(reply)
         finally:
             self._busy.remove(link)
-            if link.open:  # else redis-py closed it: a call was cut off
+            if link.open:
                 self._idle.append(link)
+            elif link.conn.is_connected:  # its handshake was cut off
+                await link.conn.disconnect(nowait=True)
+            # else redis-py closed it: a write or read was cut off
         if isinstance(reply, ResponseError):
             raise reply
         return reply

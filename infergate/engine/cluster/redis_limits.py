@@ -102,7 +102,11 @@ class SharedLimits:
         )
         # The request path's calls (admission, release) go through the channel; the rest
         # (renewals, probes, the release at stop) through the client.
-        self._channel = Channel(settings.redis_url, settings.connect_timeout_ms / 1000)
+        self._channel = Channel(
+            settings.redis_url,
+            settings.connect_timeout_ms / 1000,
+            lambda exc: self._failed_quietly("release", exc),
+        )
         self._admit_sha = hashlib.sha1(scripts.ADMIT.encode()).hexdigest()
         # register_script loads the script once and again after a NOSCRIPT (a restarted
         # Redis, SCRIPT FLUSH); _run_admit does the same for the admission script.
@@ -280,9 +284,12 @@ class SharedLimits:
             self._failed(op, exc)
 
     def _failed(self, op: str, exc: BaseException) -> NoReturn:
+        self._failed_quietly(op, exc)
+        raise RedisUnavailable(op) from exc
+
+    def _failed_quietly(self, op: str, exc: BaseException) -> None:
         self._metrics.redis_errors.labels(op).inc()
         log.debug("redis %s failed: %r", op, exc)
-        raise RedisUnavailable(op) from exc
 
     # -- leases and heartbeat --------------------------------------------------------
 
