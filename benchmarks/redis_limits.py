@@ -22,11 +22,13 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
+import psutil
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,11 +62,24 @@ def command_calls(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU time (user and system) each process has used so far."""
+    times = {name: psutil.Process(pid).cpu_times() for name, pid in pids.items()}
+    return {name: t.user + t.system for name, t in times.items()}
+
+
+@dataclass
+class Measured:
+    rounds: list[dict[str, list[float]]]  # each round's latencies, by gateway
+    commands: dict[str, int]  # the Redis commands run during the rounds, by name
+    cpu_s: dict[str, float]  # CPU time used during the rounds, by process
+
+
 async def measure(
-    urls: dict[str, str], rounds: int, count: int, redis_process: RedisProcess
-) -> tuple[list[dict[str, list[float]]], dict[str, int]]:
-    """`rounds` rounds of `count` requests to each gateway in turn, after 100 to warm up;
-    and the Redis commands run during the rounds."""
+    urls: dict[str, str], pids: dict[str, int], rounds: int, count: int, redis_process: RedisProcess
+) -> Measured:
+    """`rounds` rounds of `count` requests to each gateway in turn, after 100 to warm up,
+    with what Redis and each process (`pids`) did meanwhile."""
     x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
     body, headers = encode_infer_request({"x": x}, binary=True)
     conns = {name: await RawConnection.open(url) for name, url in urls.items()}
@@ -86,14 +101,14 @@ async def measure(
 
     await one_round(100)
     stats = redis_process.client()  # one connection, opened before the first count
-    before = command_calls(stats)
+    before, cpu_before = command_calls(stats), cpu_seconds(pids)
     results = [await one_round(count) for _ in range(rounds)]
-    after = command_calls(stats)
+    after, cpu_after = command_calls(stats), cpu_seconds(pids)
     for c in conns.values():
         await c.close()
     commands = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
     commands.pop("info", None)  # ours, not the gateway's
-    return results, commands
+    return Measured(results, commands, {k: cpu_after[k] - cpu_before[k] for k in pids})
 
 
 def summarize(latencies: dict[str, list[float]]) -> dict[str, float]:
@@ -132,8 +147,11 @@ def main() -> None:
             servers[name] = ServerProcess(
                 work / "models", folder / "profile.toml", folder / "server.log"
             ).start()
-        results, commands = asyncio.run(
-            measure({n: s.url for n, s in servers.items()}, rounds, count, redis_process)
+        pids = {n: s.process.pid for n, s in servers.items() if s.process is not None}
+        assert redis_process.process is not None
+        pids["redis-server"] = redis_process.process.pid
+        measured = asyncio.run(
+            measure({n: s.url for n, s in servers.items()}, pids, rounds, count, redis_process)
         )
     finally:
         for server in servers.values():
@@ -141,7 +159,8 @@ def main() -> None:
         redis_process.kill()
 
     load = os.getloadavg()[0]
-    per_round = [summarize(r) for r in results]
+    per_round = [summarize(r) for r in measured.rounds]
+    commands = measured.commands
     requests = rounds * count
     median = {k: statistics.median(f[k] for f in per_round) for k in per_round[0]}
     sent = {k: n / requests for k, n in sorted(commands.items()) if k not in IN_SCRIPTS}
@@ -152,6 +171,9 @@ def main() -> None:
         "redis_commands_per_request": sum(sent.values()),
         "redis_commands": sent,
         "load_average_1m": {"start": load_start, "end": load},
+        # CPU time per request of each gateway process (its workers aside) and of Redis:
+        # unlike the latencies, barely moved by what else runs on the machine.
+        "cpu_us_per_request": {k: v / requests * 1e6 for k, v in measured.cpu_s.items()},
         "run_by_scripts_per_request": sum(n for k, n in commands.items() if k in IN_SCRIPTS)
         / requests,
     }
@@ -183,6 +205,12 @@ def main() -> None:
         f"(goal: p99 under 1 ms)\nRedis commands per request: "
         f"{report['redis_commands_per_request']:.2f} ({breakdown}), and "
         f"{report['run_by_scripts_per_request']:.2f} run inside the scripts"
+    )
+    cpu = report["cpu_us_per_request"]
+    print(
+        f"CPU per request: gateway {cpu['local']:.0f} us in process, {cpu['redis']:.0f} us "
+        f"with Redis (added {cpu['redis'] - cpu['local']:.0f} us); redis-server "
+        f"{cpu['redis-server']:.0f} us"
     )
 
 
