@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ from typing import cast
 
 import httpx
 import pytest
+import redis as redis_py
 
 from infergate.engine.cluster import scripts
 from tests.cluster_setup import cluster_profile, replicas, require_redis_server
@@ -175,12 +177,71 @@ def test_script_flush_is_survived(tmp_path: Path, redis_server: RedisProcess) ->
         assert redis_server.client().script_exists(admit_sha) == [True]
 
 
+def _sent_commands(redis: redis_py.Redis) -> dict[str, int]:
+    """Calls of each command clients sent Redis so far (INFO commandstats counts those the
+    scripts run too: left out), this client's INFO aside."""
+    in_scripts = {
+        n.lower() for n in re.findall(r"redis\.call\('(\w+)'", scripts.ADMIT + scripts.RENEW)
+    }
+    stats = redis.info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+    return {k: n for k, n in calls.items() if k not in in_scripts and k != "info"}
+
+
+def _asked_again(servers: list[ServerProcess]) -> float:
+    return sum(metric(s, "infergate_cluster_admissions_asked_again_total") for s in servers)
+
+
 def test_one_request_after_another_is_never_refused_by_its_own_lease(
     tmp_path: Path, redis_server: RedisProcess
 ) -> None:
-    """The lease is released after the answer is sent, yet before the client's next
-    request can ask for the slot, on the same replica or another."""
-    profile = cluster_profile(redis_server, "socket_timeout_ms = 500", "max_concurrency = 1")
+    """The lease is released before the answer is sent, without waiting for Redis, yet
+    before the client's next request can ask for the slot, on the same replica or another;
+    each request costs one admission script and one release, nothing more."""
+    # A TTL longer than the test: no renewal runs between the two counts.
+    profile = cluster_profile(
+        redis_server, "socket_timeout_ms = 500\nlease_ttl_s = 600", "max_concurrency = 1"
+    )
     with replicas(tmp_path, profile, 2) as servers, httpx.Client(timeout=30) as client:
+        assert [_infer(client, servers[i % 2]).status_code for i in range(10)] == [200] * 10
+        stats = redis_server.client()  # one connection for both counts
+        before, again_before = _sent_commands(stats), _asked_again(servers)
         statuses = [_infer(client, servers[i % 2]).status_code for i in range(300)]
         assert statuses == [200] * 300
+        sent = _sent_commands(stats)
+        added = {k: n - before.get(k, 0) for k, n in sent.items() if n != before.get(k, 0)}
+        # A second admission only for a request whose first found the slot still taken (the
+        # previous request's release, from the other replica, not yet applied).
+        again = _asked_again(servers) - again_before
+        assert added == {"evalsha": 300 + again, "zrem": 300}
+        print(f"asked again: {again:.0f} of 300")
+
+
+def test_an_answer_never_waits_for_its_lease_release(
+    tmp_path: Path, redis_server: RedisProcess
+) -> None:
+    """With Redis stopped (SIGSTOP) after a request was admitted, its answer still goes
+    out at once (the release is written, not waited for, even with a minute's socket
+    timeout); the slot is free as soon as Redis runs again, long before the lease's TTL."""
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    profile = cluster_profile(
+        redis_server, "socket_timeout_ms = 60000\nlease_ttl_s = 600", "max_concurrency = 1"
+    )
+    leases = redis_server.client()
+    key = "infergate:leases:default"
+    with replicas(tmp_path, profile, 2, gates) as servers:
+        answers: list[int] = []
+        thread = _send_held(servers[0], answers)
+        wait_until(lambda: leases.zcard(key) == 1, 60, "the held request's lease")
+        redis_server.signal(signal.SIGSTOP)
+        try:
+            (gates / "release-1").touch()
+            wait_until(lambda: answers, 30, "the answer, while Redis is stopped")
+            assert answers == [200]
+        finally:
+            redis_server.signal(signal.SIGCONT)
+        thread.join(30)
+        wait_until(lambda: leases.zcard(key) == 0, 30, "the release, once Redis runs")
+        with httpx.Client(timeout=30) as client:
+            assert _quick(client, servers[1]).status_code == 200  # the slot, elsewhere

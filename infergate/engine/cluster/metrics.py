@@ -20,6 +20,12 @@ class ClusterMetrics:
             ["fail_mode", "outcome"],
             registry=registry,
         )
+        self.asked_again = Counter(
+            "infergate_cluster_admissions_asked_again",
+            "Admissions that found no free slot and asked Redis once more (a release "
+            "written by another replica may not have been applied yet)",
+            registry=registry,
+        )
         self.breaker_state = Gauge(
             "infergate_cluster_redis_breaker_state",
             "The breaker around Redis: 0 closed, 1 half-open, 2 open",

@@ -1,9 +1,11 @@
 """Tenant limits shared by every replica through Redis.
 
 The rate is one GCRA per tenant and the concurrency a set of leases per tenant, checked
-together in one Lua script (scripts.ADMIT) that reads Redis's clock. A lease is renewed
-while its request runs (every TTL/3, with this replica's heartbeat), so the slots of a
-replica that dies are free again within one TTL; a replica that stops releases its own.
+together in one Lua script (scripts.ADMIT) that reads Redis's clock: the one round trip a
+request waits for. Its lease's release is written before its answer is sent, without
+waiting for Redis to confirm it (channel.py). Leases are renewed on a timer, all of this
+replica's in one call (every TTL/3, with its heartbeat), so the slots of a replica that
+dies are free again within one TTL; a replica that stops releases its own.
 
 Redis being slow or gone never stalls a request: every call is bounded by the socket
 timeout and made without retries, a breaker stops calling a Redis that keeps failing,
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import math
@@ -23,11 +26,14 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
+from redis.exceptions import NoScriptError
+
 from infergate.clock import Clock
 from infergate.engine.admission.breaker import Breaker, BreakerPolicy
 from infergate.engine.admission.breaker import State as BreakerState
 from infergate.engine.admission.tenants import NO_CONCURRENCY_LIMIT, Tenants, TenantState
 from infergate.engine.cluster import scripts
+from infergate.engine.cluster.channel import Channel
 from infergate.engine.cluster.local_share import LocalShares, Share
 from infergate.engine.cluster.metrics import ClusterMetrics
 from infergate.engine.cluster.settings import ClusterSettings
@@ -94,9 +100,16 @@ class SharedLimits:
             socket_connect_timeout=settings.connect_timeout_ms / 1000,
             retry=Retry(NoBackoff(), 0),  # a retry would double the wait; we fall back
         )
-        # register_script loads each script once and again after a NOSCRIPT (a restarted
-        # Redis, SCRIPT FLUSH).
-        self._admit = self._redis.register_script(scripts.ADMIT)
+        # The request path's calls (admission, release) go through the channel; the rest
+        # (renewals, probes, the release at stop) through the client.
+        self._channel = Channel(
+            settings.redis_url,
+            settings.connect_timeout_ms / 1000,
+            lambda exc: self._failed_quietly("release", exc),
+        )
+        self._admit_sha = hashlib.sha1(scripts.ADMIT.encode()).hexdigest()
+        # register_script loads the script once and again after a NOSCRIPT (a restarted
+        # Redis, SCRIPT FLUSH); _run_admit does the same for the admission script.
         self._renew = self._redis.register_script(scripts.RENEW)
         self._timeout_s = settings.socket_timeout_ms / 1000
         self._ttl_us = int(settings.lease_ttl_s * 1e6)
@@ -109,12 +122,15 @@ class SharedLimits:
         self.breaker = Breaker(REDIS_BREAKER, clock, self._on_breaker)
         self._renewer: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
+        self._not_closed = asyncio.Event()  # wakes the prober: it sleeps while Redis answers
         metrics.breaker_state.set(0)
         metrics.replicas.set(1)
 
     def _on_breaker(self, state: BreakerState, reason: str) -> None:
         self._metrics.breaker_state.set(_BREAKER_GAUGE[state])
         log.warning("the breaker around Redis is %s: %s", state.replace("_", "-"), reason)
+        if state != "closed":
+            self._not_closed.set()
 
     def _key(self, tenant: str, kind: str) -> str:
         return f"{self.settings.key_prefix}:{kind}:{tenant}"
@@ -140,15 +156,13 @@ class SharedLimits:
         try:
             code, wait_us = await self._call(
                 "admit",
-                self._admit(
-                    keys=[self._key(tenant.name, "tat"), lease_key],
-                    args=[
-                        f"{interval:.3f}",
-                        f"{(tenant.burst - 1) * interval:.3f}" if rated else "0",
-                        slots,
-                        self._ttl_us,
-                        lease_id,
-                    ],
+                self._ask(
+                    self._key(tenant.name, "tat"),
+                    lease_key,
+                    f"{interval:.3f}",
+                    f"{(tenant.burst - 1) * interval:.3f}" if rated else "0",
+                    slots,
+                    lease_id,
                 ),
             )
         except RedisUnavailable:
@@ -156,13 +170,46 @@ class SharedLimits:
             return self._without_redis(state)
         self.breaker.record(admission, True, None)
         if code == 0:
-            self._tenants.refuse_rate(state, int(wait_us) / 1e6)
+            self._tenants.refuse_rate(state, wait_us / 1e6)
         if code == 2:
             self._tenants.refuse_concurrency(state)
         if not slots:
             return _admitted(Ticket(state))
         self._held[lease_id] = lease_key
         return _admitted(Ticket(state, lease_key, lease_id))
+
+    async def _ask(
+        self, tat_key: str, lease_key: str, interval: str, tolerance: str, slots: int, lease: str
+    ) -> tuple[int, int]:
+        """The admission script's answer: (1, 0) admitted, (0, wait) over the rate, (2, 0)
+        no free slot. No free slot is asked again once, without the rate (its token is
+        taken): Redis serves the commands waiting on different connections in no set
+        order, so the release another replica wrote before answering this client's
+        previous request can come after this request's admission when both wait for
+        Redis together; by the time that admission's answer is back, Redis has read the
+        release too."""
+        code, wait_us = await self._run_admit(
+            tat_key, lease_key, interval, tolerance, slots, self._ttl_us, lease
+        )
+        if code == 2:
+            self._metrics.asked_again.inc()
+            code, wait_us = await self._run_admit(
+                tat_key, lease_key, "0", "0", slots, self._ttl_us, lease
+            )
+        return int(code), int(wait_us)
+
+    async def _run_admit(self, *keys_and_args: str | int) -> Any:
+        """The admission script (two keys, then its arguments), loaded again if Redis
+        forgot it."""
+        try:
+            return await self._channel.call(
+                self._channel.pack("EVALSHA", self._admit_sha, 2, *keys_and_args)
+            )
+        except NoScriptError:
+            await self._channel.call(self._channel.pack("SCRIPT", "LOAD", scripts.ADMIT))
+            return await self._channel.call(
+                self._channel.pack("EVALSHA", self._admit_sha, 2, *keys_and_args)
+            )
 
     def _without_redis(self, state: TenantState) -> Ticket:
         mode = self.settings.fail_mode
@@ -191,7 +238,13 @@ class SharedLimits:
     async def release(self, ticket: Ticket) -> None:
         """End an admitted request, before it is answered: a client that sends one request
         after another must never find its previous request's slot still taken (a release
-        in the background lost that race, see tests/test_cluster_limits.py)."""
+        in the background, after the answer, lost that race; see
+        tests/test_cluster_limits.py). The release is written to Redis here, and its reply
+        read with the next admission on the same connection: no request waits for it.
+
+        A release that does not reach Redis (it is down, or the breaker is open) leaves
+        the lease to expire, at most one TTL after its last renewal: a slot is only ever
+        freed late, never early, so the limit can only get stricter meanwhile."""
         ticket.state.concurrency.leave()
         if ticket.share is not None:
             ticket.share.concurrency.leave()
@@ -207,7 +260,11 @@ class SharedLimits:
             # a request cut off by the end of a drain is cancelled here again, and
             # `stop` must still find its lease.
             try:
-                await self._call("release", self._redis.zrem(lease_key, lease_id))
+                written = await self._call(
+                    "release", self._channel.send(self._channel.pack("ZREM", lease_key, lease_id))
+                )
+                if not written:  # no connection open: Redis went away since the admission
+                    self._metrics.redis_errors.labels("release").inc()
             except RedisUnavailable:
                 pass
             except RuntimeError:  # uvloop, on a connection `stop` closed meanwhile
@@ -227,9 +284,12 @@ class SharedLimits:
             self._failed(op, exc)
 
     def _failed(self, op: str, exc: BaseException) -> NoReturn:
+        self._failed_quietly(op, exc)
+        raise RedisUnavailable(op) from exc
+
+    def _failed_quietly(self, op: str, exc: BaseException) -> None:
         self._metrics.redis_errors.labels(op).inc()
         log.debug("redis %s failed: %r", op, exc)
-        raise RedisUnavailable(op) from exc
 
     # -- leases and heartbeat --------------------------------------------------------
 
@@ -239,6 +299,10 @@ class SharedLimits:
         first requests and the renewal loop)."""
         with contextlib.suppress(Exception):
             await _bounded(self._load_scripts(), max(1.0, self._timeout_s))
+        with contextlib.suppress(Exception):  # the request path's first connection
+            await _bounded(
+                self._channel.call(self._channel.pack("PING")), max(1.0, self._timeout_s)
+            )
         self._renewer = asyncio.create_task(self._renew_forever(), name="cluster:renew")
         self._prober = asyncio.create_task(self._probe_forever(), name="cluster:probe")
 
@@ -255,8 +319,12 @@ class SharedLimits:
 
     async def _probe_forever(self) -> None:
         """Requests never probe a Redis that failed (each would risk the timeout): this
-        does, when the breaker turns half-open."""
+        does, when the breaker turns half-open. While it is closed the prober sleeps: no
+        timer wakes the event loop 20 times a second beside the requests."""
         while True:
+            if self.breaker.state == "closed":
+                self._not_closed.clear()
+                await self._not_closed.wait()
             await asyncio.sleep(0.05)
             if self.breaker.state != "half_open" or self.breaker.allow() != "probe":
                 continue
@@ -288,6 +356,7 @@ class SharedLimits:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await self._channel.close()  # the releases written on it are still delivered
         with contextlib.suppress(RedisUnavailable):
             await self._call("release", self._release_all())
         await self._redis.aclose()
