@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Literal, TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 
@@ -38,3 +40,12 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what or check}")
         await asyncio.sleep(0.001)
+
+
+def process_gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie nobody reaps (its parent died, and PID 1 in a
+    container may never reap it), which psutil's is_running() still calls running."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -36,7 +36,7 @@ from tests.conftest import write_profile
 from tests.edge_raw import connect, head, read_reply
 from tests.health_probe import HealthProbe
 from tests.onnx_models import OPSET, _save, make_mlp
-from tests.polling import eventually, wait_until
+from tests.polling import eventually, process_gone, wait_until
 from tests.server import ServerProcess
 
 LIMITED_KEY = "ig_limited_tenant_key"
@@ -298,7 +298,7 @@ def test_the_decoding_helper_ends_with_a_killed_gateway(tmp_path: Path) -> None:
         helper = wait_until(lambda: _helper_of(gateway), what="the decoding helper")
         server.process.kill()
         server.process.wait()
-        wait_until(lambda: not helper.is_running(), what="the helper to end with the gateway")
+        wait_until(lambda: process_gone(helper.pid), what="the helper to end with the gateway")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(gateway, signal.SIGKILL)  # (its session: whatever is left in it)

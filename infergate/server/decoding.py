@@ -201,10 +201,15 @@ class Keeper:
         """Whether `release` has anything to do (most requests hold nothing large)."""
         return bool(self._slices or self._elements or self._buffers)
 
-    async def release(self) -> None:
+    def free_buffers(self) -> None:
+        """Hand the large buffers to the freeing thread now; called even when sending the
+        answer failed or was cancelled, or the garbage collector would free them on the loop."""
         if self._buffers:
             held, self._buffers = self._buffers, []
             free_off_loop(held)  # the last references, when the request let go of them
+
+    async def release(self) -> None:
+        self.free_buffers()
         while self._elements:
             flat = self._elements.pop()
             if sys.getrefcount(flat) == 2:  # (`flat` and the argument): nobody else's

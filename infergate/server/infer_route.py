@@ -144,8 +144,11 @@ class InferRoute:
         )
         body = compress_response(scope["headers"], headers, body, status)
         headers.append((b"content-length", b"%d" % len(body)))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        finally:
+            keeper.free_buffers()
         if keeper.holding:
             await keeper.release()
 
