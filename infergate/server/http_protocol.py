@@ -171,7 +171,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def _unset_keepalive_if_required(self) -> None:
         self._idle_at = None
 
-    def on_response_complete(self) -> None:  # uvicorn's, arming the idle deadline
+    def on_response_complete(self) -> None:
+        # uvicorn 0.54's body, copied (pyproject pins <0.55: re-read it on an upgrade), with
+        # the idle deadline set on the shared timer instead of a keep-alive timer of its own.
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
@@ -216,7 +218,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.url += url  # uvicorn's
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Counted inline and uvicorn's three lines copied: a request has several headers.
+        # Counted inline and uvicorn 0.54's three lines copied (pinned <0.55: re-read them
+        # on an upgrade): a request has several headers, and a call per header costs.
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self.limits.max_header_bytes:
             self._count(0)
