@@ -1,8 +1,11 @@
 """The watcher never dies: a real server watching a real folder through symlink loops,
-a deleted and recreated models folder, and a watch that cannot be set up."""
+a deleted and recreated models folder, and a watch that cannot be set up; and it sees
+every later edit of a model however its folder arrived (built in a hidden folder and
+renamed into place, made with mkdir -p, copied with cp -r, moved in from elsewhere)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -18,6 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import write_profile
+from tests.polling import wait_until
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
@@ -121,3 +125,94 @@ def test_doctor_says_whether_the_folder_can_be_watched(tmp_path: Path) -> None:
     checks = {c["name"]: c for c in json.loads(out.stdout)}
     assert checks["watching"]["status"] == "ok", checks["watching"]
     assert str(tmp_path) in checks["watching"]["detail"]
+
+
+def inotify_watched_inodes(pid: int) -> set[int]:
+    """The inodes process `pid` has inotify watches on (Linux's /proc/PID/fdinfo)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd) != "anon_inode:inotify":
+                continue
+            info = (Path(f"/proc/{pid}/fdinfo") / fd.name).read_text()
+        except OSError:  # closed meanwhile
+            continue
+        for line in info.splitlines():
+            fields = dict(f.split(":", 1) for f in line.split() if ":" in f)
+            if line.startswith("inotify") and "ino" in fields:
+                inodes.add(int(fields["ino"], 16))
+    return inodes
+
+
+def serving_sha(server: ServerProcess, name: str) -> str | None:
+    response = httpx.get(f"{server.url}/admin/models/{name}", timeout=30)
+    if response.status_code != 200:
+        return None
+    model = response.json()
+    shas = [v["sha256"] for v in model["versions"] if v["version"] == model["default_version"]]
+    return shas[0] if shas and model["state"] == "ready" else None
+
+
+def sha_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def deploy_hidden_then_rename(server: ServerProcess, name: str, tmp_path: Path) -> None:
+    """The atomic deploy: build in a hidden folder inside the models folder, rename it into
+    place. The race is made certain: the gateway watches the hidden folder already (so it
+    follows what is made in it by events, not by a walk), and it is busy with a big folder
+    moved in just before version 1 is made and the folder renamed, so it meets version 1's
+    creation only after the rename."""
+    assert server.process is not None
+    pid = server.process.pid
+    model = make_scripted(tmp_path / "model.scripted", controls=()).read_bytes()
+    big = tmp_path / "big"
+    for i in range(2000):  # 2000 folders for the gateway to walk and watch
+        (big / str(i)).mkdir(parents=True)
+    staging = server.models / f".staging-{name}"
+    staging.mkdir()
+    inode = staging.stat().st_ino
+    wait_until(lambda: inode in inotify_watched_inodes(pid), what="a watch on the hidden folder")
+    big.rename(server.models / f".big-{name}")  # one call here; thousands in the gateway
+    (staging / "1").mkdir()
+    (staging / "1" / "model.scripted").write_bytes(model)
+    staging.rename(server.models / name)
+
+
+def deploy_mkdir_p(server: ServerProcess, name: str, tmp_path: Path) -> None:
+    make_scripted(server.models / name / "1" / "model.scripted", controls=())
+
+
+def deploy_copy_tree(server: ServerProcess, name: str, tmp_path: Path) -> None:
+    make_scripted(tmp_path / "prepared" / "1" / "model.scripted", controls=())
+    shutil.copytree(tmp_path / "prepared", server.models / name)
+
+
+def deploy_rename_from_outside(server: ServerProcess, name: str, tmp_path: Path) -> None:
+    # tmp_path is on the same filesystem as the models folder (both under pytest's base),
+    # so this is a rename, as `mv` does it.
+    make_scripted(tmp_path / "prepared" / "1" / "model.scripted", controls=())
+    (tmp_path / "prepared").rename(server.models / name)
+
+
+@pytest.mark.parametrize(
+    "deploy",
+    [deploy_hidden_then_rename, deploy_mkdir_p, deploy_copy_tree, deploy_rename_from_outside],
+)
+def test_a_deployed_model_reloads_when_its_file_is_replaced_later(
+    server: ServerProcess, deploy: Any, tmp_path: Path
+) -> None:
+    name = deploy.__name__.removeprefix("deploy_").replace("_", "-")
+    deploy(server, name, tmp_path)
+    model_file = server.models / name / "1" / "model.scripted"
+    first = wait_until(lambda: serving_sha(server, name), 60, f"{name} to serve")
+    assert first == sha_of(model_file)
+    # Replaced in place, as an editor or `cp new.scripted 1/model.scripted` does.
+    make_scripted(model_file, controls=(), width=8)
+    second = sha_of(model_file)
+    # A missed change never reloads: this wait is a bound on a reload that takes well
+    # under a second (file_stable_s is 0.1 s), not a delay.
+    wait_until(
+        lambda: serving_sha(server, name) == second, 30, f"{name} to reload the replaced file"
+    )
+    shutil.rmtree(server.models / f".big-{name}", ignore_errors=True)

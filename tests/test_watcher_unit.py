@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
+from watchdog.events import (
+    DirCreatedEvent,
+    DirMovedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+)
 
 from infergate.clock import FakeClock
 from infergate.engine.repository.scan import model_name_for
-from infergate.engine.repository.watcher import Settler, snapshot
+from infergate.engine.repository.watcher import Settler, _Handler, snapshot
 
 ROOT = Path("/models")
 
@@ -71,3 +79,24 @@ def test_snapshot_sees_size_and_ignores_temporaries(tmp_path: Path) -> None:
     [(path, size, _)] = snapshot(tmp_path, "m")
     assert (path, size) == ("m/1/model.onnx", 5)
     assert [row[:2] for row in snapshot(tmp_path, "lone")] == [("lone.onnx", 1)]
+
+
+@pytest.mark.parametrize(
+    ("event", "touched"),
+    [
+        (FileModifiedEvent("/models/m/1/model.onnx"), [("m", False)]),
+        (FileMovedEvent("/models/m/1/.new.tmp", "/models/m/1/model.onnx"), [("m", False)]),
+        (DirCreatedEvent("/models/m/2"), [("m", True)]),
+        (DirMovedEvent("/models/.staging-m", "/models/m"), [("m", True)]),
+        (DirMovedEvent("/models/old", "/models/new"), [("old", True), ("new", True)]),
+        (DirCreatedEvent("/models/.staging-m/1"), []),
+    ],
+)
+async def test_a_folder_made_or_moved_in_asks_for_the_watch_to_be_renewed(
+    event: FileSystemEvent, touched: list[tuple[str, bool]]
+) -> None:
+    seen: list[tuple[str, bool]] = []
+    handler = _Handler(ROOT, asyncio.get_running_loop(), lambda n, f: seen.append((n, f)))
+    handler.dispatch(event)
+    await asyncio.sleep(0)  # the handler hands over with call_soon_threadsafe
+    assert seen == touched

@@ -15,8 +15,8 @@ import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
 import orjson
 
 from infergate.clock import Clock
@@ -36,6 +36,9 @@ from infergate.errors import (
     UpstreamAnswered,
     UpstreamFailed,
 )
+
+if TYPE_CHECKING:  # httpx (tens of ms to import) loads with the first remote model
+    import httpx
 
 # Headers that describe the body: forwarded both ways, unchanged. (Content-Encoding is not
 # among them: the body upstream is the inflated one, and we never ask upstream to compress.)
@@ -91,6 +94,8 @@ class RemotePool:
         self.budget = RetryBudget(config.retry_budget_percent, config.min_retry_concurrency)
         # Control calls (metadata, readiness, health) through httpx; requests through
         # the lean HTTP/1.1 pools (http1.py says why).
+        import httpx  # here, not at the top: a gateway without remote models never needs it
+
         self._clients = {
             e: httpx.AsyncClient(
                 base_url=e,
@@ -128,11 +133,14 @@ class RemotePool:
 
     async def get(self, endpoint: str, path: str, timeout_s: float) -> httpx.Response:
         """A control request (metadata, readiness, health) to one endpoint."""
+        import httpx  # imported by __init__ already
+
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, self.config.connect_timeout_s))
         return await self._clients[endpoint].get(path, timeout=timeout)
 
     async def check_health(self) -> None:
         """One round of active health checks, every endpoint at once."""
+        import httpx  # imported by __init__ already
 
         async def one(endpoint: str) -> None:
             try:

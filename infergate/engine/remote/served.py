@@ -17,9 +17,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
-from infergate.client import decode_infer_response, encode_infer_request
 from infergate.engine.context import EngineContext
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
@@ -144,6 +141,8 @@ class RemoteServedVersion(ServedVersion):
         self, endpoint: str
     ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], str] | str:
         """The remote model's tensors and platform on `endpoint`, or why not."""
+        import httpx  # RemotePool imported it; not at the top, so gateways start without it
+
         timeout = max(self.remote.health_timeout_s, 5.0)
         try:
             meta = await self.pool.get(endpoint, self.model_path, timeout)
@@ -256,6 +255,9 @@ class RemoteServedVersion(ServedVersion):
     ) -> tuple[dict[str, Array], Timing]:
         """Decoded inputs (a request that needed decoding here, e.g. one in shared
         memory): sent upstream as binary tensors, the answer decoded back."""
+        # The HTTP client's codec (infergate.client imports httpx): loaded on first use.
+        from infergate.client import decode_infer_response, encode_infer_request
+
         clock = self._context.clock
         body, headers = encode_infer_request(inputs, list(outputs))
         now = clock.now()

@@ -10,6 +10,13 @@ checks that the folder is still the one watched: a models folder deleted and cre
 is watched again (and every model in it looked at), and a watch that cannot be set up is
 retried with backoff; after a few failures that is an event (`watcher_failed`) and the
 `infergate_repository_watching` gauge reads 0 until a retry succeeds.
+
+watchdog watches a new folder's subfolders as it meets their creation events, under the
+paths it knows then; a folder built quickly and renamed (the atomic deploy: build in
+`models/.staging-x`, then `mv` it to `models/x`) can leave subfolders it met only after the
+rename unwatched, so later edits in them would go unseen. So once a model that gained a
+folder (made or moved in) has settled, the watch is renewed: a fresh observer walks the
+tree as it is now, and only then is the old one stopped, so no event falls in between.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -31,6 +39,18 @@ from infergate.engine.repository.scan import is_ignored, model_name_for, model_n
 from infergate.engine.runtimes import model_suffixes
 
 log = logging.getLogger("infergate.watcher")
+
+
+class _QuietStop(logging.Filter):
+    """watchdog 7 logs an error when an emitter's loop runs once more after its observer
+    stopped it, a race with no harm done; the watch is renewed on each deploy, so say
+    nothing of it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+logging.getLogger("watchdog.observers.inotify").addFilter(_QuietStop())
 Snapshot = tuple[tuple[str, int, int], ...]
 CHECK_S = 1.0  # how often the watch itself is checked
 GIVE_UP_AFTER = 3  # failed attempts to watch before it is reported as failed
@@ -98,14 +118,22 @@ class Settler:
 
 
 class _Handler(FileSystemEventHandler):
-    def __init__(self, root: Path, loop: asyncio.AbstractEventLoop, settler: Settler) -> None:
+    """Hands each model a change touches to the loop: `touched(name, folder_appeared)`."""
+
+    def __init__(
+        self,
+        root: Path,
+        loop: asyncio.AbstractEventLoop,
+        touched: Callable[[str, bool], None],
+    ) -> None:
         self._root = root
         self._loop = loop
-        self._settler = settler
+        self._touched = touched
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.event_type in ("opened", "closed_no_write"):
             return
+        appeared = event.is_directory and event.event_type in ("created", "moved")
         paths = [event.src_path, getattr(event, "dest_path", "")]
         for raw in paths:
             if not raw:
@@ -113,7 +141,7 @@ class _Handler(FileSystemEventHandler):
             path = Path(os.fsdecode(raw))
             name = model_name_for(self._root, path)
             if name is not None:
-                self._loop.call_soon_threadsafe(self._settler.touched, name)
+                self._loop.call_soon_threadsafe(self._touched, name, appeared)
 
 
 class RepositoryWatcher:
@@ -132,13 +160,14 @@ class RepositoryWatcher:
         self._next_check = 0.0
         self._task: asyncio.Task[None] | None = None
         self._syncs: set[asyncio.Task[object]] = set()
+        self._renew_for: set[str] = set()  # models that gained a folder since they settled
 
     @property
     def watching(self) -> bool:
         return self._observer is not None and self._failures == 0
 
     def start(self) -> None:
-        self._handler = _Handler(self._root, asyncio.get_running_loop(), self._settler)
+        self._handler = _Handler(self._root, asyncio.get_running_loop(), self._touched)
         # Watch before the first scan (the caller scans next), so nothing is missed.
         try:
             self._watch(self._identity())
@@ -161,10 +190,21 @@ class RepositoryWatcher:
         if not pending:
             return
         look = await asyncio.to_thread(self._snapshots, pending)
-        for name in self._settler.poll(look):
+        due = self._settler.poll(look)
+        replaced = None
+        if self._renew_for.intersection(due):
+            self._renew_for.difference_update(due)
+            try:  # before the sync reads the files
+                replaced = await asyncio.to_thread(self._renew_watch)
+            except Exception as exc:  # _check_watch watches afresh, with backoff
+                self._watched = None
+                self._watch_failed(exc)
+        for name in due:
             task: asyncio.Task[object] = asyncio.create_task(self._registry.sync(name))
             self._syncs.add(task)
             task.add_done_callback(self._sync_done)
+        if replaced is not None:  # once the syncs run: stopping it takes a while
+            await asyncio.to_thread(_stop, replaced)
 
     def _sync_done(self, task: asyncio.Task[object]) -> None:
         self._syncs.discard(task)
@@ -228,15 +268,28 @@ class RepositoryWatcher:
         except Exception:
             return []
 
+    def _touched(self, name: str, folder_appeared: bool) -> None:
+        self._settler.touched(name)
+        if folder_appeared:
+            self._renew_for.add(name)
+
     def _watch(self, identity: tuple[int, int] | None) -> None:
         """A fresh observer on the folder (an observer cannot be restarted)."""
         old, self._observer = self._observer, None
-        if old is not None:
-            old.stop()
-            with contextlib.suppress(RuntimeError):
-                old.join(5)
+        _stop(old)
         if identity is None:
             raise FileNotFoundError(f"{self._root} does not exist")
+        self._observer = self._started_observer()
+        self._watched = identity
+        self._context.metrics.watching.set(1)
+
+    def _renew_watch(self) -> BaseObserver | None:
+        """Watch the tree as it is now; the observer replaced is the caller's to stop."""
+        observer = self._started_observer()
+        old, self._observer = self._observer, observer
+        return old
+
+    def _started_observer(self) -> BaseObserver:
         assert self._handler is not None
         observer = Observer()
         try:
@@ -245,9 +298,7 @@ class RepositoryWatcher:
         except BaseException:
             observer.stop()
             raise
-        self._observer = observer
-        self._watched = identity
-        self._context.metrics.watching.set(1)
+        return observer
 
     def _watch_failed(self, exc: Exception) -> None:
         self._failures += 1
@@ -277,3 +328,10 @@ class RepositoryWatcher:
             await asyncio.to_thread(observer.join, 5)
         for task in list(self._syncs):
             task.cancel()
+
+
+def _stop(observer: BaseObserver | None) -> None:
+    if observer is not None:
+        observer.stop()
+        with contextlib.suppress(RuntimeError):  # never started
+            observer.join(5)
