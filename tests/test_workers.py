@@ -274,7 +274,7 @@ if _forkserver and os.path.exists(os.path.join(_gates, "hold-forkserver")):
 """
 
 
-def held_fork_server_gateway(tmp_path: Path) -> tuple[ServerProcess, Path]:
+def held_fork_server_gateway(tmp_path: Path, profile: str = "") -> tuple[ServerProcess, Path]:
     """A gateway serving `solo` (a scripted model) whose fork servers, once the test asks,
     hold their start until released; and its gates."""
     models, gates, hooks = tmp_path / "models", tmp_path / "gates", tmp_path / "hooks"
@@ -284,7 +284,7 @@ def held_fork_server_gateway(tmp_path: Path) -> tuple[ServerProcess, Path]:
     make_scripted(models / "solo" / "1" / "model.scripted", ("hold",), gate_dir=gates)
     path = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH")) if p)
     env = {"PYTHONPATH": path}
-    server = ServerProcess(models, write_profile(tmp_path), tmp_path / "server.log", env)
+    server = ServerProcess(models, write_profile(tmp_path, profile), tmp_path / "server.log", env)
     return server.start(), gates
 
 
@@ -296,8 +296,10 @@ def fork_server_of(server: ServerProcess, model: str) -> int:
 
 def test_a_killed_fork_server_is_started_again_off_the_event_loop(tmp_path: Path) -> None:
     """A fork server killed (the OOM killer, an operator) is started again by the next
-    worker start, and the gateway keeps answering while it imports what it preloads."""
-    server, gates = held_fork_server_gateway(tmp_path)
+    worker start, and the gateway keeps answering while it imports what it preloads; one
+    that does not come up counts against the load timeout, like a worker that does not."""
+    profile = "[server]\nmax_request_mb = 1\nload_timeout_s = 5\n"
+    server, gates = held_fork_server_gateway(tmp_path, profile)
     try:
         old_server = fork_server_of(server, "solo")
         [old_worker] = server.worker_pids("solo")
@@ -311,6 +313,13 @@ def test_a_killed_fork_server_is_started_again_off_the_event_loop(tmp_path: Path
             live = httpx.get(f"{server.url}/v2/health/live", timeout=10)
             assert live.status_code == 200
         assert httpx.get(f"{server.url}/v2/models/solo/ready", timeout=10).status_code == 503
+        wait_until(
+            lambda: (
+                "fork server did not start within the 5 s load timeout"
+                in (server.model("solo")["versions"][0]["instances"][0]["reason"] or "")
+            ),
+            what="the start to time out",
+        )
         (gates / "release-forkserver").touch()
         model = server.wait_model_state("solo", "ready")
         pid = model["versions"][0]["instances"][0]["pid"]

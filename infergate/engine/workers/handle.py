@@ -260,29 +260,34 @@ class WorkerHandle:
         assert self._process is not None
         self._loop.remove_reader(self._conn.fileno())
         self._conn.close()
-        self._loop.add_reader(self._exit_fd(), self._on_exit)
+        if self._pidfd is not None:
+            self._loop.add_reader(self._pidfd, self._on_dead)
+        else:  # which also reads ready when the fork server dies
+            self._loop.add_reader(self._process.sentinel, self._on_exit)
         self._linger = self._loop.call_later(_LINGER_S, self._kill_lingering)
 
     def _kill_lingering(self) -> None:
         if self._process is not None and not self.exited.done():
             self.kill(f"it closed its pipe but did not exit within {_LINGER_S:.0f} s")
 
-    def _exit_fd(self) -> int:
-        """What reads ready once the worker has exited: its pidfd. Without one, the sentinel
-        (which also reads ready when the fork server dies)."""
+    def _on_dead(self) -> None:
+        """Its pidfd read ready: the worker has exited. How, the fork server reports on the
+        sentinel once it has reaped it (the sentinel reads EOF instead if it died)."""
+        assert self._pidfd is not None
         assert self._process is not None
-        return self._pidfd if self._pidfd is not None else self._process.sentinel
+        self._loop.remove_reader(self._pidfd)
+        if not self.exited.done():
+            self._loop.add_reader(self._process.sentinel, self._on_exit)
 
     def _on_exit(self) -> None:
         if self.exited.done():
             return
         assert self._process is not None
-        self._loop.remove_reader(self._exit_fd())
+        self._loop.remove_reader(self._process.sentinel)
         self._process.join(0)  # never blocks
         code = self._process.exitcode
         if code is None:
-            # Dead, and the fork server has yet to reap it and report (or, without a pidfd,
-            # the kernel closes a dying process's fds a moment before it can be reaped).
+            # The kernel closes a dying process's fds a moment before it can be reaped.
             self._loop.call_later(0.002, self._on_exit)
             return
         if self._linger is not None:

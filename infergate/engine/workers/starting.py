@@ -57,7 +57,7 @@ _context: ForkServerContext = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(PRELOAD)
 _lifeline: tuple[Connection, Connection] | None = None
 _warmed_pid: int | None = None  # the fork server `ready()` last warmed
-_warming: asyncio.Future[None] | None = None
+_warming: asyncio.Task[None] | None = None
 
 
 def context() -> ForkServerContext:
@@ -121,19 +121,21 @@ async def ready() -> None:
     Its first fork waits for the server to import what it preloads; done here, in a
     thread, no start blocks the loop on it: the first time, and again when the fork server
     died or was stopped. Concurrent callers wait for the one start (and try themselves if
-    it failed). The caller bounds the wait (a hung fork server would hold it forever)."""
-    global _warmed_pid, _warming
+    it failed). The caller bounds its wait (a hung fork server would hold it forever); a
+    caller that gives up leaves the start running, for the next caller to wait on."""
+    global _warming
     loop = asyncio.get_running_loop()
     while _warmed_pid is None or server_pid() != _warmed_pid:
-        if _warming is not None and _warming.get_loop() is loop and not _warming.done():
+        if _warming is None or _warming.done() or _warming.get_loop() is not loop:
+            _warming = loop.create_task(_warm_off_loop())
             await asyncio.shield(_warming)
-            continue
-        _warming = warming = loop.create_future()
-        try:
-            _warmed_pid = await asyncio.to_thread(_warm)
             return
-        finally:
-            warming.set_result(None)
+        await asyncio.wait({_warming})  # another caller's start; then look again
+
+
+async def _warm_off_loop() -> None:
+    global _warmed_pid
+    _warmed_pid = await asyncio.to_thread(_warm)
 
 
 def _warm() -> int | None:
