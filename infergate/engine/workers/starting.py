@@ -16,15 +16,16 @@ TorchScript; each worker imports its own runtime after the fork, after it has se
 CUDA_VISIBLE_DEVICES, its CPUs and niceness, as a spawned worker did.
 
 The fork server is a child of the gateway and the workers are its children: the gateway
-still learns each worker's pid at start and its exit code from its sentinel (the fork
-server reaps it and reports the code), and kills it through a pidfd taken at start (the
-fork server reaps it, so by then its pid alone could name another process). A worker's
-environment is the gateway's when the worker starts (passed along, since the fork server's
-is a snapshot of its own start), and every worker holds the read end of a lifeline pipe
-whose write end only the gateway holds: when the gateway dies, even by SIGKILL, its workers
-exit, including one stuck in a model call; the fork server exits once they all have. When
-the engine stops, it stops the fork server and reaps it, so nothing of a gateway outlives
-it (and the fork server's CPU, its workers' included, counts in the gateway's children's).
+still learns each worker's pid at start, that it exited from a pidfd taken at start, and
+how from its sentinel (the fork server reaps it and reports the code), and kills it through
+the pidfd (the fork server reaps it, so by then its pid alone could name another process).
+A worker's environment is the gateway's when the worker starts (passed along, since the
+fork server's is a snapshot of its own start), and every worker holds the read end of a
+lifeline pipe whose write end only the gateway holds: when the gateway dies, even by
+SIGKILL, its workers exit, including one stuck in a model call; the fork server exits once
+they all have. When the engine stops, it stops the fork server and reaps it, so nothing of
+a gateway outlives it (and the fork server's CPU, its workers' included, counts in the
+gateway's children's).
 
 A fork server that dies (the OOM killer, an operator) is started again, off the event loop
 and within the load's timeout, by the next worker start: `ready()` remembers which fork
