@@ -256,3 +256,113 @@ def test_the_workers_of_a_gateway_killed_by_sigkill_exit_even_mid_call(tmp_path:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.process.pid, signal.SIGKILL)  # whatever is left of the group
+
+
+# Loaded by every new interpreter the gateway starts (it is on PYTHONPATH): once the test
+# creates `hold`, a fork server that starts waits there until `release` exists, as one
+# importing its preload on a busy machine would, only for as long as the test wants.
+FORKSERVER_HOLD = """\
+import os, time
+_gates = {gates!r}
+with open("/proc/self/cmdline", "rb") as _f:
+    _forkserver = b"multiprocessing.forkserver" in _f.read()
+if _forkserver and os.path.exists(os.path.join(_gates, "hold-forkserver")):
+    with open(os.path.join(_gates, "forkserver-held"), "w") as _f:
+        _f.write(str(os.getpid()))
+    while not os.path.exists(os.path.join(_gates, "release-forkserver")):
+        time.sleep(0.01)
+"""
+
+
+def held_fork_server_gateway(tmp_path: Path, profile: str = "") -> tuple[ServerProcess, Path]:
+    """A gateway serving `solo` (a scripted model) whose fork servers, once the test asks,
+    hold their start until released; and its gates."""
+    models, gates, hooks = tmp_path / "models", tmp_path / "gates", tmp_path / "hooks"
+    gates.mkdir(parents=True)
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FORKSERVER_HOLD.format(gates=str(gates)))
+    make_scripted(models / "solo" / "1" / "model.scripted", ("hold",), gate_dir=gates)
+    path = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH")) if p)
+    env = {"PYTHONPATH": path}
+    server = ServerProcess(models, write_profile(tmp_path, profile), tmp_path / "server.log", env)
+    return server.start(), gates
+
+
+def fork_server_of(server: ServerProcess, model: str) -> int:
+    """The fork server: the parent of the model's worker."""
+    [worker] = server.worker_pids(model)
+    return psutil.Process(worker).ppid()
+
+
+def test_a_killed_fork_server_is_started_again_off_the_event_loop(tmp_path: Path) -> None:
+    """A fork server killed (the OOM killer, an operator) is started again by the next
+    worker start, and the gateway keeps answering while it imports what it preloads; one
+    that does not come up counts against the load timeout, like a worker that does not."""
+    profile = "[server]\nmax_request_mb = 1\nload_timeout_s = 5\n"
+    server, gates = held_fork_server_gateway(tmp_path, profile)
+    try:
+        old_server = fork_server_of(server, "solo")
+        [old_worker] = server.worker_pids("solo")
+        (gates / "hold-forkserver").touch()
+        os.kill(old_server, signal.SIGKILL)
+        os.kill(old_worker, signal.SIGKILL)  # the restart needs a fork server
+        held = gates / "forkserver-held"
+        wait_until(held.exists, what="a new fork server to start")
+        # Meanwhile: the event loop is not waiting on it.
+        for _ in range(3):
+            live = httpx.get(f"{server.url}/v2/health/live", timeout=10)
+            assert live.status_code == 200
+        assert httpx.get(f"{server.url}/v2/models/solo/ready", timeout=10).status_code == 503
+        wait_until(
+            lambda: (
+                "fork server did not start within the 5 s load timeout"
+                in (server.model("solo")["versions"][0]["instances"][0]["reason"] or "")
+            ),
+            what="the start to time out",
+        )
+        (gates / "release-forkserver").touch()
+        model = server.wait_model_state("solo", "ready")
+        pid = model["versions"][0]["instances"][0]["pid"]
+        assert psutil.Process(pid).ppid() == int(held.read_text())
+        answer = httpx.post(f"{server.url}/v2/models/solo/infer", json=scripted_inputs(hold=0))
+        assert answer.json()["outputs"][1]["data"] == [pid]
+    finally:
+        (gates / "release-forkserver").touch()
+        server.stop()
+
+
+def test_a_worker_killed_after_its_fork_server_died_is_not_given_a_made_up_exit_code(
+    tmp_path: Path,
+) -> None:
+    """The fork server reports each worker's exit; once it is dead nobody can, and the
+    worker's exit is learnt from the worker itself, not from the fork server's death."""
+    server, gates = held_fork_server_gateway(tmp_path)
+    try:
+        [worker] = server.worker_pids("solo")
+        os.kill(fork_server_of(server, "solo"), signal.SIGKILL)
+        hanging = Background(f"{server.url}/v2/models/solo/infer", scripted_inputs(hold=1))
+        held = wait_until(lambda: holding(gates, 1), what="the call to be held")
+        assert held == [worker]  # the same worker: its fork server's death did not end it
+        os.kill(worker, signal.SIGKILL)
+        response = hanging.result()
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert f"worker pid {worker} is gone" in error, error
+        assert "code 255" not in error
+    finally:
+        server.stop()
+
+
+def test_a_stopped_gateway_leaves_no_worker_or_fork_server_behind(tmp_path: Path) -> None:
+    """Its workers and its fork server are gone when it has exited: reaped, the fork server
+    by the gateway, not left to PID 1 (where their CPU time would count for nobody). (The
+    body decoder's pool leaves multiprocessing's resource tracker to exit after it.)"""
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        server, _ = held_fork_server_gateway(tmp_path / stop.name)
+        assert server.process is not None
+        fork_server = psutil.Process(fork_server_of(server, "solo"))
+        family = [fork_server, *fork_server.children(recursive=True)]
+        server.process.send_signal(stop)
+        server.process.wait(timeout=30)
+        left = [p for p in family if p.is_running()]  # a zombie too: nobody reaped it
+        assert not left, [(p.pid, p.name()) for p in left]

@@ -30,6 +30,7 @@ from infergate.engine.snapshots import (
     version_view,
     worker_views,
 )
+from infergate.engine.workers import starting
 from infergate.errors import (
     Forbidden,
     InfergateError,
@@ -90,6 +91,7 @@ class Engine:
         if self._startup is not None and not self._startup.done():
             self._startup.cancel()
         await self.registry.stop()
+        await starting.stop()  # after the workers: reaped here, not orphaned
 
     def model(self, name: str) -> ModelRecord:
         return self.registry.record(name)

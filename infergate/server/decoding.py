@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import math
 import mmap
 import multiprocessing
@@ -39,6 +38,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from infergate import procname
 from infergate.engine.workers.shm import MappedArena
 from infergate.errors import BadRequest, InfergateError
 from infergate.server.body import anonymous_mapping, free_off_loop
@@ -280,13 +280,11 @@ HELPER_NAME = b"ig-decoder"  # its name in ps and top, apart from the model work
 
 def _start_helper(gateway: int) -> None:
     os.nice(5)  # the gateway's loop (health, small requests) goes before a big decode
-    with contextlib.suppress(OSError, AttributeError):  # Linux only
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, HELPER_NAME, 0, 0, 0)  # PR_SET_NAME
-        # PR_SET_PDEATHSIG: ends with the gateway, however it ends. Without it a killed
-        # gateway's helper waited for work for good: it holds both ends of its own queue's
-        # pipe, so it never reads an end of file there.
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    procname.set_name(HELPER_NAME)
+    # Ends with the gateway, however it ends. Without it a killed gateway's helper waited
+    # for work for good: it holds both ends of its own queue's pipe, so it never reads an
+    # end of file there.
+    procname.prctl(procname.PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != gateway:  # the gateway was gone before that was set
         os._exit(0)
 

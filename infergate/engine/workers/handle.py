@@ -1,8 +1,10 @@
 """One worker process as the gateway's event loop sees it.
 
 Replies are futures keyed by call id, read off the pipe by a loop reader (no threads);
-when the pipe hits EOF the worker is gone and every future it held fails once the process
-is reaped, which the loop learns from the process's sentinel (never a blocking join).
+when the pipe hits EOF the worker is exiting and every future it held fails once it has
+exited, which the loop learns from its pidfd (readable once the process is dead; never a
+blocking join), and how from the fork server's report on the process's sentinel. Not from
+the sentinel alone: it also reads ready when the fork server dies, worker alive or not.
 
 The pipe is read without blocking, whatever the loop (uvloop makes the fd non-blocking
 anyway): `_Frames` reads what is there and cuts multiprocessing's frames out of it, so a
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -117,6 +120,8 @@ class WorkerHandle:
         self._process: BaseProcess | None = None
         self._pid: int | None = None
         self._pidfd: int | None = None
+        self._by_pid = True  # without a pidfd: signal by pid (only where there are none)
+        self._server: int | None = None  # the fork server that started it
         self._reaping = False
         self._linger: asyncio.TimerHandle | None = None
         self.death_reason = "the worker exited"
@@ -134,14 +139,21 @@ class WorkerHandle:
         """Start the process and wait until its model is loaded and warmed up. Raises
         WorkerStartError when the process could not even be started (nothing is left
         open), WorkerLoadError when it started and did not load."""
+        deadline = self._loop.time() + timeout_s
         try:
-            await starting.ready()
+            await asyncio.wait_for(starting.ready(), timeout_s)
             self._launch()
+        except TimeoutError:
+            self._discard()
+            raise WorkerStartError(
+                f"the fork server did not start within the {timeout_s:.0f} s load timeout"
+            ) from None
         except Exception as exc:
             self._discard()
             raise WorkerStartError(f"{type(exc).__name__}: {exc}") from exc
         try:
-            return await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+            left = max(0.0, deadline - self._loop.time())
+            return await asyncio.wait_for(asyncio.shield(self._ready), left)
         except TimeoutError:
             self.kill(f"it did not finish loading within {timeout_s:.0f} s")
             raise WorkerLoadError(f"loading took longer than {timeout_s:.0f} s") from None
@@ -150,6 +162,7 @@ class WorkerHandle:
         self._in = OwnedArena(INITIAL_ARENA)
         self._out = OwnedArena(INITIAL_ARENA)
         starting.ensure_server()
+        self._server = starting.server_pid()
         context = starting.context()
         self._conn, child = context.Pipe(duplex=True)
         try:
@@ -164,7 +177,7 @@ class WorkerHandle:
         finally:
             child.close()
         self._pid = self._process.pid
-        self._pidfd = _open_pidfd(self._pid)
+        self._open_pidfd()
         fd = self._conn.fileno()
         os.set_blocking(fd, False)
         self._frames = _Frames(fd)
@@ -247,12 +260,24 @@ class WorkerHandle:
         assert self._process is not None
         self._loop.remove_reader(self._conn.fileno())
         self._conn.close()
-        self._loop.add_reader(self._process.sentinel, self._on_exit)
+        if self._pidfd is not None:
+            self._loop.add_reader(self._pidfd, self._on_dead)
+        else:  # which also reads ready when the fork server dies
+            self._loop.add_reader(self._process.sentinel, self._on_exit)
         self._linger = self._loop.call_later(_LINGER_S, self._kill_lingering)
 
     def _kill_lingering(self) -> None:
         if self._process is not None and not self.exited.done():
             self.kill(f"it closed its pipe but did not exit within {_LINGER_S:.0f} s")
+
+    def _on_dead(self) -> None:
+        """Its pidfd read ready: the worker has exited. How, the fork server reports on the
+        sentinel once it has reaped it (the sentinel reads EOF instead if it died)."""
+        assert self._pidfd is not None
+        assert self._process is not None
+        self._loop.remove_reader(self._pidfd)
+        if not self.exited.done():
+            self._loop.add_reader(self._process.sentinel, self._on_exit)
 
     def _on_exit(self) -> None:
         if self.exited.done():
@@ -269,11 +294,13 @@ class WorkerHandle:
             self._linger.cancel()
         self._process.close()  # its pipe fds now, not at some later garbage collection
         self._close_pidfd()
-        how = (
-            f"was killed by signal {-code}"
-            if code is not None and code < 0
-            else (f"exited with code {code}")
-        )
+        if code == 255 and starting.server_pid() != self._server:
+            # multiprocessing's 255: the fork server died before it could report.
+            how = "is gone (how it ended is unknown: the fork server that started it died)"
+        elif code < 0:
+            how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
         if self.death_reason == "the worker exited":
             self.death_reason = f"worker pid {self.pid} {how}"
         if not self._ready.done():
@@ -304,8 +331,25 @@ class WorkerHandle:
         with contextlib.suppress(ProcessLookupError):
             if self._pidfd is not None:  # this process, even if its pid was reused since
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            else:
+            elif self._by_pid:  # no pidfds here at all
                 os.kill(self._pid, signal.SIGKILL)
+
+    def _open_pidfd(self) -> None:
+        """A handle on the process itself: the fork server, not the gateway, reaps a
+        worker, so by the time the gateway kills it its pid may already name another
+        process. Only where pidfds are not supported is the pid used instead: a worker
+        gone already is never signalled (its pid may be another's)."""
+        if self._pid is None:
+            return
+        try:
+            self._pidfd = os.pidfd_open(self._pid)
+        except AttributeError:  # not Linux
+            return
+        except ProcessLookupError:  # exited already: its sentinel tells how
+            self._by_pid = False
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:  # a kernel before 5.3 kills by pid
+                raise
 
     def _close_pidfd(self) -> None:
         if self._pidfd is not None:
@@ -380,17 +424,6 @@ class WorkerHandle:
                 f"{limit_ms:.0f} ms; its worker was killed and is being restarted. "
                 "Hint: raise timeout_ms in model.toml if the model is legitimately slow"
             ) from None
-
-
-def _open_pidfd(pid: int | None) -> int | None:
-    """A handle on the process itself: the fork server, not the gateway, reaps a worker, so
-    by the time the gateway kills it its pid may already name another process."""
-    if pid is None or not hasattr(os, "pidfd_open"):
-        return None
-    try:
-        return os.pidfd_open(pid)
-    except OSError:  # gone already, or a kernel before 5.3: kill by pid
-        return None
 
 
 class _Call:

@@ -16,13 +16,20 @@ TorchScript; each worker imports its own runtime after the fork, after it has se
 CUDA_VISIBLE_DEVICES, its CPUs and niceness, as a spawned worker did.
 
 The fork server is a child of the gateway and the workers are its children: the gateway
-still learns each worker's pid at start and its exit code from its sentinel (the fork
-server reaps it and reports the code), and kills it through a pidfd taken at start (the
-fork server reaps it, so by then its pid alone could name another process). A worker's
-environment is the gateway's when the worker starts (passed along, since the fork server's
-is a snapshot of its own start), and every worker holds the read end of a lifeline pipe
-whose write end only the gateway holds: when the gateway dies, even by SIGKILL, its workers
-exit, including one stuck in a model call; the fork server exits once they all have.
+still learns each worker's pid at start, that it exited from a pidfd taken at start, and
+how from its sentinel (the fork server reaps it and reports the code), and kills it through
+the pidfd (the fork server reaps it, so by then its pid alone could name another process).
+A worker's environment is the gateway's when the worker starts (passed along, since the
+fork server's is a snapshot of its own start), and every worker holds the read end of a
+lifeline pipe whose write end only the gateway holds: when the gateway dies, even by
+SIGKILL, its workers exit, including one stuck in a model call; the fork server exits once
+they all have. When the engine stops, it stops the fork server and reaps it, so nothing of
+a gateway outlives it (and the fork server's CPU, its workers' included, counts in the
+gateway's children's).
+
+A fork server that dies (the OOM killer, an operator) is started again, off the event loop
+and within the load's timeout, by the next worker start: `ready()` remembers which fork
+server it warmed.
 
 multiprocessing runs the script that started the gateway again in each worker, before the
 worker's own code (not a module run with -m): the `infergate` console script imports only
@@ -32,13 +39,17 @@ infergate.cli.main, which imports nothing.
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
+import signal
 import sys
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
+from typing import Any
 
+log = logging.getLogger("infergate.workers")
 PRELOAD = ["infergate.engine.workers.worker"]
 
 # The process's one fork server (multiprocessing keeps one per process); nothing else in
@@ -46,8 +57,8 @@ PRELOAD = ["infergate.engine.workers.worker"]
 _context: ForkServerContext = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(PRELOAD)
 _lifeline: tuple[Connection, Connection] | None = None
-_warmed = False
-_warming: asyncio.Future[None] | None = None
+_warmed_pid: int | None = None  # the fork server `ready()` last warmed
+_warming: asyncio.Task[None] | None = None
 
 
 def context() -> ForkServerContext:
@@ -55,13 +66,35 @@ def context() -> ForkServerContext:
     return _context
 
 
+def _server() -> Any:
+    """multiprocessing's ForkServer (private: it has no public view of its pid)."""
+    return forkserver._forkserver
+
+
+def server_pid() -> int | None:
+    """The fork server's pid while it runs; None when none was started or it died (it is
+    this process's child: a dead one is a zombie until multiprocessing reaps it, so the
+    pid cannot name another process; WNOWAIT leaves the reaping to multiprocessing)."""
+    pid: int | None = _server()._forkserver_pid
+    if pid is None:
+        return None
+    try:
+        exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already
+        return None
+    return pid if exited is None else None
+
+
 def ensure_server() -> None:
     """Start the fork server if it is not running (the first time, or after it died), on
     the gateway's sys.path. It does not inherit sys.path (Python 3.11 ignores the one
     multiprocessing passes it): it would import the worker module from wherever its own
     default path finds infergate (the current directory first), maybe another copy than
-    the gateway runs, so it is started with the gateway's path as PYTHONPATH. Workers get
-    the gateway's environment back as they start. Not starting a process is a waitpid."""
+    the gateway runs, so it is started with the gateway's path as PYTHONPATH, set only
+    around that start (other threads may read the environment). Workers get the gateway's
+    environment back as they start."""
+    if server_pid() is not None:
+        return
     path = os.pathsep.join(p or os.getcwd() for p in sys.path)
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = path
@@ -85,27 +118,66 @@ def lifeline() -> Connection:
 
 
 async def ready() -> None:
-    """Start the fork server, off the event loop. Its first fork waits for the server to
-    import what it preloads; done here once per process, in a thread, no start blocks the
-    loop on it. Concurrent first callers wait for the one start (and try themselves if it
-    failed)."""
-    global _warmed, _warming
-    while not _warmed:
-        loop = asyncio.get_running_loop()
-        if _warming is not None and _warming.get_loop() is loop and not _warming.done():
+    """Start the fork server, off the event loop, unless the one warmed last still runs.
+    Its first fork waits for the server to import what it preloads; done here, in a
+    thread, no start blocks the loop on it: the first time, and again when the fork server
+    died or was stopped. Concurrent callers wait for the one start (and try themselves if
+    it failed). The caller bounds its wait (a hung fork server would hold it forever); a
+    caller that gives up leaves the start running, for the next caller to wait on."""
+    global _warming
+    loop = asyncio.get_running_loop()
+    while _warmed_pid is None or server_pid() != _warmed_pid:
+        if _warming is None or _warming.done() or _warming.get_loop() is not loop:
+            _warming = loop.create_task(_warm_off_loop())
             await asyncio.shield(_warming)
-            continue
-        _warming = warming = loop.create_future()
-        try:
-            ensure_server()
-            await asyncio.to_thread(_first_fork)
-            _warmed = True
-        finally:
-            warming.set_result(None)
+            return
+        await asyncio.wait({_warming})  # another caller's start; then look again
 
 
-def _first_fork() -> None:
+async def _warm_off_loop() -> None:
+    global _warmed_pid
+    _warmed_pid = await asyncio.to_thread(_warm)
+
+
+def _warm() -> int | None:
+    ensure_server()
     process = _context.Process(target=os.getpid, name="infergate-forkserver-warmup", daemon=True)
     process.start()
     process.join()
     process.close()
+    return server_pid()
+
+
+async def stop(grace_s: float = 5.0) -> None:
+    """Stop the fork server and reap it: it exits once its pipe from the gateway closes
+    and every worker it forked has exited (each holds that pipe too); killed if it has not
+    within `grace_s`. Without this it outlived the gateway, an orphan of PID 1."""
+    global _warmed_pid
+    server, pid = _server(), server_pid()
+    if pid is None:
+        return
+    pidfd = os.pidfd_open(pid)  # its child, unreaped: the pid is still this process's
+    try:
+        os.close(server._forkserver_alive_fd)  # what multiprocessing's own _stop does
+        server._forkserver_alive_fd = None
+        server._forkserver_pid = None
+        _warmed_pid = None
+        loop = asyncio.get_running_loop()
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def on_exit() -> None:  # the pidfd reads ready once the process has exited
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, on_exit)
+        try:
+            await asyncio.wait_for(exited, grace_s)
+        except TimeoutError:
+            log.warning("the fork server did not exit within %.0f s; killing it", grace_s)
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+        os.waitpid(pid, 0)  # it has exited: does not block
+    finally:
+        os.close(pidfd)

@@ -7,13 +7,13 @@ imports the runtime's library; the gateway never does.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import threading
 import traceback
 from multiprocessing.connection import Connection
 
+from infergate import procname
 from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.runtimes import open_runtime
 from infergate.engine.runtimes.base import Runtime, WarmupInputError, warmup_inputs
@@ -123,11 +123,6 @@ def _answer(runtime: Runtime, call: InferCall, arenas: _Arenas) -> InferDone:
 PROCESS_NAME = b"ig-worker"  # in ps and top; a worker's command line is the fork server's
 
 
-def _name_process() -> None:
-    with contextlib.suppress(OSError, AttributeError):  # Linux only: a name is a nicety
-        ctypes.CDLL(None, use_errno=True).prctl(15, PROCESS_NAME, 0, 0, 0)  # PR_SET_NAME
-
-
 def _watch(lifeline: Connection) -> None:
     """Exit as soon as the gateway is gone (its end of the lifeline closes when it dies,
     even by SIGKILL), whatever the worker is doing: a model call cannot be interrupted."""
@@ -149,7 +144,7 @@ def worker_main(
     # Ctrl-C in the terminal reaches the whole process group; the gateway decides when
     # workers stop, so they ignore SIGINT and drain in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _name_process()
+    procname.set_name(PROCESS_NAME)
     if lifeline is not None:
         _watch(lifeline)
     if environ is not None:  # the gateway's, as it was when this worker was started
