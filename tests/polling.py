@@ -11,6 +11,10 @@ from typing import Literal, TypeVar
 import psutil
 
 T = TypeVar("T")
+# Looks come quickly at first, then further apart: a look is often an HTTP request to a
+# server, and a suite of tests waiting out breaker windows, TTLs and restarts by looking
+# every 20 ms spent a good share of the machine's CPU on looking (more, the busier it was).
+MAX_PAUSE_S = 0.1
 
 
 def wait_until(
@@ -19,13 +23,15 @@ def wait_until(
     """`check()`'s first truthy value; AssertionError naming `what` if none comes in time
     (the timeout only bounds a broken run, it is never what a test measures)."""
     deadline = time.monotonic() + timeout_s
+    pause = 0.01
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what or check}")
-        time.sleep(0.02)
+        time.sleep(pause)
+        pause = min(pause * 1.25, MAX_PAUSE_S)
 
 
 async def eventually(
@@ -33,13 +39,15 @@ async def eventually(
 ) -> T:
     """wait_until inside an event loop: yields to the loop between looks."""
     deadline = time.monotonic() + timeout_s
+    pause = 0.001
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what or check}")
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.25, MAX_PAUSE_S / 5)
 
 
 def process_gone(pid: int) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,14 @@ def _touch(mb: int) -> Array:
     return np.ones(mb * 2**20, dtype=np.uint8)  # ones, so every page is really resident
 
 
+def _wait_while(holding: Callable[[], bool]) -> None:
+    """Look often at first, then every 20 ms: a test may hold many workers for seconds."""
+    pause = 0.001
+    while holding():
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.02)
+
+
 class ScriptedRuntime:
     def __init__(self, path: Path) -> None:
         script = tomllib.loads(path.read_text())
@@ -71,8 +80,7 @@ class ScriptedRuntime:
             self._gates.mkdir(parents=True, exist_ok=True)
             marker.touch()
         try:
-            while (self._gates / "hold-loads").exists():  # a test keeps a restart waiting
-                time.sleep(0.002)
+            _wait_while(lambda: (self._gates / "hold-loads").exists())  # a restart waits
             if script.get("load_fail"):
                 raise RuntimeError(script["load_fail"])
             if script.get("load_alloc_mb"):
@@ -107,8 +115,7 @@ class ScriptedRuntime:
             release = self._gates / f"release-{gate}"
             self._gates.mkdir(parents=True, exist_ok=True)
             (self._gates / f"holding-{gate}-{os.getpid()}").touch()
-            while not release.exists():  # the worker polls; the test never sleeps
-                time.sleep(0.002)
+            _wait_while(lambda: not release.exists())  # the worker polls; the test never sleeps
         time.sleep(_largest(inputs, "sleep_ms") / 1000)
         del held
         if _largest(inputs, "fail"):
