@@ -265,7 +265,11 @@ def test_deadline_in_queue_gives_504_and_full_queue_503(sched_server: ServerProc
     assert "was shed to make room for a realtime one" in shed.json()["error"]
 
 
+@pytest.mark.serial
 def test_realtime_meets_its_deadline_under_a_batch_flood(sched_server: ServerProcess) -> None:
+    """The realtime class's 50 ms queue deadline, met end to end beside a flood of batch
+    requests: a latency against the wall clock, so it runs in the serial pass (the order
+    the queue takes classes in is tested on the FakeClock in test_timing_rules.py)."""
     url = f"{sched_server.url}/v2/models/mlp/infer"
     stop = threading.Event()
     flood_codes: list[int] = []
