@@ -5,23 +5,12 @@ later call, and a call cut off leaves no half-read connection behind."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from redis.exceptions import ResponseError
 
 from infergate.engine.cluster.channel import Channel
-from tests.cluster_setup import require_redis_server
 from tests.redis_server import RedisProcess
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    require_redis_server()
-    process = RedisProcess(tmp_path / "redis").start()
-    yield process
-    process.kill()
 
 
 async def test_a_call_gets_its_own_reply_after_commands_not_waited_for(

@@ -6,27 +6,17 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.cluster_setup import cluster_profile, replicas, require_redis_server
+from tests.cluster_setup import cluster_profile, replicas
 from tests.polling import wait_until
 from tests.redis_server import RedisProcess
 from tests.scripted_runtime import scripted_inputs
 from tests.server import ServerProcess
 
 LEASES = "infergate:leases:default"
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    require_redis_server()
-    process = RedisProcess(tmp_path / "redis").start()
-    yield process
-    process.kill()
 
 
 def _profile(redis: RedisProcess, drain_timeout_s: float) -> str:

@@ -9,7 +9,6 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -18,7 +17,7 @@ import pytest
 import redis as redis_py
 
 from infergate.engine.cluster import scripts
-from tests.cluster_setup import cluster_profile, replicas, require_redis_server
+from tests.cluster_setup import cluster_profile, replicas
 from tests.polling import wait_until
 from tests.redis_server import RedisProcess
 from tests.scrape import metric
@@ -26,14 +25,6 @@ from tests.scripted_runtime import scripted_inputs
 from tests.server import ServerProcess
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    require_redis_server()
-    process = RedisProcess(tmp_path / "redis").start()
-    yield process
-    process.kill()
 
 
 def _infer(client: httpx.Client, server: ServerProcess, **controls: int) -> httpx.Response:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.cluster_setup import cluster_profile, replicas, require_redis_server
+from tests.cluster_setup import cluster_profile, replicas
 from tests.polling import wait_until
 from tests.redis_server import RedisProcess
 from tests.scrape import metric
@@ -24,14 +24,6 @@ pytestmark = pytest.mark.slow
 TIMEOUT_S = 0.1
 RATE, BURST, REPLICAS = 30, 6, 3  # this replica's share: 10 rps, burst 2
 PHASE_S = 2.0
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    require_redis_server()
-    process = RedisProcess(tmp_path / "redis").start()
-    yield process
-    process.kill()
 
 
 def _phase(client: httpx.Client, server: ServerProcess) -> tuple[list[float], int, float]:
