@@ -21,13 +21,13 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
-from urllib.parse import quote
 
 import numpy as np
 import orjson
 
 from infergate.client import encode_infer_request
 from infergate.rawhttp import RawConnection
+from infergate.server_split import ServerSplit, Totals, with_split
 from infergate.tensors import Array, numpy_dtype
 
 T = TypeVar("T")
@@ -58,16 +58,6 @@ class Latency:
     p99: float
     avg: float
     max: float
-
-
-@dataclass(frozen=True)
-class ServerSplit:
-    """Where the server spent the time, read from its statistics endpoint over the measured
-    windows: the average wait in the model's queue and the average compute (the run of the
-    batch it was in), per request."""
-
-    queue_ms: float | None
-    compute_ms: float | None
 
 
 @dataclass(frozen=True)
@@ -427,8 +417,7 @@ async def run_level(
     level: float,
     plan: Plan,
     on_progress: OnProgress | None = None,
-    server_split: Callable[[], Coroutine[Any, Any, tuple[float, float, float, float] | None]]
-    | None = None,
+    server_split: Callable[[], Coroutine[Any, Any, Totals | None]] | None = None,
 ) -> LoadResult:
     """Drive one level of load and measure it in windows: a fixed number, or until the last
     three agree (at most `plan.max_windows`); the result merges the windows it reports."""
@@ -483,67 +472,8 @@ async def run_level(
         )
     if server_split and marks:
         first, last = marks[-len(counted) - 1], marks[-1]
-        result = _with_split(result, first, last)
+        result = with_split(result, first, last)
     return result
-
-
-def _with_split(
-    result: LoadResult,
-    before: tuple[float, float, float, float] | None,
-    after: tuple[float, float, float, float] | None,
-) -> LoadResult:
-    if before is None or after is None:
-        return result
-    queue_s, queue_n, compute_s, compute_n = (a - b for a, b in zip(after, before, strict=True))
-    split = ServerSplit(
-        queue_s / queue_n * 1000 if queue_n > 0 else None,
-        compute_s / compute_n * 1000 if compute_n > 0 else None,
-    )
-    return replace(result, server=split)
-
-
-def parse_split(stats: bytes) -> tuple[float, float, float, float]:
-    """(queue seconds, queued requests, compute seconds, computed requests), summed over the
-    model's versions, from a Triton statistics document (`GET /v2/models/{m}/stats`), which
-    infergate and Triton both answer (perf_analyzer reads the same)."""
-    doc = orjson.loads(stats)
-    q_s = q_n = c_s = c_n = 0.0
-    for version in doc.get("model_stats", []):
-        inference = version.get("inference_stats", {})
-        queue, compute = inference.get("queue", {}), inference.get("compute_infer", {})
-        q_s += float(queue.get("ns", 0)) / 1e9
-        q_n += float(queue.get("count", 0))
-        c_s += float(compute.get("ns", 0)) / 1e9
-        c_n += float(compute.get("count", 0))
-    return q_s, q_n, c_s, c_n
-
-
-def server_split_reader(
-    target: Target,
-) -> Callable[[], Coroutine[Any, Any, tuple[float, float, float, float] | None]]:
-    """Reads the model's queue and compute totals from its statistics endpoint; None when
-    the server does not answer it."""
-    path = f"/v2/models/{quote(target.model, safe='')}/stats"
-
-    async def read() -> tuple[float, float, float, float] | None:
-        try:
-            conn = await RawConnection.open(target.url)
-        except OSError:
-            return None
-        try:
-            response = await conn.send(conn.request_bytes("GET", path, b""))
-        except OSError:
-            return None
-        finally:
-            await conn.close()
-        if response.status != 200:
-            return None
-        try:
-            return parse_split(response.body)
-        except (ValueError, TypeError, AttributeError):
-            return None
-
-    return read
 
 
 async def run_concurrency(

@@ -307,7 +307,8 @@ def _run_levels(
     target: Target, mode: Mode, levels: list[float], plan: Plan, show: bool
 ) -> list[LoadResult]:
     from infergate.loadgen import run as run_load
-    from infergate.loadgen import run_level, server_split_reader
+    from infergate.loadgen import run_level
+    from infergate.server_split import server_split_reader
 
     shown = [-1]  # off a terminal (a log file), one line a second, not one a tick
 
