@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 
 from tests.conftest import write_profile
 from tests.onnx_models import make_fails_on_single_rows, make_mlp
-from tests.polling import wait_until
+from tests.polling import process_gone, wait_until
 from tests.server import ServerProcess
 
 X = [1.0, 2.0, 3.0, 4.0]
@@ -40,10 +39,6 @@ def infer(url: str, model: str = "mlp", version: str | None = None) -> httpx.Res
 def offset_of(response: httpx.Response, base: list[float]) -> int:
     y = response.json()["outputs"][0]["data"]
     return round(float(y[0]) - base[0])
-
-
-def gone(pid: int) -> bool:
-    return not psutil.pid_exists(pid)
 
 
 def answered_with(results: list[tuple[float, float, int]], offset: int) -> bool:
@@ -146,7 +141,7 @@ def test_five_swaps_under_load_fail_nothing_and_never_go_back(
         assert offset >= max(newer_seen, default=0), (sent, offset, newer_seen)
     # The old workers were drained and stopped.
     for pid in old_pids:
-        wait_until(partial(gone, pid), what=f"pid {pid} to exit")
+        wait_until(partial(process_gone, pid), what=f"pid {pid} to exit")
     assert server.model(name)["state"] == "ready"
 
 
@@ -218,7 +213,7 @@ def test_new_version_folder_takes_over_and_the_old_version_goes(
     wait_until(lambda: infer(server.url, name).json()["model_version"] == "2", what="version 2")
     wait_until(lambda: infer(server.url, name, "1").status_code == 404, what="v1 to go")
     for pid in old_pids:
-        wait_until(partial(gone, pid), what="old workers to exit")
+        wait_until(partial(process_gone, pid), what="old workers to exit")
     # model.toml asks for both: version 1 comes back, by number.
     (models / name / "model.toml").write_text("[version_policy]\nall = true\n")
     wait_until(lambda: infer(server.url, name, "1").status_code == 200, what="v1 back")
@@ -232,5 +227,5 @@ def test_removing_a_model_stops_its_workers(server: ServerProcess, models: Path)
     shutil.rmtree(models / removed)
     wait_until(lambda: status_or_none(server, removed) is None, what="the model to go")
     for pid in pids:
-        wait_until(partial(gone, pid), what="its workers to exit")
+        wait_until(partial(process_gone, pid), what="its workers to exit")
     assert infer(server.url, kept).status_code == 200

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import write_profile
 from tests.onnx_models import make_mlp
-from tests.polling import wait_until
+from tests.polling import process_gone, wait_until
 from tests.scripted_runtime import holding, make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
@@ -221,14 +221,6 @@ def test_a_client_timeout_bounds_only_its_queue_wait(worker_server: ServerProces
         psutil.Process(old).wait(timeout=10)
 
 
-def gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie nobody has reaped yet (its parent died)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_the_workers_of_a_gateway_killed_by_sigkill_exit_even_mid_call(tmp_path: Path) -> None:
     """No worker outlives its gateway: not an idle one, nor one stuck in a model call, which
     would otherwise keep its CPU and memory (a GPU's, in production) until the call ends."""
@@ -251,7 +243,7 @@ def test_the_workers_of_a_gateway_killed_by_sigkill_exit_even_mid_call(tmp_path:
         busy = wait_until(lambda: holding(gates, 1), what="the call to be held")
         os.kill(server.process.pid, signal.SIGKILL)  # the gateway alone, not its group
         server.process.wait()
-        wait_until(lambda: all(gone(p) for p in idle + busy), what="the workers to exit")
+        wait_until(lambda: all(process_gone(p) for p in idle + busy), what="the workers to exit")
         caller.join(60)
     finally:
         with contextlib.suppress(ProcessLookupError):
