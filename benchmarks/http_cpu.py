@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from infergate.loadgen import prepare  # noqa: E402
 from infergate.rawhttp import RawConnection  # noqa: E402
 from tests.onnx_models import make_mlp  # noqa: E402
-from tests.server import ServerProcess, free_port  # noqa: E402
+from tests.server import ServerProcess, free_port, wait_ready  # noqa: E402
 
 PATH = "/v2/models/tiny/infer"
 PROFILE = """
@@ -170,20 +170,6 @@ def measure(server: Served, body: bytes, headers: dict[str, str], n: int, c: int
 def worker_pids(url: str) -> list[int]:
     doc = httpx.get(f"{url}/admin/models/tiny", timeout=10).json()
     return [i["pid"] for v in doc["versions"] for i in v["instances"] if i["pid"] is not None]
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"server not ready:\n{log.read_text()}")
 
 
 def launch(

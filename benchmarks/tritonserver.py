@@ -16,11 +16,12 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tests.server import wait_ready
 
 INSTALL_HINT = (
     "Hint: ./install.sh --bench installs it: the bench extra's nvidia-pytriton wheel, which "
@@ -233,18 +234,12 @@ class TritonProcess:
                 env=env,
                 start_new_session=True,  # its stubs go with it when the group is killed
             )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited early:\n{self.log.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"tritonserver not ready in {timeout_s} s:\n{self.log.read_text()}")
+        try:
+            wait_ready(self.url, self.process, self.log, timeout_s)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def version(self) -> str:
         return str(httpx.get(f"{self.url}/v2", timeout=5).json().get("version", "?"))

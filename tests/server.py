@@ -20,6 +20,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_ready(
+    url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 90.0
+) -> None:
+    """Until `GET {url}/v2/health/ready` answers 200: any V2 server (infergate, Triton) that
+    `process` runs. RuntimeError with its log when it exits first or is not ready in time."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{log.read_text()}")
+            try:
+                if client.get(f"{url}/v2/health/ready").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+    raise RuntimeError(f"server not ready in {timeout_s:.0f} s:\n{log.read_text()}")
+
+
 class ServerProcess:
     def __init__(
         self, models: Path, profile: Path, log: Path, env: dict[str, str] | None = None

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import write_profile
 from tests.onnx_models import make_mlp
-from tests.server import free_port
+from tests.server import free_port, wait_ready
 
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
 
@@ -49,16 +49,8 @@ class EnvServer:
             )  # fmt: skip
 
     def wait_ready(self) -> EnvServer:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()
-            try:
-                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(self.log.read_text())
+        wait_ready(self.url, self.process, self.log)
+        return self
 
     def records(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
