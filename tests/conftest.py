@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,21 @@ from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _cache_bytecode() -> None:
+    """Let this run write Python's bytecode caches, even where the environment says not to
+    (container images often set PYTHONDONTWRITEBYTECODE). The suite starts about a hundred
+    Python processes from this checkout (servers, CLI commands, pytest-xdist workers), and
+    without the caches each compiles the infergate modules it imports, and each pytest
+    process rewrites and compiles every test module again (1.1 s of CPU each). Test modules
+    are imported after this file; the servers and CLI commands the tests start inherit the
+    environment, and write the caches of the infergate modules the first time."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
+_cache_bytecode()
 
 # The scripted runtime (tests/scripted_runtime.py) exists in this process, in the servers
 # the tests start and in their workers, and nowhere else.
