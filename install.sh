@@ -43,6 +43,9 @@ if [ ${#extras[@]} -gt 0 ]; then
 fi
 echo "install.sh: pip install -e '$spec'"
 .venv/bin/python -m pip install --quiet -e "$spec"
+# An editable install leaves infergate uncompiled: compile it once here, so that neither the
+# first start nor every start (where PYTHONDONTWRITEBYTECODE is set) compiles it again.
+.venv/bin/python -m compileall -q infergate
 
 if [[ " ${extras[*]} " == *" gpu "* ]]; then
   # onnxruntime and onnxruntime-gpu install the same module; keep only the GPU build.
