@@ -5,6 +5,8 @@ Python writes each import to stderr (PYTHONPROFILEIMPORTTIME), here the server's
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -16,6 +18,44 @@ from tests.server import ServerProcess
 def imported(log: str) -> set[str]:
     """The modules a -X importtime log names."""
     return {line.rsplit("|", 1)[-1].strip() for line in log.splitlines() if "import time:" in line}
+
+
+# Runs the CLI as `infergate` does, then writes the modules it imported to stderr.
+RUN_CLI = """
+import sys
+from infergate.cli.main import main
+sys.argv = ["infergate", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+sys.stderr.write("\\n".join(sys.modules))
+"""
+COMMANDS = {"serve", "infer", "doctor", "bench", "top", "model", "tenant", "breaker", "key"}
+
+
+def cli_modules(*args: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_CLI, *args], capture_output=True, text=True, timeout=60
+    )
+    return set(done.stderr.splitlines())
+
+
+def command_modules(modules: set[str]) -> set[str]:
+    return {m.removeprefix("infergate.cli.") for m in modules} & COMMANDS
+
+
+def test_a_command_imports_its_own_module_and_no_other_commands() -> None:
+    assert command_modules(cli_modules("serve", "-h")) == {"serve"}
+    assert command_modules(cli_modules("key", "-h")) == {"key"}
+    assert command_modules(cli_modules("--version")) == set()
+    # Help that lists every command imports them all, and "Did you mean" still knows them.
+    assert command_modules(cli_modules("-h")) == COMMANDS
+    typo = subprocess.run(
+        [sys.executable, "-m", "infergate", "modle"], capture_output=True, text=True, timeout=60
+    )
+    assert typo.returncode == 2
+    assert "Did you mean 'model'?" in typo.stderr
 
 
 def test_a_gateway_without_a_cluster_never_imports_redis(tmp_path: Path) -> None:

@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from infergate.cli.helptext import CONTEXT
+
 if TYPE_CHECKING:  # the client (httpx, numpy) loads when a command talks to a server
     from infergate.client import Client, ClientError
 
@@ -72,18 +74,12 @@ FormatOption = Annotated[
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
-CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 def make_app(help: str) -> typer.Typer:
     return typer.Typer(
         help=help, no_args_is_help=True, rich_markup_mode=None, context_settings=CONTEXT
     )
-
-
-def example(*lines: str) -> str:
-    """An epilog that Click prints as written (\\b stops its rewrapping)."""
-    return "Example:\n\n\b\n" + "\n".join(f"  $ {line}" for line in lines)
 
 
 def client(url: str | None, token: str | None) -> Client:
