@@ -49,6 +49,11 @@ def test_a_command_imports_its_own_module_and_no_other_commands() -> None:
     assert command_modules(cli_modules("serve", "-h")) == {"serve"}
     assert command_modules(cli_modules("key", "-h")) == {"key"}
     assert command_modules(cli_modules("--version")) == set()
+    # A command that sends no tensors does not import numpy (the client imports it to
+    # encode or decode them).
+    listed = cli_modules("model", "list", "--json", "--url", "http://127.0.0.1:1")
+    assert "infergate.client" in listed
+    assert "numpy" not in listed
     # Help that lists every command imports them all, and "Did you mean" still knows them.
     assert command_modules(cli_modules("-h")) == COMMANDS
     typo = subprocess.run(
