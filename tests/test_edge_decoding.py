@@ -18,7 +18,7 @@ import pytest
 from infergate.client import encode_infer_request
 from infergate.errors import BadRequest
 from infergate.server.codec import DecodedRequest, decode_request
-from infergate.server.decoding import BodyDecoder
+from infergate.server.decoding import HELPER_NAME, BodyDecoder
 from infergate.tensors import Array
 from tests.conftest import write_profile
 from tests.polling import process_gone, wait_until
@@ -85,7 +85,7 @@ def test_the_helper_starts_with_the_first_large_json_body_and_ends_with_the_gate
     tmp_path: Path,
 ) -> None:
     """A gateway that never gets a large JSON body never pays for the helper (0.25 s of
-    CPU and 50 MB each); the first such body starts it, niced and named, and it still ends
+    CPU and 54 MB each); the first such body starts it, niced and named, and it still ends
     with a gateway killed outright (SIGKILL, the OOM killer)."""
     make_scripted(tmp_path / "models" / "m" / "1" / "model.scripted", controls=(), width=1024)
     profile = write_profile(tmp_path, "[server]\nmax_request_mb = 8\n")
@@ -105,9 +105,9 @@ def test_the_helper_starts_with_the_first_large_json_body_and_ends_with_the_gate
         answer = infer(512)  # 2 MB of JSON: past the inline limit
         assert answer.status_code == 200, answer.text
         assert answer.json()["outputs"][0]["shape"] == [512, 1024]
-        (helper,) = _spawned_children(gateway)
+        (helper,) = _spawned_children(gateway)  # it has run its start-up: it decoded the body
         assert helper.nice() == 5
-        wait_until(lambda: helper.name() == "ig-decoder", what="the helper's name")
+        assert helper.name() == HELPER_NAME.decode()
         server.process.kill()
         server.process.wait()
         wait_until(lambda: process_gone(helper.pid), what="the helper to end with the gateway")
