@@ -1,10 +1,12 @@
 """Start-up cost: how long `infergate serve` takes to answer ready with an empty repository
-and how much CPU that costs, and the same for one worker loading a tiny model (ONNX, and
+and how much CPU it costs from launch to stop, the same for two CLI commands run as a
+process each (as the tests run them), and for one worker loading a tiny model (ONNX, and
 TorchScript when torch is installed) from start to ready.
 
     .venv/bin/python benchmarks/startup.py [--quick] [--json]
 
-CPU is user + system seconds. A worker's figure is the worker process's own CPU at ready
+CPU is user + system seconds. The gateway's and the commands' count every process they
+started (the gateway's helpers included). A worker's figure is the worker process's own CPU at ready
 plus what the starting process spent on it; "helpers" is what the gateway's helper
 processes (multiprocessing's fork server and resource tracker) spent over all the starts
 of one runtime, most of it once per gateway. Later starts are the ones that matter for
@@ -22,7 +24,9 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,9 +65,39 @@ def cpu(proc: psutil.Process, children: bool = False) -> float:
     return total + (t.children_user + t.children_system if children else 0.0)
 
 
+def children_cpu() -> float:
+    """CPU of this process's children that have been waited for, and of theirs."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def start_gateway(empty: Path, profile: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`infergate serve` on an empty repository, once /v2/health/ready answers 200."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "infergate", "serve", "--models", str(empty)]
+        + ["--profile", str(profile), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    url = f"http://127.0.0.1:{port}"
+    with httpx.Client(timeout=5) as client:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError("the gateway exited before it was ready")
+            try:
+                if client.get(f"{url}/v2/health/ready").status_code == 200:
+                    return process, url
+            except httpx.TransportError:
+                pass
+            time.sleep(0.005)
+
+
 def gateway(runs: int, work: Path) -> Row:
-    """`infergate serve` on an empty repository: spawn to /v2/health/ready answering 200.
-    Its CPU counts its helper processes' (the decoder pool) up to then."""
+    """`infergate serve` on an empty repository, from launch to ready to stopped: the
+    CPU of the gateway and every process it started (reaped, so counted in its
+    children's), the way a test that starts a server pays for it."""
     empty = work / "empty"
     empty.mkdir(exist_ok=True)
     profile = work / "profile.toml"
@@ -71,42 +105,60 @@ def gateway(runs: int, work: Path) -> Row:
     walls: list[float] = []
     cpus: list[float] = []
     for _ in range(runs):
-        port = free_port()
+        before = children_cpu()
         started = time.perf_counter()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "infergate", "serve", "--models", str(empty)]
-            + ["--profile", str(profile), "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        try:
-            with httpx.Client(timeout=5) as client:
-                while True:
-                    if process.poll() is not None:
-                        raise RuntimeError("the gateway exited before it was ready")
-                    try:
-                        ready = client.get(f"http://127.0.0.1:{port}/v2/health/ready")
-                        if ready.status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    time.sleep(0.005)
-            walls.append(time.perf_counter() - started)
-            gateway = psutil.Process(process.pid)
-            helpers = sum(cpu(c) for c in gateway.children(recursive=True))
-            cpus.append(cpu(gateway, children=True) + helpers)
-        finally:
-            process.terminate()
-            process.wait(30)
+        process, _ = start_gateway(empty, profile)
+        walls.append(time.perf_counter() - started)
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
+        cpus.append(children_cpu() - before)
     return Row(
-        "gateway ready, empty repository",
+        "gateway, empty repository",
         runs,
         walls[0],
         statistics.median(walls[1:] or walls),
         statistics.median(cpus[1:] or cpus),
         0.0,
     )
+
+
+def cli(runs: int, work: Path) -> list[Row]:
+    """CLI commands as the tests run them, a process each: one that prints and exits, and
+    one that asks a running gateway."""
+    process, url = start_gateway(work / "empty", work / "profile.toml")
+    rows = []
+    try:
+        for what, args in [
+            ("infergate --version", ["--version"]),
+            ("infergate model list --json", ["model", "list", "--json", "--url", url]),
+        ]:
+            walls: list[float] = []
+            cpus: list[float] = []
+            for _ in range(runs):
+                before = children_cpu()
+                started = time.perf_counter()
+                subprocess.run(
+                    [sys.executable, "-m", "infergate", *args],
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                    check=True,
+                    capture_output=True,
+                )
+                walls.append(time.perf_counter() - started)
+                cpus.append(children_cpu() - before)
+            rows.append(
+                Row(
+                    what,
+                    runs,
+                    walls[0],
+                    statistics.median(walls[1:] or walls),
+                    statistics.median(cpus[1:] or cpus),
+                    0.0,
+                )
+            )
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
+    return rows
 
 
 def helpers_cpu(workers: set[int]) -> float:
@@ -186,7 +238,7 @@ def main() -> None:
     runs = 3 if args.quick else 8
     with tempfile.TemporaryDirectory(prefix="infergate-startup-") as tmp:
         work = Path(tmp)
-        rows = [gateway(runs, work), *worker_rows(work, runs)]
+        rows = [gateway(runs, work), *cli(runs, work), *worker_rows(work, runs)]
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return

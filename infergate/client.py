@@ -7,14 +7,14 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
-import numpy as np
 import orjson
 
-from infergate.tensors import Array, from_wire, numpy_dtype, to_wire, v2_datatype
+if TYPE_CHECKING:
+    from infergate.tensors import Array
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,6 +78,9 @@ def encode_infer_request(
     parameters: dict[str, Any] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """A V2 request body and its headers, binary tensors after the JSON header."""
+    # (numpy, 60 ms and more, only for the commands that send or read tensors)
+    from infergate.tensors import to_wire, v2_datatype
+
     tensors = []
     blobs = []
     for name, array in inputs.items():
@@ -115,6 +118,10 @@ def encode_infer_request(
 
 
 def decode_infer_response(body: bytes, header_length: str | None) -> InferResponse:
+    import numpy as np
+
+    from infergate.tensors import from_wire, numpy_dtype
+
     json_len = int(header_length) if header_length is not None else len(body)
     doc = orjson.loads(body[:json_len])
     offset = json_len

@@ -1,19 +1,29 @@
 """Large bodies decode off the event loop (server/decoding.py) to the same tensors as small
 ones decode inline, whichever way they go: the helper process for JSON, slices on the loop
-for binary BYTES."""
+for binary BYTES. The helper starts with the first large JSON body, not with the gateway."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
 
+import httpx
 import numpy as np
+import psutil
 import pytest
 
 from infergate.client import encode_infer_request
 from infergate.errors import BadRequest
 from infergate.server.codec import DecodedRequest, decode_request
-from infergate.server.decoding import BodyDecoder
+from infergate.server.decoding import HELPER_NAME, BodyDecoder
 from infergate.tensors import Array
+from tests.conftest import write_profile
+from tests.polling import process_gone, wait_until
+from tests.scripted_runtime import make_scripted
+from tests.server import ServerProcess
 
 TENSORS: dict[str, Array] = {
     "f": np.arange(12, dtype=np.float32).reshape(3, 4),
@@ -57,3 +67,51 @@ def test_a_large_body_with_bad_bytes_is_a_400_either_way() -> None:
         decode_request(cut, length)
     with pytest.raises(BadRequest, match="input 's'"):
         _decode_both(cut, length)
+
+
+def _spawned_children(gateway: int) -> list[psutil.Process]:
+    """The gateway's children that multiprocessing spawned: the decoding helper is the only
+    one (workers are forked from the fork server), whatever name it has taken yet."""
+    found = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(gateway).children():
+            with contextlib.suppress(psutil.Error):
+                if "multiprocessing.spawn" in " ".join(child.cmdline()):
+                    found.append(child)
+    return found
+
+
+def test_the_helper_starts_with_the_first_large_json_body_and_ends_with_the_gateway(
+    tmp_path: Path,
+) -> None:
+    """A gateway that never gets a large JSON body never pays for the helper (0.25 s of
+    CPU and 54 MB each); the first such body starts it, niced and named, and it still ends
+    with a gateway killed outright (SIGKILL, the OOM killer)."""
+    make_scripted(tmp_path / "models" / "m" / "1" / "model.scripted", controls=(), width=1024)
+    profile = write_profile(tmp_path, "[server]\nmax_request_mb = 8\n")
+    server = ServerProcess(tmp_path / "models", profile, tmp_path / "log").start()
+    assert server.process is not None
+    gateway = server.process.pid
+    url = f"{server.url}/v2/models/m/infer"
+
+    def infer(rows: int) -> httpx.Response:
+        x = {"name": "x", "datatype": "FP32", "shape": [rows, 1024], "data": [0.5] * (rows * 1024)}
+        return httpx.post(url, json={"inputs": [x]}, timeout=60)
+
+    try:
+        wait_until(lambda: server.model("m")["state"] == "ready", what="the model")
+        assert infer(2).status_code == 200  # a small body decodes inline
+        assert _spawned_children(gateway) == []
+        answer = infer(512)  # 2 MB of JSON: past the inline limit
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs"][0]["shape"] == [512, 1024]
+        (helper,) = _spawned_children(gateway)  # it has run its start-up: it decoded the body
+        assert helper.nice() == 5
+        assert helper.name() == HELPER_NAME.decode()
+        server.process.kill()
+        server.process.wait()
+        wait_until(lambda: process_gone(helper.pid), what="the helper to end with the gateway")
+    finally:
+        server.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(gateway, signal.SIGKILL)  # (its session: whatever is left in it)

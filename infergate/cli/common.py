@@ -8,6 +8,7 @@ reason (typer's Rich help eats `[default: ...]`).
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from enum import Enum
@@ -15,15 +16,28 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import orjson
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-if TYPE_CHECKING:  # the client (httpx, numpy) loads when a command talks to a server
+from infergate.cli.helptext import CONTEXT
+
+if TYPE_CHECKING:  # the client (httpx, numpy) loads when a command talks to a server; rich
+    # when one prints
+    from rich.console import Console
+    from rich.text import Text
+
     from infergate.client import Client, ClientError
 
-console = Console(highlight=False, soft_wrap=True)  # lines as written, not rewrapped
-err_console = Console(stderr=True, soft_wrap=True, highlight=False)  # one greppable line
+    Cell = str | Text
+
+
+@functools.cache
+def console(stderr: bool = False) -> Console:
+    """Rich's console for stdout (lines as written, not rewrapped) or stderr (one
+    greppable line), made on first use: rich is 20-40 ms to import, and `infergate
+    serve`, which imports this module, prints with it only to fail."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
 
 UrlOption = Annotated[
     str | None,
@@ -72,18 +86,12 @@ FormatOption = Annotated[
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
-CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 def make_app(help: str) -> typer.Typer:
     return typer.Typer(
         help=help, no_args_is_help=True, rich_markup_mode=None, context_settings=CONTEXT
     )
-
-
-def example(*lines: str) -> str:
-    """An epilog that Click prints as written (\\b stops its rewrapping)."""
-    return "Example:\n\n\b\n" + "\n".join(f"  $ {line}" for line in lines)
 
 
 def client(url: str | None, token: str | None) -> Client:
@@ -100,14 +108,16 @@ def print_json(doc: Any) -> None:
 
 def say(text: str | Text, *, err: bool = False) -> None:
     """Print text as written (no markup)."""
-    (err_console if err else console).print(text, markup=False, highlight=False)
+    console(err).print(text, markup=False, highlight=False)
 
 
 def fail(message: str, code: int = EXIT_FAILURE, as_json: bool = False) -> NoReturn:
     if as_json:
         print_json({"error": message})
     else:
-        err_console.print(Text.assemble(("error: ", "bold red"), message))
+        from rich.text import Text
+
+        console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
     raise typer.Exit(code)
 
 
@@ -127,14 +137,13 @@ STATE_STYLES = {
 
 
 def styled_state(state: str) -> Text:
+    from rich.text import Text
+
     return Text(state, style=STATE_STYLES.get(state, ""))
 
 
 def chosen_format(fmt: Format, json: bool) -> Format:
     return Format.json if json else fmt
-
-
-Cell = str | Text
 
 
 def emit_table(
@@ -148,11 +157,16 @@ def emit_table(
             lines.append("\t".join(_tsv(str(c)) for c in row))
         sys.stdout.write("\n".join(lines) + "\n")
         return
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(*headers, title=title)
     for row in rows:
         table.add_row(*(c if isinstance(c, Text) else Text(c) for c in row))
-    if console.is_terminal:
-        console.print(table, soft_wrap=False)
+    out = console()
+    if out.is_terminal:
+        out.print(table, soft_wrap=False)
     else:  # no terminal width to fit: as wide as the widest cell needs
         Console(width=100_000, highlight=False).print(table)
 

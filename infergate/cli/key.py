@@ -11,7 +11,8 @@ import tomlkit
 import typer
 from tomlkit.items import Table
 
-from infergate.cli.common import EXIT_USAGE, JsonOption, example, fail, make_app, print_json, say
+from infergate.cli.common import EXIT_USAGE, JsonOption, fail, make_app, print_json, say
+from infergate.cli.helptext import example
 
 app = make_app("Mint API keys for tenants and admins.")
 

@@ -18,7 +18,6 @@ from infergate.cli.common import (
     UrlOption,
     chosen_format,
     emit_table,
-    example,
     fail,
     make_app,
     print_json,
@@ -26,6 +25,7 @@ from infergate.cli.common import (
     say,
     styled_state,
 )
+from infergate.cli.helptext import example
 
 if TYPE_CHECKING:
     from infergate.client import Client

@@ -14,12 +14,12 @@ from infergate.cli.common import (
     UrlOption,
     chosen_format,
     emit_table,
-    example,
     make_app,
     print_json,
     request,
     say,
 )
+from infergate.cli.helptext import example
 from infergate.cli.settings import parse_settings
 
 app = make_app("List, add, change and remove tenants (persisted in the profile).")

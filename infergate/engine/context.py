@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infergate.clock import Clock, MonotonicClock
 from infergate.engine.admission.tenants import Tenants
-from infergate.engine.cluster.redis_limits import SharedLimits
 from infergate.engine.events import EventBus
 from infergate.engine.placement.devices import DeviceBackend, HostBackend
 from infergate.engine.placement.placer import Placer
@@ -22,6 +22,9 @@ from infergate.engine.stats import RequestStats
 from infergate.engine.workers.handle import WorkerHandle
 from infergate.engine.workers.protocol import WorkerFactory
 from infergate.metrics import Metrics
+
+if TYPE_CHECKING:  # redis is imported only by a gateway with [cluster] (gateway.py)
+    from infergate.engine.cluster.redis_limits import SharedLimits
 
 
 @dataclass

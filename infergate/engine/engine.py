@@ -7,10 +7,9 @@ import asyncio
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from infergate.engine.admission.tenants import TenantState
-from infergate.engine.cluster.redis_limits import Ticket
 from infergate.engine.context import EngineContext
 from infergate.engine.inference import InferenceRequest, InferenceResult
 from infergate.engine.lifecycle.registry import ModelRecord, Registry
@@ -40,6 +39,9 @@ from infergate.errors import (
     RateLimited,
 )
 from infergate.tensors import Array
+
+if TYPE_CHECKING:  # redis is imported only by a gateway with [cluster] (gateway.py)
+    from infergate.engine.cluster.redis_limits import Ticket
 
 ModelControl = Literal["poll", "explicit"]
 

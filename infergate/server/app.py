@@ -50,7 +50,6 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         store.start()
-        decoder.start()
         try:
             yield
         finally:
