@@ -5,11 +5,8 @@ answered before their upload, big bodies decode off the event loop, malformed fi
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import mmap
-import os
-import signal
 import struct
 import threading
 import time
@@ -21,7 +18,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
-import psutil
 import pytest
 import tomlkit
 from onnx import TensorProto, helper
@@ -30,13 +26,12 @@ from starlette.types import Message, Receive
 from infergate.client import decode_infer_response, encode_infer_request
 from infergate.engine.admission.tenants import hash_key
 from infergate.server.body import read_body
-from infergate.server.decoding import HELPER_NAME, BodyDecoder, Keeper
+from infergate.server.decoding import BodyDecoder, Keeper
 from infergate.tensors import Array
-from tests.conftest import write_profile
 from tests.edge_raw import connect, head, read_reply
 from tests.health_probe import HealthProbe
 from tests.onnx_models import OPSET, _save, make_mlp
-from tests.polling import eventually, process_gone, wait_until
+from tests.polling import eventually
 from tests.server import ServerProcess
 
 LIMITED_KEY = "ig_limited_tenant_key"
@@ -276,32 +271,6 @@ async def test_a_large_body_and_its_tensors_are_let_go_of_off_the_event_loop(
     await keeper.release()
     await eventually(lambda: len(freed_on) == 2, what="the body and its tensor freed")
     assert [name.split("_")[0] for name in freed_on] == ["ig-free", "ig-free"], freed_on
-
-
-def _helper_of(gateway: int) -> psutil.Process | None:
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process(gateway).children():
-            if child.name() == HELPER_NAME.decode():
-                return child
-    return None
-
-
-def test_the_decoding_helper_ends_with_a_killed_gateway(tmp_path: Path) -> None:
-    """A gateway killed outright (SIGKILL, the OOM killer) leaves no decoding helper behind:
-    one used to wait for work for good, 50 MB each."""
-    (tmp_path / "models").mkdir()
-    server = ServerProcess(tmp_path / "models", write_profile(tmp_path), tmp_path / "log")
-    server.start()
-    assert server.process is not None
-    gateway = server.process.pid
-    try:
-        helper = wait_until(lambda: _helper_of(gateway), what="the decoding helper")
-        server.process.kill()
-        server.process.wait()
-        wait_until(lambda: process_gone(helper.pid), what="the helper to end with the gateway")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(gateway, signal.SIGKILL)  # (its session: whatever is left in it)
 
 
 MALFORMED = [
