@@ -118,15 +118,20 @@ backoff_initial_s = 30
 """
 
 
-@pytest.fixture
-def breaker_server(tmp_path: Path) -> Iterator[ServerProcess]:
+def breaker_server_in(folder: Path) -> ServerProcess:
     """Two scripted models, mlp (x [-1, 4] in, y out) and flaky (fails when its `fail`
     input is 1: BAD_REQUEST), behind a breaker that opens within a second of failures and
-    stays open for 30 s."""
-    models = tmp_path / "models"
+    stays open for 30 s: not started yet."""
+    models = folder / "models"
     make_scripted(models / "mlp" / "1" / "model.scripted", ())
     make_scripted(models / "flaky" / "1" / "model.scripted", ("fail",))
-    proc = ServerProcess(models, write_profile(tmp_path, BREAKER_PROFILE), tmp_path / "server.log")
+    return ServerProcess(models, write_profile(folder, BREAKER_PROFILE), folder / "server.log")
+
+
+@pytest.fixture
+def breaker_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of its own (breaker_server_in) for each test."""
+    proc = breaker_server_in(tmp_path)
     yield proc.start()
     proc.stop()
 
