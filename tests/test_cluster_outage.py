@@ -7,14 +7,14 @@ from __future__ import annotations
 import http.client
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 
-from tests.cluster_setup import cluster_profile, replicas
+from tests.cluster_setup import cluster_profile, replicas, require_redis_server
 from tests.polling import wait_until
 from tests.redis_server import RedisProcess
 from tests.scrape import metric
@@ -85,18 +85,67 @@ def _pause(redis: RedisProcess) -> Callable[[], None]:
     return lambda: None
 
 
-@pytest.mark.parametrize("outage", [_kill, _stop, _pause], ids=["kill", "sigstop", "pause"])
-def test_an_outage_costs_at_most_the_timeout_and_admits_the_local_share(
-    tmp_path: Path, redis_server: RedisProcess, outage: Callable[[RedisProcess], Callable[[], None]]
-) -> None:
+def _decided_without_redis(server: ServerProcess, **labels: str) -> float:
+    name = "infergate_cluster_decisions_without_redis_total"
+    return metric(server, name, absent=0, **labels)
+
+
+def _via_redis(server: ServerProcess, client: httpx.Client) -> bool:
+    """Whether a request was admitted through Redis (decisions without it did not grow)."""
+    before = _decided_without_redis(server)
+    client.post(f"{server.url}/v2/models/m/infer", json=scripted_inputs())
+    return _decided_without_redis(server) == before
+
+
+@pytest.fixture(scope="module")
+def outage_setup(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[RedisProcess, ServerProcess]]:
+    """One Redis and one replica for the three outages (a replica's start costs more CPU
+    than a test's two phases): each test ends with the replica back on Redis, and the
+    counters it reads are read as differences."""
+    require_redis_server()
+    root = tmp_path_factory.mktemp("outage")
+    redis = RedisProcess(root / "redis").start()
     profile = cluster_profile(
-        redis_server,
+        redis,
         f"socket_timeout_ms = {TIMEOUT_S * 1000:g}\nreplicas = {REPLICAS}",
         f"rps = {RATE}\nburst = {BURST}",
     )
-    with replicas(tmp_path, profile, 1) as (server,), httpx.Client(timeout=30) as client:
+    try:
+        with replicas(root, profile, 1) as (server,):
+            yield redis, server
+    finally:
+        redis.kill()
+
+
+@pytest.fixture
+def on_redis(
+    outage_setup: tuple[RedisProcess, ServerProcess],
+) -> tuple[RedisProcess, ServerProcess]:
+    """The shared replica deciding through a running Redis, whatever a test before left."""
+    redis, server = outage_setup
+    assert redis.process is not None
+    if redis.process.poll() is not None:
+        redis.start()
+    redis.signal(signal.SIGCONT)
+    with httpx.Client(timeout=30) as client:
+        wait_until(lambda: _via_redis(server, client), 30, "decisions through Redis")
+    return redis, server
+
+
+@pytest.mark.parametrize("outage", [_kill, _stop, _pause], ids=["kill", "sigstop", "pause"])
+def test_an_outage_costs_at_most_the_timeout_and_admits_the_local_share(
+    on_redis: tuple[RedisProcess, ServerProcess],
+    outage: Callable[[RedisProcess], Callable[[], None]],
+) -> None:
+    redis, server = on_redis
+    with httpx.Client(timeout=30) as client:
         healthy, _, _ = _phase(server)
-        restore = outage(redis_server)
+        local_before = _decided_without_redis(server, fail_mode="local")
+        errors = "infergate_cluster_redis_errors_total"
+        errors_before = metric(server, errors, absent=0, op="admit")
+        restore = outage(redis)
         broken, admitted, seconds = _phase(server)
         restore()
 
@@ -109,16 +158,11 @@ def test_an_outage_costs_at_most_the_timeout_and_admits_the_local_share(
         assert admitted >= 1  # the replica still serves: its share, not nothing
         assert _p99(broken) <= _p99(healthy) + TIMEOUT_S
         local = metric(server, "infergate_cluster_decisions_without_redis_total", fail_mode="local")
-        assert local > 0
-        assert metric(server, "infergate_cluster_redis_errors_total", op="admit") > 0
+        assert local > local_before
+        assert metric(server, errors, op="admit") > errors_before
 
         # Back to Redis once it answers: decisions without it stop.
-        def via_redis() -> bool:
-            before = metric(server, "infergate_cluster_decisions_without_redis_total")
-            client.post(f"{server.url}/v2/models/m/infer", json=scripted_inputs())
-            return metric(server, "infergate_cluster_decisions_without_redis_total") == before
-
-        wait_until(via_redis, 30, "decisions through Redis again")
+        wait_until(lambda: _via_redis(server, client), 30, "decisions through Redis again")
 
 
 @pytest.mark.parametrize(("mode", "status"), [("open", 200), ("closed", 503)])
