@@ -10,7 +10,7 @@ import pytest
 
 from infergate.engine.runtimes import PLUGINS_ENV
 from tests import cpu_usage
-from tests.cluster_setup import require_redis_server
+from tests.cluster_setup import running_redis
 from tests.leftovers import no_leftover_processes  # noqa: F401  (autouse, for serial tests)
 from tests.onnx_models import make_echo, make_mlp
 from tests.redis_server import RedisProcess
@@ -98,10 +98,8 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
     """A real redis-server of the test's own on a loopback port (the cluster tests)."""
-    require_redis_server()
-    process = RedisProcess(tmp_path / "redis").start()
-    yield process
-    process.kill()
+    with running_redis(tmp_path / "redis") as process:
+        yield process
 
 
 BAD_REQUEST = scripted_inputs(fail=1)  # for the breaker_server's flaky model

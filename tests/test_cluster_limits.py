@@ -10,6 +10,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -19,7 +20,7 @@ import pytest
 import redis as redis_py
 
 from infergate.engine.cluster import scripts
-from tests.cluster_setup import cluster_profile, replicas
+from tests.cluster_setup import cluster_profile, replicas, running_redis
 from tests.polling import wait_until
 from tests.redis_server import RedisProcess
 from tests.scrape import metric
@@ -170,17 +171,50 @@ def test_eight_leases_across_replicas_and_a_dead_replica_frees_its_own(
         assert wait_until(lambda: leases.zcard(key) == 0, 30, "every lease returned")
 
 
-def test_script_flush_is_survived(tmp_path: Path, redis_server: RedisProcess) -> None:
-    profile = cluster_profile(redis_server, "socket_timeout_ms = 500", "rps = 1000\nburst = 10")
+@pytest.fixture(scope="module")
+def lease_pair(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[RedisProcess, list[ServerProcess], Path]]:
+    """Two replicas holding the default tenant to one request at a time, with a lease TTL
+    longer than the file (no renewal runs) and a minute's socket timeout (a busy machine's
+    slow answer never sends them to their local share), sharing one Redis; and the gates
+    of their `m`. For the tests below, which each leave every lease returned: a replica's
+    start costs more CPU than any of them."""
+    root = tmp_path_factory.mktemp("leases")
+    gates = root / "gates"
+    gates.mkdir()
+    with running_redis(root / "redis") as redis:
+        profile = cluster_profile(
+            redis, "socket_timeout_ms = 60000\nlease_ttl_s = 600", "max_concurrency = 1"
+        )
+        with replicas(root, profile, 2, gates) as servers:
+            yield redis, servers, gates
+
+
+def _counter(servers: list[ServerProcess], name: str, **labels: str) -> float:
+    return sum(metric(s, name, absent=0, **labels) for s in servers)
+
+
+def test_script_flush_is_survived(
+    lease_pair: tuple[RedisProcess, list[ServerProcess], Path],
+) -> None:
+    redis_server, servers, _ = lease_pair
+    server = servers[0]
     admit_sha = hashlib.sha1(scripts.ADMIT.encode()).hexdigest()
-    with replicas(tmp_path, profile, 1) as (server,), httpx.Client(timeout=30) as client:
-        assert _infer(client, server).status_code == 200
+    errors = "infergate_cluster_redis_errors_total"
+    without = "infergate_cluster_decisions_without_redis_total"
+
+    def counts() -> tuple[float, float]:
+        return _counter(servers, errors, op="admit"), _counter(servers, without)
+
+    with httpx.Client(timeout=30) as client:
+        assert _quick(client, server).status_code == 200
+        before = counts()
         redis_server.client().script_flush()
         assert redis_server.client().script_exists(admit_sha) == [False]
-        assert _infer(client, server).status_code == 200
+        assert _quick(client, server).status_code == 200
         # Reloaded, not bypassed: no error, no decision taken without Redis.
-        assert metric(server, "infergate_cluster_redis_errors_total", absent=0, op="admit") == 0
-        assert metric(server, "infergate_cluster_decisions_without_redis_total", absent=0) == 0
+        assert counts() == before
         assert redis_server.client().script_exists(admit_sha) == [True]
 
 
@@ -200,20 +234,17 @@ def _asked_again(servers: list[ServerProcess]) -> float:
 
 
 def test_one_request_after_another_is_never_refused_by_its_own_lease(
-    tmp_path: Path, redis_server: RedisProcess
+    lease_pair: tuple[RedisProcess, list[ServerProcess], Path],
 ) -> None:
     """The lease is released before the answer is sent, without waiting for Redis, yet
     before the client's next request can ask for the slot, on the same replica or another;
     each request costs one admission script and one release, nothing more."""
-    # A TTL longer than the test: no renewal runs between the two counts.
-    profile = cluster_profile(
-        redis_server, "socket_timeout_ms = 500\nlease_ttl_s = 600", "max_concurrency = 1"
-    )
-    with replicas(tmp_path, profile, 2) as servers, httpx.Client(timeout=30) as client:
-        assert [_infer(client, servers[i % 2]).status_code for i in range(10)] == [200] * 10
+    redis_server, servers, _ = lease_pair
+    with httpx.Client(timeout=30) as client:
+        assert [_quick(client, servers[i % 2]).status_code for i in range(10)] == [200] * 10
         stats = redis_server.client()  # one connection for both counts
         before, again_before = _sent_commands(stats), _asked_again(servers)
-        statuses = [_infer(client, servers[i % 2]).status_code for i in range(300)]
+        statuses = [_quick(client, servers[i % 2]).status_code for i in range(300)]
         assert statuses == [200] * 300
         sent = _sent_commands(stats)
         added = {k: n - before.get(k, 0) for k, n in sent.items() if n != before.get(k, 0)}
@@ -225,30 +256,25 @@ def test_one_request_after_another_is_never_refused_by_its_own_lease(
 
 
 def test_an_answer_never_waits_for_its_lease_release(
-    tmp_path: Path, redis_server: RedisProcess
+    lease_pair: tuple[RedisProcess, list[ServerProcess], Path],
 ) -> None:
     """With Redis stopped (SIGSTOP) after a request was admitted, its answer still goes
     out at once (the release is written, not waited for, even with a minute's socket
     timeout); the slot is free as soon as Redis runs again, long before the lease's TTL."""
-    gates = tmp_path / "gates"
-    gates.mkdir()
-    profile = cluster_profile(
-        redis_server, "socket_timeout_ms = 60000\nlease_ttl_s = 600", "max_concurrency = 1"
-    )
+    redis_server, servers, gates = lease_pair
     leases = redis_server.client()
     key = "infergate:leases:default"
-    with replicas(tmp_path, profile, 2, gates) as servers:
-        answers: list[int] = []
-        thread = _send_held(servers[0], answers)
-        wait_until(lambda: leases.zcard(key) == 1, 60, "the held request's lease")
-        redis_server.signal(signal.SIGSTOP)
-        try:
-            (gates / "release-1").touch()
-            wait_until(lambda: answers, 30, "the answer, while Redis is stopped")
-            assert answers == [200]
-        finally:
-            redis_server.signal(signal.SIGCONT)
-        thread.join(30)
-        wait_until(lambda: leases.zcard(key) == 0, 30, "the release, once Redis runs")
-        with httpx.Client(timeout=30) as client:
-            assert _quick(client, servers[1]).status_code == 200  # the slot, elsewhere
+    answers: list[int] = []
+    thread = _send_held(servers[0], answers)
+    wait_until(lambda: leases.zcard(key) == 1, 60, "the held request's lease")
+    redis_server.signal(signal.SIGSTOP)
+    try:
+        (gates / "release-1").touch()
+        wait_until(lambda: answers, 30, "the answer, while Redis is stopped")
+        assert answers == [200]
+    finally:
+        redis_server.signal(signal.SIGCONT)
+    thread.join(30)
+    wait_until(lambda: leases.zcard(key) == 0, 30, "the release, once Redis runs")
+    with httpx.Client(timeout=30) as client:
+        assert _quick(client, servers[1]).status_code == 200  # the slot, elsewhere

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.cluster_setup import cluster_profile, replicas, require_redis_server
+from tests.cluster_setup import cluster_profile, replicas, running_redis
 from tests.polling import wait_until
 from tests.redis_server import RedisProcess
 from tests.scrape import metric
@@ -104,19 +104,15 @@ def outage_setup(
     """One Redis and one replica for the three outages (a replica's start costs more CPU
     than a test's two phases): each test ends with the replica back on Redis, and the
     counters it reads are read as differences."""
-    require_redis_server()
     root = tmp_path_factory.mktemp("outage")
-    redis = RedisProcess(root / "redis").start()
-    profile = cluster_profile(
-        redis,
-        f"socket_timeout_ms = {TIMEOUT_S * 1000:g}\nreplicas = {REPLICAS}",
-        f"rps = {RATE}\nburst = {BURST}",
-    )
-    try:
+    with running_redis(root / "redis") as redis:
+        profile = cluster_profile(
+            redis,
+            f"socket_timeout_ms = {TIMEOUT_S * 1000:g}\nreplicas = {REPLICAS}",
+            f"rps = {RATE}\nburst = {BURST}",
+        )
         with replicas(root, profile, 1) as (server,):
             yield redis, server
-    finally:
-        redis.kill()
 
 
 @pytest.fixture
