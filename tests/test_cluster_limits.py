@@ -19,6 +19,7 @@ import orjson
 import pytest
 import redis as redis_py
 
+from infergate.engine.admission.tenants import hash_key
 from infergate.engine.cluster import scripts
 from tests.cluster_setup import cluster_profile, replicas, running_redis
 from tests.polling import wait_until
@@ -45,57 +46,92 @@ def _quick(client: httpx.Client, server: ServerProcess) -> httpx.Response:
 # rate alone would still admit far more than the bound.
 RATE, BURST, SECONDS = 50, 10, 20.0
 CLIENTS, OFFERED_RPS = 9, 150
-JSON = {"Content-Type": "application/json"}
+RATED_KEY = "rated-key"
+TTL = 2.0
+
+
+@pytest.fixture(scope="module")
+def trio(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[RedisProcess, list[ServerProcess], Path]]:
+    """Three replicas sharing one Redis, for the two tests below (a replica's start costs
+    more CPU than either's own work): the default tenant held to 8 requests at once with
+    leases of TTL s, and tenant `rated` (RATED_KEY) to RATE a second with a burst of BURST.
+    A generous socket timeout: on a busy test machine a slow answer must not send a
+    replica to its local share, which would blur what is measured. And the gates of `m`."""
+    root = tmp_path_factory.mktemp("trio")
+    gates = root / "gates"
+    gates.mkdir()
+    with running_redis(root / "redis") as redis:
+        profile = cluster_profile(
+            redis, f"socket_timeout_ms = 500\nlease_ttl_s = {TTL}", "max_concurrency = 8"
+        )
+        profile += f"""
+[tenants.rated]
+class = "batch"
+rps = {RATE}
+burst = {BURST}
+api_keys = ["{hash_key(RATED_KEY)}"]
+"""
+        with replicas(root, profile, 3, gates) as servers:
+            yield redis, servers, gates
+
+
+@pytest.fixture
+def three(
+    trio: tuple[RedisProcess, list[ServerProcess], Path],
+) -> tuple[RedisProcess, list[ServerProcess], Path]:
+    """The three replicas, each running (the lease test kills one)."""
+    for server in trio[1]:
+        if server.process is not None and server.process.poll() is not None:
+            server.start()
+    return trio
 
 
 def test_three_replicas_admit_one_rate_between_them(
-    tmp_path: Path, redis_server: RedisProcess
+    three: tuple[RedisProcess, list[ServerProcess], Path],
 ) -> None:
-    # A generous socket timeout: on a busy test machine a slow answer must not send a
-    # replica to its local share, which would blur what is measured here.
-    profile = cluster_profile(
-        redis_server, "socket_timeout_ms = 500", f"rps = {RATE}\nburst = {BURST}"
-    )
-    with replicas(tmp_path, profile, 3) as servers:
-        body = orjson.dumps(scripted_inputs())
-        statuses: list[int] = []
-        lock = threading.Lock()
-        started = time.monotonic()
-        stop_at = started + SECONDS
+    _, servers, _ = three
+    body = orjson.dumps(scripted_inputs())
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {RATED_KEY}"}
+    statuses: list[int] = []
+    lock = threading.Lock()
+    started = time.monotonic()
+    stop_at = started + SECONDS
 
-        def hammer(index: int) -> None:
-            every = CLIENTS / OFFERED_RPS  # an open-loop schedule: late sends go at once
-            due = started + index * every / CLIENTS
-            # http.client, not httpx: half the client's CPU a request, over thousands of
-            # them (one kept-alive connection per client, as httpx's would be).
-            connection = http.client.HTTPConnection("127.0.0.1", servers[index % 3].port, 30)
-            try:
-                while (now := time.monotonic()) < stop_at:
-                    if due > now:
-                        time.sleep(due - now)  # pacing the load, not waiting for a state
-                    due += every
-                    connection.request("POST", "/v2/models/m/infer", body, JSON)
-                    with connection.getresponse() as answer:
-                        answer.read()
-                        with lock:
-                            statuses.append(answer.status)
-            finally:
-                connection.close()
+    def hammer(index: int) -> None:
+        every = CLIENTS / OFFERED_RPS  # an open-loop schedule: late sends go at once
+        due = started + index * every / CLIENTS
+        # http.client, not httpx: half the client's CPU a request, over thousands of
+        # them (one kept-alive connection per client, as httpx's would be).
+        connection = http.client.HTTPConnection("127.0.0.1", servers[index % 3].port, 30)
+        try:
+            while (now := time.monotonic()) < stop_at:
+                if due > now:
+                    time.sleep(due - now)  # pacing the load, not waiting for a state
+                due += every
+                connection.request("POST", "/v2/models/quick/infer", body, headers)
+                with connection.getresponse() as answer:
+                    answer.read()
+                    with lock:
+                        statuses.append(answer.status)
+        finally:
+            connection.close()
 
-        threads = [threading.Thread(target=hammer, args=(i,)) for i in range(CLIENTS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.monotonic() - started  # first request sent to last answer
-        admitted = statuses.count(200)
-        bound = RATE * elapsed + BURST + 1
-        print(f"{len(statuses)} requests in {elapsed:.2f} s, {admitted} admitted (<= {bound:.0f})")
-        assert set(statuses) <= {200, 429}
-        assert len(statuses) > 2 * bound, "the test sent too little to press the limit"
-        assert admitted <= bound
-        # Each replica alone would have admitted RATE a second: so the three shared one.
-        assert admitted >= RATE * elapsed / 2
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started  # first request sent to last answer
+    admitted = statuses.count(200)
+    bound = RATE * elapsed + BURST + 1
+    print(f"{len(statuses)} requests in {elapsed:.2f} s, {admitted} admitted (<= {bound:.0f})")
+    assert set(statuses) <= {200, 429}
+    assert len(statuses) > 2 * bound, "the test sent too little to press the limit"
+    assert admitted <= bound
+    # Each replica alone would have admitted RATE a second: so the three shared one.
+    assert admitted >= RATE * elapsed / 2
 
 
 def _send_held(server: ServerProcess, answers: list[int]) -> threading.Thread:
@@ -111,64 +147,54 @@ def _send_held(server: ServerProcess, answers: list[int]) -> threading.Thread:
     return thread
 
 
-TTL = 2.0
-
-
 def test_eight_leases_across_replicas_and_a_dead_replica_frees_its_own(
-    tmp_path: Path, redis_server: RedisProcess
+    three: tuple[RedisProcess, list[ServerProcess], Path],
 ) -> None:
-    gates = tmp_path / "gates"
-    gates.mkdir()
-    profile = cluster_profile(
-        redis_server,
-        f"socket_timeout_ms = 500\nlease_ttl_s = {TTL}",
-        "max_concurrency = 8",
-    )
+    redis_server, servers, gates = three
     leases = redis_server.client()
     key = "infergate:leases:default"
-    with replicas(tmp_path, profile, 3, gates) as servers:
-        answers: list[int] = []
-        threads = [_send_held(servers[i % 3], answers) for i in range(8)]
-        wait_until(lambda: leases.zcard(key) == 8, 60, "8 leases taken")
-        with httpx.Client(timeout=30) as client:
-            for i in range(6):  # a ninth is refused by every replica
-                refused = _quick(client, servers[i % 3])
-                assert refused.status_code == 429, refused.text
-                assert "max_concurrency" in refused.json()["error"]
-        assert not answers  # all eight still in flight
+    answers: list[int] = []
+    threads = [_send_held(servers[i % 3], answers) for i in range(8)]
+    wait_until(lambda: leases.zcard(key) == 8, 60, "8 leases taken")
+    with httpx.Client(timeout=30) as client:
+        for i in range(6):  # a ninth is refused by every replica
+            refused = _quick(client, servers[i % 3])
+            assert refused.status_code == 429, refused.text
+            assert "max_concurrency" in refused.json()["error"]
+    assert not answers  # all eight still in flight
 
-        dead = servers[0]  # holds three of the eight
-        assert dead.process is not None
-        os.killpg(dead.process.pid, signal.SIGKILL)
-        dead.process.wait()
-        killed_at = redis_server.now()
-        # Every lease expires at most one TTL after its last renewal.
-        held = cast(list[tuple[bytes, float]], leases.zrange(key, 0, -1, withscores=True))
-        scores = [score for _, score in held]
-        assert max(scores) <= (killed_at + TTL) * 1e6
+    dead = servers[0]  # holds three of the eight
+    assert dead.process is not None
+    os.killpg(dead.process.pid, signal.SIGKILL)
+    dead.process.wait()
+    killed_at = redis_server.now()
+    # Every lease expires at most one TTL after its last renewal.
+    held = cast(list[tuple[bytes, float]], leases.zrange(key, 0, -1, withscores=True))
+    scores = [score for _, score in held]
+    assert max(scores) <= (killed_at + TTL) * 1e6
 
-        with httpx.Client(timeout=30) as client:
-            freed = wait_until(
-                lambda: _quick(client, servers[1]).status_code == 200 and redis_server.now(),
-                30,
-                "a slot of the dead replica",
-            )
-        print(f"slots free {freed - killed_at:.2f} s after kill -9 (TTL {TTL} s)")
-        assert freed - killed_at <= TTL + 0.5  # the TTL, and one poll's round trip
+    with httpx.Client(timeout=30) as client:
+        freed = wait_until(
+            lambda: _quick(client, servers[1]).status_code == 200 and redis_server.now(),
+            30,
+            "a slot of the dead replica",
+        )
+    print(f"slots free {freed - killed_at:.2f} s after kill -9 (TTL {TTL} s)")
+    assert freed - killed_at <= TTL + 0.5  # the TTL, and one poll's round trip
 
-        # Every dead lease has expired by now (the live ones were renewed since), so that
-        # a stale one the admission script has not swept yet cannot count as a new one.
-        wait_until(lambda: redis_server.now() * 1e6 > max(scores), 30, "the dead leases' TTL")
-        # Three slots came back, and no more: 5 held + 3 new = 8, a ninth is refused.
-        threads += [_send_held(servers[1 + i % 2], answers) for i in range(3)]
-        wait_until(lambda: leases.zcard(key) == 8, 60, "8 leases again")
-        with httpx.Client(timeout=30) as client:
-            assert _quick(client, servers[2]).status_code == 429
-        (gates / "release-1").touch()
-        for t in threads:
-            t.join(120)
-        assert sorted(answers) == [-1] * 3 + [200] * 8  # the dead replica's three: no answer
-        assert wait_until(lambda: leases.zcard(key) == 0, 30, "every lease returned")
+    # Every dead lease has expired by now (the live ones were renewed since), so that
+    # a stale one the admission script has not swept yet cannot count as a new one.
+    wait_until(lambda: redis_server.now() * 1e6 > max(scores), 30, "the dead leases' TTL")
+    # Three slots came back, and no more: 5 held + 3 new = 8, a ninth is refused.
+    threads += [_send_held(servers[1 + i % 2], answers) for i in range(3)]
+    wait_until(lambda: leases.zcard(key) == 8, 60, "8 leases again")
+    with httpx.Client(timeout=30) as client:
+        assert _quick(client, servers[2]).status_code == 429
+    (gates / "release-1").touch()
+    for t in threads:
+        t.join(120)
+    assert sorted(answers) == [-1] * 3 + [200] * 8  # the dead replica's three: no answer
+    assert wait_until(lambda: leases.zcard(key) == 0, 30, "every lease returned")
 
 
 @pytest.fixture(scope="module")
