@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from infergate import loadgen
 from infergate.cli.main import app
 from infergate.engine.admission.tenants import hash_key
 from infergate.loadgen import Plan, Progress, Target, prepare, run_level, sample_inputs
@@ -320,8 +321,11 @@ def test_range_parsing_errors_are_usage_errors(bench_server: ServerProcess) -> N
 
 
 def test_a_hung_model_is_a_failure_not_an_idle_run(
-    bench_server: ServerProcess, tmp_path: Path
+    bench_server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The run (in this process) waits this long for the request still out: 5 s by default,
+    # all of it idle here, where the request never comes back.
+    monkeypatch.setattr(loadgen, "DRAIN_S", 0.5)
     request = tmp_path / "req.json"
     request.write_text(json.dumps(scripted_inputs(rows=1, hold=7)))  # never released here
     started = time.monotonic()
