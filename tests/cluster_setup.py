@@ -22,6 +22,17 @@ def require_redis_server() -> None:
         )
 
 
+@contextmanager
+def running_redis(folder: Path) -> Iterator[RedisProcess]:
+    """A real redis-server of its own on a loopback port, killed at the end."""
+    require_redis_server()
+    process = RedisProcess(folder).start()
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
 def cluster_profile(redis: RedisProcess, cluster: str = "", tenant: str = "") -> str:
     return (
         f'[cluster]\nredis_url = "{redis.url}"\n{cluster}\n'

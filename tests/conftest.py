@@ -11,7 +11,7 @@ import pytest
 
 from infergate.engine.runtimes import PLUGINS_ENV
 from tests import cpu_usage
-from tests.cluster_setup import require_redis_server
+from tests.cluster_setup import running_redis
 from tests.leftovers import no_leftover_processes  # noqa: F401  (autouse, for serial tests)
 from tests.onnx_models import make_echo, make_mlp
 from tests.redis_server import RedisProcess
@@ -114,10 +114,8 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
     """A real redis-server of the test's own on a loopback port (the cluster tests)."""
-    require_redis_server()
-    process = RedisProcess(tmp_path / "redis").start()
-    yield process
-    process.kill()
+    with running_redis(tmp_path / "redis") as process:
+        yield process
 
 
 BAD_REQUEST = scripted_inputs(fail=1)  # for the breaker_server's flaky model
@@ -134,15 +132,20 @@ backoff_initial_s = 30
 """
 
 
-@pytest.fixture
-def breaker_server(tmp_path: Path) -> Iterator[ServerProcess]:
+def breaker_server_in(folder: Path) -> ServerProcess:
     """Two scripted models, mlp (x [-1, 4] in, y out) and flaky (fails when its `fail`
     input is 1: BAD_REQUEST), behind a breaker that opens within a second of failures and
-    stays open for 30 s."""
-    models = tmp_path / "models"
+    stays open for 30 s: not started yet."""
+    models = folder / "models"
     make_scripted(models / "mlp" / "1" / "model.scripted", ())
     make_scripted(models / "flaky" / "1" / "model.scripted", ("fail",))
-    proc = ServerProcess(models, write_profile(tmp_path, BREAKER_PROFILE), tmp_path / "server.log")
+    return ServerProcess(models, write_profile(folder, BREAKER_PROFILE), folder / "server.log")
+
+
+@pytest.fixture
+def breaker_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of its own (breaker_server_in) for each test."""
+    proc = breaker_server_in(tmp_path)
     yield proc.start()
     proc.stop()
 
@@ -178,34 +181,38 @@ ONE_WORKER = dict.fromkeys(
 # collection order (pytest_xdist_make_scheduler below): one of these handed out last would
 # run alone at the end while the other workers sit idle.
 LONGEST_FIRST = (
-    "test_dashboard.py",
     "test_cluster_limits.py",
-    "test_cli_unix.py",
+    "test_dashboard.py",
+    "test_workers.py",
     "test_cluster_outage.py",
-    *ONE_WORKER,  # one unit of work: the six take about as long as that together
-    "test_reload.py",
     "test_tenants.py",
+    "test_cli_unix.py",
+    "test_reload.py",
     "test_bench.py",
     "test_models_watcher.py",
-    "test_cli.py",
-    "test_models_faults.py",
-    "test_repository_api.py",
     "test_ops_examples.py",
-    "test_edge_requests.py",
-    "test_models_profile.py",
-    "test_edge_connections.py",
-    "test_cluster_drain.py",
-    "test_edge_drain.py",
-    "test_devices.py",
-    "test_remote.py",
     "test_observability.py",
-    "test_v2_api.py",
-    "test_engine_hardening.py",
-    "test_workers.py",
+    "test_devices.py",
+    *ONE_WORKER,  # one unit of work: the six take about as long as that together
+    "test_remote.py",
+    "test_edge_requests.py",
+    "test_cluster_drain.py",
+    "test_edge_connections.py",
+    "test_edge_drain.py",
+    "test_models_profile.py",
+    "test_models_faults.py",
+    "test_cli.py",
+    "test_repository_api.py",
     "test_models_verified_store.py",
+    "test_engine_hardening.py",
+    "test_ops_server.py",
+    "test_scripted_runtime.py",
+    "test_v2_api.py",
+    "test_remote_imports.py",
     "test_scheduler.py",
-    "test_bad_inputs.py",
     "test_sequences_triton.py",
+    "test_runtime_missing.py",
+    "test_models_warmup.py",
     "test_edge_admin.py",
 )
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from infergate import loadgen
 from infergate.cli.main import app
 from infergate.engine.admission.tenants import hash_key
 from infergate.loadgen import Plan, Progress, Target, prepare, run_level, sample_inputs
@@ -85,7 +86,9 @@ def bench_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
 
 
 def test_failures_are_their_own_table_and_exit_1(bench_server: ServerProcess) -> None:
-    args = ["bench", "digits", "--concurrency-range", "2", "--duration", "1", "--windows", "1"]
+    # A short run: the server works flat out for it (its 429s too), and a third of a second
+    # at 5 requests/s with a burst of 2 refuses most of what two clients send.
+    args = ["bench", "digits", "--concurrency-range", "2", "--duration", "0.3", "--windows", "1"]
     args += ["--url", bench_server.url, "--token", LIMITED_KEY]
     code, out = run(*args)
     assert code == 1, out
@@ -115,7 +118,7 @@ def test_json_schema_csv_and_server_split(bench_server: ServerProcess, tmp_path:
         "--concurrency-range",
         "1:3:2",
         "--duration",
-        "0.4",
+        "0.2",
         "--windows",
         "2",
         "-f",
@@ -203,17 +206,30 @@ def test_bad_npy_files_are_one_line_and_exit_2(bench_server: ServerProcess, tmp_
     truncated.write_bytes((REPO / "examples" / "digit-7.npy").read_bytes()[:100])
     pickled = tmp_path / "pickled.npy"
     np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    for path, words in ((truncated, "not a readable .npy"), (pickled, "pickled")):
-        for command in (
-            [sys.executable, "-m", "infergate", "bench", "digits", "--input-data", str(path)],
-            [sys.executable, "-m", "infergate", "infer", "digits", str(path)],
-        ):
-            done = subprocess.run(
-                [*command, "--url", bench_server.url], capture_output=True, text=True, check=False
-            )
-            assert done.returncode == 2, done.stderr
-            assert words in done.stderr
-            assert "Traceback" not in done.stderr
+    url = ["--url", bench_server.url]
+    cases = [
+        (["bench", "digits", "--input-data", str(truncated)], "not a readable .npy"),
+        (["infer", "digits", str(pickled)], "pickled"),
+        (["bench", "digits", "--input-data", str(pickled)], "pickled"),
+        (["infer", "digits", str(truncated)], "not a readable .npy"),
+    ]
+    # Each command meets each kind of bad file in-process; the real command (a second of
+    # CPU a process) once each, one file apiece, for what only a process shows: its stderr.
+    for args, words in cases:
+        result = runner.invoke(app, [*args, *url])
+        assert result.exit_code == 2, result.output
+        assert words in result.stderr
+        assert "Traceback" not in result.output
+    for args, words in cases[:2]:
+        done = subprocess.run(
+            [sys.executable, "-m", "infergate", *args, *url],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        assert words in done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_refused_sends_are_failures(bench_server: ServerProcess, tmp_path: Path) -> None:
@@ -280,7 +296,7 @@ def test_progress_line_on_stderr(bench_server: ServerProcess) -> None:
             "--concurrency-range",
             "2",
             "--duration",
-            "0.6",
+            "0.3",  # the line is written every 0.25 s
             "--windows",
             "1",
             "--progress",
@@ -305,8 +321,11 @@ def test_range_parsing_errors_are_usage_errors(bench_server: ServerProcess) -> N
 
 
 def test_a_hung_model_is_a_failure_not_an_idle_run(
-    bench_server: ServerProcess, tmp_path: Path
+    bench_server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The run (in this process) waits this long for the request still out: 5 s by default,
+    # all of it idle here, where the request never comes back.
+    monkeypatch.setattr(loadgen, "DRAIN_S", 0.5)
     request = tmp_path / "req.json"
     request.write_text(json.dumps(scripted_inputs(rows=1, hold=7)))  # never released here
     started = time.monotonic()

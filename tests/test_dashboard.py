@@ -19,7 +19,7 @@ from infergate.engine.admission.tenants import hash_key
 from infergate.tui.app import ConfirmScreen, Dashboard
 from infergate.tui.source import FixedSource, HttpSource
 from infergate.tui.tenants import TenantScreen
-from tests.conftest import BAD_REQUEST, write_profile
+from tests.conftest import BAD_REQUEST, breaker_server_in, write_profile
 from tests.onnx_models import make_mlp
 from tests.server import ServerProcess
 
@@ -27,6 +27,16 @@ from tests.server import ServerProcess
 def cell(app: Dashboard, model: str, column: int) -> str:
     table = app.query_one("#models", DataTable)
     return str(table.get_row(model)[column])
+
+
+@pytest.fixture(scope="module")
+def breaker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One breaker server (conftest's breaker_server_in) for the file: each start costs a
+    second of CPU. A test that stops it starts it again; the others only watch it, and
+    the one that opens flaky's breaker closes it again."""
+    proc = breaker_server_in(tmp_path_factory.mktemp("breaker"))
+    yield proc.start()
+    proc.stop()
 
 
 async def until(pilot: Any, check: Any, timeout_s: float = 20.0) -> None:

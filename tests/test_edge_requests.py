@@ -170,14 +170,16 @@ def test_a_forbidden_tenant_is_refused_before_its_body_is_sent(edge: ServerProce
 
 def _big_json_body() -> tuple[bytes, dict[str, str]]:
     count = 60 * 2**20 // 4  # 60 MB: "0.5," per element
-    tensor = {"name": "x", "datatype": "FP32", "shape": [count], "data": [0.5] * count}
-    return orjson.dumps({"inputs": [tensor]}), {"Content-Type": "application/json"}
+    # The data written out, not dumped: a list of 15 million floats took 0.6 s to dump.
+    tensor = {"name": "x", "datatype": "FP32", "shape": [count], "data": []}
+    data = b'"data":[' + b"0.5," * (count - 1) + b"0.5]"
+    body = orjson.dumps({"inputs": [tensor]}).replace(b'"data":[]', data)
+    return body, {"Content-Type": "application/json"}
 
 
 def _big_bytes_body() -> tuple[bytes, dict[str, str]]:
     """60 MB of binary BYTES data: a million 60-byte elements."""
-    strings = np.empty(2**20, dtype=object)
-    strings[:] = [b"%060d" % i for i in range(2**20)]
+    strings = np.full(2**20, b"0" * 60, dtype=object)  # the decode's work is the same
     body, headers = encode_infer_request({"x": strings}, binary=True)
     return body, headers
 
