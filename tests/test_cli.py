@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from infergate.cli.main import app
@@ -121,6 +124,47 @@ def test_doctor(tmp_path: Path) -> None:
     code, out = run("doctor", "--models", str(tmp_path / "missing"), "--json")
     assert code == 1
     assert "does not exist" in {c["name"]: c for c in json.loads(out)}["models"]["detail"]
+
+
+@pytest.mark.parametrize(
+    ("version_py", "cpu_build"),
+    [
+        ("cuda: Optional[str] = None\nhip: Optional[str] = None\n", True),
+        ("cuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n", False),
+        ("cuda = None\nhip = '6.2'\n", False),  # ROCm builds answer through torch.cuda
+        ("__version__ = '9.9'\n", False),  # no cuda line: ask torch itself
+        ("cuda = (\n", False),  # unreadable: ask torch itself
+    ],
+)
+def test_doctor_knows_a_cpu_torch_without_importing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version_py: str, cpu_build: bool
+) -> None:
+    """`infergate doctor` reads torch's build from torch/version.py (importing torch costs
+    about 2 s of CPU); only a build with CUDA or ROCm is imported to count its devices."""
+    from infergate.cli import doctor
+
+    package = tmp_path / "torch"
+    package.mkdir()
+    (package / "version.py").write_text(version_py)
+    spec = importlib.machinery.ModuleSpec("torch", None, is_package=True)
+    spec.submodule_search_locations = [str(package)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    assert doctor._torch_is_cpu_build() is cpu_build
+
+
+def test_doctor_does_not_import_a_cpu_torch() -> None:
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from infergate.cli.main import app\n"
+        "result = CliRunner().invoke(app, ['doctor', '--json'])\n"
+        "assert '\"torch\"' in result.output, result.output\n"
+        "assert 'CPU only' in result.output, result.output\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"
 
 
 def test_python_dash_m_and_bad_usage() -> None:

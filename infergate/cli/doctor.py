@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
+import importlib.util
 import platform
 import sys
 from dataclasses import asdict, dataclass
@@ -62,6 +64,8 @@ def _torch() -> Check:
             "warn",
             "not installed: TorchScript models are unavailable. Hint: ./install.sh --torch",
         )
+    if _torch_is_cpu_build():
+        return Check("torch", "ok", f"{version}; CPU only")
     import torch
 
     cuda = (
@@ -70,6 +74,32 @@ def _torch() -> Check:
         else "CPU only"
     )
     return Check("torch", "ok", f"{version}; {cuda}")
+
+
+def _torch_is_cpu_build() -> bool:
+    """Whether the installed torch was built without CUDA and ROCm, read from its
+    `torch/version.py` (`cuda = None`, `hip = None`) instead of importing torch: the import
+    costs about 2 s of CPU, and a CPU build cannot see a GPU anyway. False when in doubt,
+    and then the caller asks torch itself."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    try:
+        source = (Path(spec.submodule_search_locations[0]) / "version.py").read_text()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return False
+    assigned: dict[str, object] = {}
+    for node in tree.body:
+        target: ast.expr | None = None
+        value: ast.expr | None = None
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+            assigned[target.id] = value.value
+    return "cuda" in assigned and assigned["cuda"] is None and assigned.get("hip") is None
 
 
 def _nvml() -> Check:
