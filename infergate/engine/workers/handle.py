@@ -417,17 +417,35 @@ class WorkerHandle:
         limit_s: float | None = None,
     ) -> dict[str, Array]:
         """The outputs of a call `begin` sent; a call past `timeout_s` kills the worker.
-        `limit_s`: the execution timeout to name (the call may have started earlier)."""
-        try:
-            return await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
+        `limit_s`: the execution timeout to name (the call may have started earlier).
+
+        A timer and a plain await, not asyncio.wait_for, which adds a waiter future and a
+        turn of the event loop between the reply and its caller."""
+        if not future.done():
+            expired = False
+
+            def expire() -> None:
+                nonlocal expired
+                expired = future.cancel()
+
+            timer = self._loop.call_later(max(0.0, timeout_s), expire)
+            try:
+                await future
+            except asyncio.CancelledError:
+                if not expired:
+                    raise  # the caller gave up: not a timeout
+            finally:
+                timer.cancel()
+            if not expired:
+                return future.result()
             limit_ms = (timeout_s if limit_s is None else limit_s) * 1000
             self.kill(f"a request ran past the execution timeout of {limit_ms:.0f} ms")
             raise DeadlineExceeded(
                 f"model {self.spec.model!r} version {self.spec.version} did not answer within "
                 f"{limit_ms:.0f} ms; its worker was killed and is being restarted. "
                 "Hint: raise timeout_ms in model.toml if the model is legitimately slow"
-            ) from None
+            )
+        return future.result()
 
 
 class _Call:
