@@ -58,6 +58,7 @@ from infergate.tensors import Array, from_wire
 log = logging.getLogger("infergate.workers")
 INITIAL_ARENA = 1 << 20
 _READ = 1 << 20  # bytes asked of the pipe per read
+_HEAD = struct.Struct("!i")
 _LINGER_S = 5.0  # a worker whose pipe closed but which has not exited is killed after this
 
 
@@ -84,6 +85,10 @@ class _Frames:
             if not n:
                 eof = True
                 break
+            if not self._buf and n < _READ and n >= 4:
+                (size,) = _HEAD.unpack_from(self._chunk)
+                if size + 4 == n:  # one whole frame, as a reply nearly always is
+                    return [bytes(self._view[4:n])], False
             self._buf += self._view[:n]
             if n < _READ:
                 break  # drained; the loop calls again when more comes
