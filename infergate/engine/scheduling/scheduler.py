@@ -120,9 +120,15 @@ class Scheduler:
                 # await its reply before the instance takes another.
                 self._keep(inline)
                 raise
-        elif self._sleep_until is None or jobs[0].deadline < self._sleep_until:
+        elif self._sleep_until is None or self._due(jobs[0].deadline) < self._sleep_until:
             self._wake.set()  # the loop must look again sooner than it planned
         return await future
+
+    def _due(self, deadline: float) -> float:
+        """When the loop must look at a request that just queued: its deadline, or sooner
+        when it waits on a free instance for its batch to fill (the loop may be asleep on
+        a plan made before: a reply that empties the queue does not wake it)."""
+        return deadline if self._fill_by is None else min(deadline, self._fill_by)
 
     def _jobs(
         self,
