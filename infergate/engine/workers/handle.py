@@ -437,8 +437,9 @@ class WorkerHandle:
             try:
                 await future
             except asyncio.CancelledError:
-                if not expired:
-                    raise  # the caller gave up: not a timeout
+                task = asyncio.current_task()
+                if not expired or (task is not None and task.cancelling()):
+                    raise  # the caller gave up (even as the timer fired): not a timeout
             finally:
                 timer.cancel()
             if not expired:
