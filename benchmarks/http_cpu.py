@@ -15,6 +15,10 @@ tiny c=64 workload. Each figure is the median of the rounds.
 `--tree NAME=PATH` (repeatable) runs the code of another checkout beside this one, measured
 in alternation, the order flipped each round: the way to measure a change on a busy host.
 `--bare` runs the HTTP servers alone, answering a fixed body: their own CPU per request.
+`--c1` measures a lone client instead (concurrency 1, the same model and body): its p50
+latency, and the server's own split of it from the model's Triton statistics (the time in
+the queue, and "compute": from leaving the queue to the worker's reply being read, so the
+pipe both ways and the worker's run), per request; p50 ratios are taken round by round.
 `--granian DIR` also serves this tree's app with granian (ASGI, one worker) installed under
 DIR (`pip install --target DIR granian`), to price the HTTP server layer; granian's
 gateway figure is its worker process plus its supervisor.
@@ -47,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from infergate.loadgen import prepare  # noqa: E402
 from infergate.rawhttp import RawConnection  # noqa: E402
+from infergate.server_split import parse_split  # noqa: E402
 from tests.onnx_models import make_mlp  # noqa: E402
 from tests.server import ServerProcess, free_port, wait_ready  # noqa: E402
 
@@ -167,6 +172,76 @@ def measure(server: Served, body: bytes, headers: dict[str, str], n: int, c: int
     ]
 
 
+async def lone_client(url: str, body: bytes, headers: dict[str, str], n: int) -> list[float]:
+    """Latencies of `n` requests sent one after another on one connection."""
+    conn = await RawConnection.open(url)
+    prepared = conn.request_bytes("POST", PATH, body, headers)
+    latencies = []
+    try:
+        for _ in range(n):
+            started = time.perf_counter()
+            response = await conn.send(prepared)
+            latencies.append(time.perf_counter() - started)
+            if response.status != 200:
+                raise RuntimeError(f"a request failed: {response.status}")
+    finally:
+        await conn.close()
+    return latencies
+
+
+def measure_c1(server: Served, body: bytes, headers: dict[str, str], n: int) -> list[float]:
+    """p50 µs at c=1, the server's queue and compute µs per request, gateway CPU µs."""
+    stats = f"{server.url}/v2/models/tiny/stats"
+    before = parse_split(httpx.get(stats, timeout=10).content)
+    gateway, _ = snapshot(server)
+    latencies = uvloop.run(lone_client(server.url, body, headers, n))
+    gateway_after, _ = snapshot(server)
+    after = parse_split(httpx.get(stats, timeout=10).content)
+    q_s, q_n, c_s, c_n = (a - b for a, b in zip(after, before, strict=True))
+    return [
+        statistics.median(latencies) * 1e6,
+        q_s / q_n * 1e6 if q_n else 0.0,
+        c_s / c_n * 1e6 if c_n else 0.0,
+        (gateway_after - gateway) / n * 1e6,
+    ]
+
+
+def report_c1(cells: dict[str, list[list[float]]], rounds: int, n: int, as_json: bool) -> None:
+    report: dict[str, Any] = {
+        name: {
+            "p50_us": round(statistics.median(r[0] for r in rows), 1),
+            "server_queue_us": round(statistics.median(r[1] for r in rows), 1),
+            "server_compute_us": round(statistics.median(r[2] for r in rows), 1),
+            "gateway_cpu_us_per_request": round(statistics.median(r[3] for r in rows), 1),
+            "p50_us_each_round": [round(r[0], 1) for r in rows],
+        }
+        for name, rows in cells.items()
+    }
+    first = cells[next(iter(cells))]
+    for name, rows in list(cells.items())[1:]:
+        ratios = [r[0] / f[0] for r, f in zip(rows, first, strict=True) if f[0]]
+        report[name]["p50_ratio_to_first"] = round(statistics.median(ratios), 3)
+    if as_json:
+        print(orjson.dumps({**report, "load_average": os.getloadavg()[0]}).decode())
+        return
+    print(
+        f"tiny MLP, JSON, c=1: median of {rounds} rounds of {n} requests "
+        f"(load average {os.getloadavg()[0]:.1f})"
+    )
+    for name, row in report.items():
+        print(
+            f"  {name:10s} p50 {row['p50_us']:6.1f} µs  server: queue {row['server_queue_us']:5.1f}"
+            f"  compute {row['server_compute_us']:6.1f}  gateway CPU "
+            f"{row['gateway_cpu_us_per_request']:6.1f} µs/request  (p50 rounds "
+            f"{row['p50_us_each_round']})"
+        )
+        if "p50_ratio_to_first" in row:
+            print(
+                f"  {'':10s} p50 / {next(iter(cells))}'s, median of the rounds' ratios: "
+                f"{row['p50_ratio_to_first']}"
+            )
+
+
 def worker_pids(url: str) -> list[int]:
     doc = httpx.get(f"{url}/admin/models/tiny", timeout=10).json()
     return [i["pid"] for v in doc["versions"] for i in v["instances"] if i["pid"] is not None]
@@ -265,6 +340,9 @@ def main() -> None:
     parser.add_argument(
         "--bare", action="store_true", help="the HTTP servers alone (no gateway): their own cost"
     )
+    parser.add_argument(
+        "--c1", action="store_true", help="a lone client: p50 latency and the server's split"
+    )
     parser.add_argument("--requests", type=int, default=40_000, help="per round and server")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=64)
@@ -273,6 +351,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.requests, args.rounds = 5_000, 1
+    if args.c1:
+        args.bare, args.granian = False, None
+        args.requests = min(args.requests, 1_000 if args.quick else 4_000)
     trees = dict(t.split("=", 1) for t in args.tree) or {"this": str(ROOT)}
     work = Path(tempfile.mkdtemp(prefix="infergate-httpcpu-"))
     models = work / "models"
@@ -306,11 +387,17 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
             for name in order:
-                got = measure(servers[name], body, headers, args.requests, args.concurrency)
+                if args.c1:
+                    got = measure_c1(servers[name], body, headers, args.requests)
+                else:
+                    got = measure(servers[name], body, headers, args.requests, args.concurrency)
                 cells[name].append(got)
     finally:
         for stop in reversed(stops):
             stop()
+    if args.c1:
+        report_c1(cells, args.rounds, args.requests, args.json)
+        return
     report: dict[str, Any] = {
         name: {
             "gateway_cpu_us_per_request": round(statistics.median(r[0] for r in rows), 1),

@@ -56,6 +56,7 @@ _LITTLE_ENDIAN_HOST: Final = sys.byteorder == "little"
 _WIRE_DTYPES: Final[dict[str, np.dtype[np.generic]]] = {
     name: dt.newbyteorder("<") for name, dt in V2_TO_NUMPY.items() if name != "BYTES"
 }
+WIRE_DTYPES: Final = _WIRE_DTYPES  # for readers of fixed-size tensors with no checks to make
 
 
 def numpy_dtype(datatype: str) -> np.dtype[np.generic]:

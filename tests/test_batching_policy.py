@@ -98,3 +98,40 @@ async def test_while_another_batch_runs_a_free_instance_waits_the_delay_to_fill(
             assert outputs["y"].shape == (1, 4)
     finally:
         await batcher.stop()
+
+
+async def test_a_request_held_to_fill_goes_after_the_delay_when_the_loop_slept_long() -> None:
+    """The scheduler's loop is asleep on a long plan (a request pinned to a busy instance,
+    its deadline 30 s away) when that request starts and leaves the queue empty; a request
+    then held on the free instance to fill its batch still goes once the delay is up."""
+    batcher = await Batcher(instances=2).start()
+    try:
+        first = await batcher.send(rows=1)  # alone: at once, on instance 0
+        x = np.ones((1, 4), np.float32)
+        pinned = asyncio.create_task(
+            batcher.scheduler.submit(
+                {"x": x}, batch_key({"x": x}), ("y",), BATCH, BATCH.deadline_s, 10.0, instance=0
+            )
+        )
+        for _ in range(10):  # queued behind instance 0; the loop wakes and plans for its
+            await asyncio.sleep(0)  # deadline (a few turns: its wait ends through a task)
+        running = batcher.workers.pending()
+        assert len(running) == 1
+        running[0].reply()  # instance 0 takes the pinned request: the queue is empty
+        await first
+        await batcher.workers.next_call("the pinned request")
+        batcher.clock.advance(1.0)  # so the next request's deadline is past that plan
+        held = await batcher.send(rows=1)  # instance 0 is busy: held on instance 1 to fill
+        assert len(batcher.workers.pending()) == 1
+        batcher.clock.advance(0.006)  # past max_delay_s
+        calls = await eventually(
+            lambda: len(batcher.workers.pending()) == 2 and batcher.workers.pending(),
+            what="the held request to go",
+        )
+        for call in calls:
+            call.reply()
+        for task in (pinned, held):
+            outputs, _ = await task
+            assert outputs["y"].shape == (1, 4)
+    finally:
+        await batcher.stop()

@@ -120,9 +120,15 @@ class Scheduler:
                 # await its reply before the instance takes another.
                 self._keep(inline)
                 raise
-        elif self._sleep_until is None or jobs[0].deadline < self._sleep_until:
+        elif self._sleep_until is None or self._due(jobs[0].deadline) < self._sleep_until:
             self._wake.set()  # the loop must look again sooner than it planned
         return await future
+
+    def _due(self, deadline: float) -> float:
+        """When the loop must look at a request that just queued: its deadline, or sooner
+        when it waits on a free instance for its batch to fill (the loop may be asleep on
+        a plan made before: a reply that empties the queue does not wake it)."""
+        return deadline if self._fill_by is None else min(deadline, self._fill_by)
 
     def _jobs(
         self,
@@ -179,11 +185,13 @@ class Scheduler:
     def _pump(self, own: Ticket | None = None, now: float | None = None) -> Batch | None:
         """Expire what is late, then start every batch that can start now. A batch made
         only of `own`'s work is handed back for the caller to await instead of a new task."""
+        self._fill_by = None
+        if not len(self._queue):  # a lone client's reply: nothing to expire or start
+            return None
         if now is None:
             now = self._clock.now()
         for job in self._queue.expire(now):
             self._expired(job, now)
-        self._fill_by = None
         inline = None
         for instance in self._runner.free():
             # Holding a part-full batch back pays only while another batch is running: its
@@ -209,6 +217,10 @@ class Scheduler:
     def _instance_freed(self, pump: bool) -> None:
         if pump:
             self._pump()
+            if not len(self._queue):
+                # Nothing waits, so the loop has nothing to plan anew: waking it would cost
+                # a lone client a task switch and a second pump per request.
+                return
         self._wake.set()  # the loop plans its next look again
 
     async def _run(self) -> None:

@@ -7,6 +7,7 @@ import marshal
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from infergate.engine.repository.spec import RuntimeName, TensorSpec, Warmup
 
@@ -30,8 +31,12 @@ class WorkerSpec:
     warmup: Warmup = Warmup()  # what the worker runs before it says it is ready
 
 
-@dataclass(frozen=True)
-class TensorRef:
+# The messages on every request's path (TensorRef, InferCall, InferDone, InferFailed) are
+# named tuples: read off the pipe, each is built in one step, where a frozen dataclass sets
+# its fields one by one (half the decoding time of a reply).
+
+
+class TensorRef(NamedTuple):
     """A tensor laid out in an arena at `offset`; BYTES use the V2 length-prefixed format."""
 
     name: str
@@ -55,8 +60,7 @@ class LoadFailed:
     reason: str
 
 
-@dataclass(frozen=True)
-class InferCall:
+class InferCall(NamedTuple):
     id: int
     in_arena: str
     out_arena: str
@@ -65,8 +69,7 @@ class InferCall:
     outputs: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class InferDone:
+class InferDone(NamedTuple):
     id: int
     outputs: tuple[TensorRef, ...]
     # Outputs too big for the output arena come inline, once; the gateway then grows it.
@@ -74,8 +77,7 @@ class InferDone:
     needed: int = 0
 
 
-@dataclass(frozen=True)
-class InferFailed:
+class InferFailed(NamedTuple):
     id: int
     reason: str
 
@@ -97,7 +99,8 @@ _CALL, _DONE, _FAILED, _PICKLED = 1, 2, 3, 4
 
 
 def _refs(refs: tuple[TensorRef, ...]) -> tuple[tuple[str, str, tuple[int, ...], int, int], ...]:
-    return tuple((r.name, r.datatype, r.shape, r.offset, r.nbytes) for r in refs)
+    # marshal takes plain tuples only
+    return tuple([(r.name, r.datatype, r.shape, r.offset, r.nbytes) for r in refs])
 
 
 def encode(message: ToWorker | FromWorker) -> bytes:
@@ -114,17 +117,18 @@ def encode(message: ToWorker | FromWorker) -> bytes:
     return marshal.dumps((_PICKLED, pickle.dumps(message)))
 
 
+_ref = TensorRef._make
+
+
 def decode(raw: bytes) -> ToWorker | FromWorker:
     body = marshal.loads(raw)
     tag = body[0]
     if tag == _CALL:
         _, id_, in_arena, out_arena, capacity, refs, outputs = body
-        return InferCall(
-            id_, in_arena, out_arena, capacity, tuple(TensorRef(*r) for r in refs), outputs
-        )
+        return InferCall(id_, in_arena, out_arena, capacity, tuple(map(_ref, refs)), outputs)
     if tag == _DONE:
         _, id_, refs, inline, needed = body
-        return InferDone(id_, tuple(TensorRef(*r) for r in refs), inline, needed)
+        return InferDone(id_, tuple(map(_ref, refs)), inline, needed)
     if tag == _FAILED:
         return InferFailed(body[1], body[2])
     message: ToWorker | FromWorker = pickle.loads(body[1])
