@@ -135,3 +135,43 @@ async def test_a_request_held_to_fill_goes_after_the_delay_when_the_loop_slept_l
             assert outputs["y"].shape == (1, 4)
     finally:
         await batcher.stop()
+
+
+async def test_a_request_queued_behind_busy_instances_starts_when_one_comes_back() -> None:
+    """The loop is asleep on a long plan (a request pinned to a busy instance, 30 s away)
+    when that request starts and leaves the queue empty; the other instance's worker then
+    crashes, and a request queues with no instance free. Once the restarted instance is
+    ready, that request starts there (the loop's idle poll, 50 ms), not 30 s later."""
+    served = await Served(2, QueuePolicy(max_batch_size=0), backoff_initial_s=0.01).start()
+    x = np.ones((1, 4), np.float32)
+
+    def submit(instance: int | None = None) -> asyncio.Task[Answer]:
+        return asyncio.create_task(
+            served.scheduler.submit(
+                {"x": x}, None, ("y",), BATCH, BATCH.deadline_s, 10.0, instance=instance
+            )
+        )
+
+    try:
+        first = submit()
+        await served.workers.next_call("the first request")  # on instance 0
+        pinned = submit(instance=0)  # queued behind instance 0, while instance 1 is free
+        for _ in range(10):  # the loop wakes and plans for the pinned request's deadline
+            await asyncio.sleep(0)
+        served.worker(0).pending[0].reply()  # instance 0 takes the pinned request
+        await first
+        crashed = served.worker(1)
+        crashed.end("crashed")  # instance 1 restarts
+        served.clock.advance(1.0)  # the next request's deadline is past the loop's plan
+        queued = submit()
+        calls = await eventually(
+            lambda: served.worker(1) is not crashed and served.worker(1).pending,
+            what="the queued request to start on the restarted instance",
+        )
+        for call in [*calls, *served.worker(0).pending]:
+            call.reply()
+        for task in (pinned, queued):
+            outputs, _ = await asyncio.wait_for(task, 5)
+            assert outputs["y"].shape == (1, 4)
+    finally:
+        await served.stop()

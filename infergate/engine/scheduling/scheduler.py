@@ -219,7 +219,11 @@ class Scheduler:
             self._pump()
             if not len(self._queue):
                 # Nothing waits, so the loop has nothing to plan anew: waking it would cost
-                # a lone client a task switch and a second pump per request.
+                # a lone client a task switch and a second pump per request. Its plan may
+                # be stale now (made for a request that has since started), so the next
+                # request that has to queue wakes it (`submit`): with no instance free,
+                # only the loop's idle poll notices one that comes back from a restart.
+                self._sleep_until = None
                 return
         self._wake.set()  # the loop plans its next look again
 
