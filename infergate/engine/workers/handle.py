@@ -23,6 +23,7 @@ import contextlib
 import errno
 import itertools
 import logging
+import mmap
 import os
 import signal
 import struct
@@ -71,7 +72,9 @@ class _Frames:
         self._buf = bytearray()
         # Read into one buffer kept for the pipe's life: os.read(fd, 1 MiB) allocates (and
         # the allocator maps and unmaps) 1 MiB per reply, 30 µs of a tiny request's 180.
-        self._chunk = bytearray(_READ)
+        # An anonymous mapping, not a bytearray (which zero-fills all of it): only the
+        # pages reads reach are ever resident, one for a small reply.
+        self._chunk = mmap.mmap(-1, _READ)
         self._view = memoryview(self._chunk)
 
     def read(self) -> tuple[list[bytes], bool]:
@@ -437,8 +440,10 @@ class WorkerHandle:
             try:
                 await future
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if not expired or (task is not None and task.cancelling()):
+                # Task.cancelling() is Python 3.11's; on 3.10 a caller's cancel in the
+                # very turn the timer fires reads as the timeout.
+                cancelling = getattr(asyncio.current_task(), "cancelling", None)
+                if not expired or (cancelling is not None and cancelling()):
                     raise  # the caller gave up (even as the timer fired): not a timeout
             finally:
                 timer.cancel()
