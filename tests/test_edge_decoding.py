@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing.context
 import os
 import signal
 from pathlib import Path
@@ -16,7 +17,7 @@ import psutil
 import pytest
 
 from infergate.client import encode_infer_request
-from infergate.errors import BadRequest
+from infergate.errors import BadRequest, InfergateError
 from infergate.server.codec import DecodedRequest, decode_request
 from infergate.server.decoding import HELPER_NAME, BodyDecoder
 from infergate.tensors import Array
@@ -67,6 +68,32 @@ def test_a_large_body_with_bad_bytes_is_a_400_either_way() -> None:
         decode_request(cut, length)
     with pytest.raises(BadRequest, match="input 's'"):
         _decode_both(cut, length)
+
+
+def test_a_helper_that_cannot_start_fails_that_request_and_the_next_tries_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A helper that cannot start (EAGAIN: the process limit) fails the request in hand
+    with an InfergateError naming why (a 500 the client may retry), and the next large body
+    starts a helper again."""
+    body, _ = encode_infer_request({"f": TENSORS["f"]}, binary=False)
+
+    async def twice() -> DecodedRequest:
+        decoder = BodyDecoder(inline_max_bytes=16)
+        try:
+            with monkeypatch.context() as patched:
+                patched.setattr(
+                    multiprocessing.context.SpawnProcess,
+                    "start",
+                    lambda self: (_ for _ in ()).throw(BlockingIOError(11, "no more processes")),
+                )
+                with pytest.raises(InfergateError, match="could not start .*no more processes"):
+                    await decoder.decode(body, None)
+            return await decoder.decode(body, None)
+        finally:
+            decoder.close()
+
+    assert asyncio.run(twice()).inputs["f"].tolist() == TENSORS["f"].tolist()
 
 
 def _spawned_children(gateway: int) -> list[psutil.Process]:

@@ -321,7 +321,14 @@ class BodyDecoder:
         segment = f"infergate-body-{os.getpid()}-{secrets.token_hex(6)}"
         try:
             await asyncio.wrap_future(self._io_thread().submit(_write_segment, segment, body))
-            job = self._helper().submit(_decode_in_helper, segment, len(body), header_length)
+            try:
+                job = self._helper().submit(_decode_in_helper, segment, len(body), header_length)
+            except OSError as exc:  # the helper could not start (EAGAIN, EMFILE, ENOMEM)
+                self.close_helper()
+                raise InfergateError(
+                    f"the body decoder process could not start ({exc.strerror or exc}); "
+                    "retry the request"
+                ) from None
             try:
                 decoded = await asyncio.wrap_future(job)
             except asyncio.CancelledError:
@@ -359,10 +366,14 @@ class BodyDecoder:
             )
         return self._pool
 
-    def close(self) -> None:
+    def close_helper(self) -> None:
+        """Stop the helper (a new one starts with the next large body)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+    def close(self) -> None:
+        self.close_helper()
         if self._io is not None:
             self._io.shutdown(wait=True)  # what it has queued: unlinks, which must happen
             self._io = None
