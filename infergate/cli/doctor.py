@@ -65,7 +65,14 @@ def _torch() -> Check:
             "not installed: TorchScript models are unavailable. Hint: ./install.sh --torch",
         )
     if _torch_is_cpu_build():
-        return Check("torch", "ok", f"{version}; CPU only")
+        # Not imported, so a build that cannot load (a missing libgomp, a numpy ABI
+        # mismatch) shows only when a TorchScript model loads: say how to check it.
+        return Check(
+            "torch",
+            "ok",
+            f"{version}; CPU only (a CPU build, read from torch/version.py without importing "
+            "it; `python -c 'import torch'` checks that it loads)",
+        )
     import torch
 
     cuda = (
