@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -138,6 +139,7 @@ def main() -> None:
     finally:
         for server in one + two:
             server.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
     def med(field: str) -> float:
         return float(statistics.median(float(getattr(r, field)) for r in measured))

@@ -108,9 +108,14 @@ def gateway(runs: int, work: Path) -> Row:
         before = children_cpu()
         started = time.perf_counter()
         process, _ = start_gateway(empty, profile)
-        walls.append(time.perf_counter() - started)
-        process.send_signal(signal.SIGINT)
-        process.wait(30)
+        try:
+            walls.append(time.perf_counter() - started)
+            process.send_signal(signal.SIGINT)
+            process.wait(30)
+        finally:
+            if process.poll() is None:  # not stopped in time, or interrupted: no leftovers
+                process.kill()
+                process.wait()
         cpus.append(children_cpu() - before)
     return Row(
         "gateway, empty repository",
