@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,37 @@ def test_the_store_keeps_the_bytes_that_passed(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "store").rglob("*")) == [sha, "model.onnx"]
     store.release(copy)
     assert not copy.exists()
+
+
+def test_same_bytes_admitted_and_released_at_once_never_fail(tmp_path: Path) -> None:
+    """Two models with the same bytes share the store's folder for them: one being loaded
+    while the other is released (a reload, a removal) must not fail the load. The folder's
+    creation raced its removal: mkdir found it, rmdir took it, and the load failed with
+    "File exists" (once in a full test run)."""
+    store = VerifiedStore(tmp_path / "store")
+    (tmp_path / "store").mkdir()
+    sources = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        sources.append(tmp_path / name / "model.onnx")
+        sources[-1].write_bytes(b"the same bytes")
+    errors: list[BaseException] = []
+
+    def churn(source: Path) -> None:
+        try:
+            for _ in range(1500):
+                _, copy = store.admit(source, None, VerifyPolicy())
+                store.release(copy)
+        except BaseException as exc:  # noqa: BLE001  (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(source,)) for source in sources]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert list((tmp_path / "store").iterdir()) == []  # every copy and folder went
 
 
 @pytest.fixture

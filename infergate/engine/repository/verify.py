@@ -248,9 +248,13 @@ class VerifiedStore:
             sha = digest.hexdigest()
             check_digest(source, sha, pinned_sha256, policy)
             folder = root / sha
-            folder.mkdir(mode=0o755, exist_ok=True)
             target = folder / source.name
+            # The folder is made, filled and (in release) emptied and removed under one
+            # lock: two models with the same bytes share it, and a mkdir that found it
+            # while a release removed it failed the load ("File exists", or the copy's
+            # move found no folder).
             with self._lock:
+                folder.mkdir(mode=0o755, exist_ok=True)
                 if target.exists():
                     tmp.unlink()  # the same bytes are already there
                 else:
@@ -270,9 +274,9 @@ class VerifiedStore:
                 self._users[path] = users
                 return
             self._users.pop(path, None)
-        path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # other names with the same bytes remain
-            path.parent.rmdir()
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # other names with the same bytes remain
+                path.parent.rmdir()
 
     def close(self) -> None:
         with self._lock:
