@@ -175,3 +175,29 @@ async def test_a_request_queued_behind_busy_instances_starts_when_one_comes_back
             assert outputs["y"].shape == (1, 4)
     finally:
         await served.stop()
+
+
+async def test_a_request_pinned_to_a_restarting_instance_runs_once_it_is_back() -> None:
+    """A request pinned to an instance (a sequence's) whose worker is restarting, while
+    the other instance is free, runs on its instance once the restart is done, not at
+    its queue deadline (30 s: the loop had no reason to look again before it)."""
+    served = await Served(2, QueuePolicy(max_batch_size=0), backoff_initial_s=0.01).start()
+    x = np.ones((1, 4), np.float32)
+    try:
+        crashed = served.worker(1)
+        crashed.end("crashed")  # instance 1 restarts; instance 0 is free
+        pinned = asyncio.create_task(
+            served.scheduler.submit(
+                {"x": x}, None, ("y",), BATCH, BATCH.deadline_s, 10.0, instance=1
+            )
+        )
+        calls = await eventually(
+            lambda: served.worker(1) is not crashed and served.worker(1).pending,
+            what="the pinned request to run on its restarted instance",
+        )
+        calls[0].reply()
+        outputs, _ = await asyncio.wait_for(pinned, 5)
+        assert outputs["y"].shape == (1, 4)
+        assert not served.worker(0).pending  # never sent to the other instance
+    finally:
+        await served.stop()

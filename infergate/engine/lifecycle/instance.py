@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
@@ -56,6 +57,9 @@ class Instance:
         self._kills: list[float] = []
         self.placement: Placement | None = None
         self._settled = asyncio.Event()  # set once the first load ended, either way
+        # Called each time a worker becomes ready (its scheduler looks at its queue again:
+        # a request pinned to this instance waits for it through a restart).
+        self.on_ready: Callable[[], None] = lambda: None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -161,6 +165,7 @@ class Instance:
                 if self.placement is not None:
                     self._context.devices.assign(self.ready_info.pid, self.placement.device)
                 self._settled.set()
+                self.on_ready()
                 up_since = self._clock.now()
                 await handle.exited
                 if self._stopping:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Hashable
+from functools import partial
 
 from infergate.clock import Clock
 from infergate.engine.lifecycle.instance import Instance
@@ -67,6 +68,8 @@ class Scheduler:
         self._fill_by: float | None = None  # when a filling batch must go
         self._sleep_until: float | None = None  # when the loop looks again by itself
         self._batches: set[asyncio.Task[None]] = set()  # awaited by no caller: kept alive here
+        for instance in instances:  # one back from a restart may take what waits for it
+            instance.on_ready = partial(self._instance_freed, True)
 
     def depth_by_class(self) -> dict[str, int]:
         return self._queue.depth_by_class()
