@@ -32,19 +32,12 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.http_cpu import PATH, PROFILE  # noqa: E402  (the tiny c=64 workload's)
 from infergate.loadgen import LoadResult, prepare, run_concurrency  # noqa: E402
 from infergate.loadgen import run as run_load  # noqa: E402
 from tests.onnx_models import make_mlp  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
 
-PROFILE = """
-[tenants.default]
-class = "batch"
-rps = 1000000
-burst = 1000000
-max_concurrency = 10000
-"""
-PATH = "/v2/models/tiny/infer"
 CLIENTS = 64
 
 

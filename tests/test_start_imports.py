@@ -65,6 +65,13 @@ def test_a_command_imports_its_own_module_and_no_other_commands() -> None:
     assert "Did you mean 'model'?" in typo.stderr
 
 
+def test_doctor_reads_a_cpu_torch_without_importing_it() -> None:
+    """torch costs about 2 s of CPU to import; a CPU build's version.py says enough."""
+    modules = cli_modules("doctor", "--json")
+    assert "infergate.cli.doctor" in modules
+    assert "torch" not in modules
+
+
 def test_a_gateway_without_a_cluster_never_imports_redis(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     env = {"PYTHONPROFILEIMPORTTIME": "1"}
