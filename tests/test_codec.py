@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import orjson
 import pytest
 
 from infergate.client import decode_infer_response, encode_infer_request
@@ -104,3 +105,27 @@ def test_binary_output_bytes_are_little_endian_and_row_major_whatever_the_array(
     assert to_wire(wide[:, ::2]) == wide[:, ::2].copy().astype("<f4").tobytes()  # strided view
     back = from_wire(expected, "FP32", (2, 3))
     np.testing.assert_array_equal(back, native)
+
+
+def test_json_outputs_read_back_exactly_in_their_own_type_whatever_the_array() -> None:
+    values = np.array([0.1, -1e-45, 3.4e38, 1 / 3, 0.0, 7.0], dtype=np.float32).reshape(2, 3)
+    decoded = decode_request(
+        b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}', None
+    )
+    for array in (
+        values,
+        values.astype(">f4"),  # big-endian in memory
+        np.asfortranarray(values),  # column-major
+        np.repeat(values, 2, axis=1)[:, ::2],  # a strided view
+    ):
+        body, json_len = encode_response("m", 1, {"y": array}, decoded)
+        assert json_len is None
+        data = orjson.loads(body)["outputs"][0]["data"]
+        np.testing.assert_array_equal(np.array(data, dtype=np.float32), values.reshape(-1))
+    # each FP32 value in the shortest text that is that FP32 value (as an FP32 is read),
+    # not the text of the double it widens to (0.10000000149011612)
+    assert b'"data":[0.1,-1e-45,3.4e+38,0.33333334,0.0,7.0]' in body
+    halves, _ = encode_response("m", 1, {"h": np.array([0.1], np.float16)}, decoded)
+    assert np.float16(orjson.loads(halves)["outputs"][0]["data"][0]) == np.float16(0.1)
+    flags, _ = encode_response("m", 1, {"b": np.array([True, False])}, decoded)
+    assert b'"data":[true,false]' in flags

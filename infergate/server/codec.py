@@ -286,10 +286,17 @@ def _json_text(name: str, index: int, item: object) -> str:
         ) from None
 
 
-def _json_data(name: str, array: Array) -> list[Any]:
+def _json_data(name: str, array: Array) -> list[Any] | Array:
+    """An output's `data`: numbers as the array itself, which orjson writes straight from
+    its memory (half the CPU of `tolist()` and Python floats for 1,000 FP32 values); each
+    float in the shortest text that reads back as the same value of its own type (an FP32
+    0.1 is `0.1`, not the double `0.10000000149011612`), as Triton's clients read it."""
     flat = array.reshape(-1)
-    if array.dtype.kind in ("O", "S", "U"):
+    kind = array.dtype.kind
+    if kind in ("O", "S", "U"):
         return [_json_text(name, i, x) for i, x in enumerate(flat)]
+    if kind in "biuf" and array.dtype.isnative:
+        return flat if flat.flags.c_contiguous else np.ascontiguousarray(flat)
     return flat.tolist()
 
 
