@@ -354,6 +354,81 @@ def test_a_worker_killed_after_its_fork_server_died_is_not_given_a_made_up_exit_
         server.stop()
 
 
+@contextlib.contextmanager
+def hung(pid: int) -> Iterator[None]:
+    """Process `pid` stopped, as a fork server that is alive but never answers; let go
+    after (a SIGCONT to a process killed since is nothing)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_hung_fork_server_never_holds_the_gateway_and_a_new_one_starts_workers(
+    tmp_path: Path,
+) -> None:
+    """A worker start asks the fork server for a fork; one that is alive but hung never
+    answers. The gateway asks from a thread, so it goes on serving; past a few seconds it
+    kills the hung one, and the start, tried again, gets a new one, within the load
+    timeout."""
+    server, gates = held_fork_server_gateway(tmp_path, "[server]\nload_timeout_s = 4\n")
+    old_server = fork_server_of(server, "solo")
+    make_scripted(tmp_path / "models" / "second" / "1" / "model.scripted", ("hold",))
+    loaded: list[httpx.Response] = []
+    try:
+        with hung(old_server):
+            loading = threading.Thread(
+                target=lambda: loaded.append(
+                    httpx.post(f"{server.url}/v2/repository/models/second/load", timeout=60)
+                )
+            )
+            loading.start()
+            wait_until(
+                lambda: "model_loading second" in server.log.read_text(), what="the load to start"
+            )
+            for _ in range(3):  # meanwhile: the loop and the other model's worker serve
+                assert httpx.get(f"{server.url}/v2/health/live", timeout=2).status_code == 200
+                url = f"{server.url}/v2/models/solo/infer"
+                assert httpx.post(url, json=scripted_inputs(hold=0), timeout=2).status_code == 200
+            loading.join(60)
+            assert [r.status_code for r in loaded] == [200], loaded and loaded[0].text
+        [worker] = server.worker_pids("second")
+        assert psutil.Process(worker).ppid() != old_server
+        wait_until(lambda: process_gone(old_server), what="the hung fork server to be reaped")
+        assert f"the fork server (pid {old_server}) is hung" in server.log.read_text()
+    finally:
+        server.stop()
+
+
+def test_a_worker_that_dies_under_a_hung_fork_server_fails_its_calls_and_restarts(
+    tmp_path: Path,
+) -> None:
+    """A dead worker's exit is reported by its fork server; a hung one never reports. Past
+    a few seconds the gateway kills it: the dead worker's call fails (503, not a hang)
+    and the worker restarts under a new fork server."""
+    server, gates = held_fork_server_gateway(tmp_path)
+    try:
+        [worker] = server.worker_pids("solo")
+        old_server = fork_server_of(server, "solo")
+        with hung(old_server):
+            hanging = Background(f"{server.url}/v2/models/solo/infer", scripted_inputs(hold=1))
+            wait_until(lambda: holding(gates, 1), what="the call to be held")
+            os.kill(worker, signal.SIGKILL)
+            response = hanging.result()
+            assert response.status_code == 503
+            assert f"worker pid {worker} is gone" in response.json()["error"]
+        model = server.wait_model_state("solo", "ready")
+        pid = model["versions"][0]["instances"][0]["pid"]
+        assert pid != worker
+        assert psutil.Process(pid).ppid() != old_server
+        answer = httpx.post(f"{server.url}/v2/models/solo/infer", json=scripted_inputs(hold=0))
+        assert answer.json()["outputs"][1]["data"] == [pid]
+    finally:
+        server.stop()
+
+
 def test_a_stopped_gateway_leaves_no_worker_or_fork_server_behind(tmp_path: Path) -> None:
     """Its workers and its fork server are gone when it has exited: reaped, the fork server
     by the gateway, not left to PID 1 (where their CPU time would count for nobody). (The

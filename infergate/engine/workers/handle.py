@@ -61,6 +61,16 @@ INITIAL_ARENA = 1 << 20
 _READ = 1 << 20  # bytes asked of the pipe per read
 _HEAD = struct.Struct("!i")
 _LINGER_S = 5.0  # a worker whose pipe closed but which has not exited is killed after this
+# A healthy fork server forks a worker, or reports a dead one's exit, within milliseconds;
+# one that has not in this long is hung and is killed (starting.kill_hung).
+_FORK_ANSWER_S = 5.0
+_FORK_REPORT_S = 3.0
+
+
+def _consume(future: asyncio.Future[None]) -> None:
+    """Read a future's exception nobody awaits (asyncio logs those it finds unread)."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _Frames:
@@ -136,6 +146,7 @@ class WorkerHandle:
         self._server: int | None = None  # the fork server that started it
         self._reaping = False
         self._linger: asyncio.TimerHandle | None = None
+        self._unreported: asyncio.TimerHandle | None = None  # see _report_overdue
         self.death_reason = "the worker exited"
         self.over_memory = False
 
@@ -154,12 +165,16 @@ class WorkerHandle:
         deadline = self._loop.time() + timeout_s
         try:
             await asyncio.wait_for(starting.ready(), timeout_s)
-            self._launch()
+            # Within the load timeout, and leaving time to try again with a new fork server.
+            await self._launch(min(_FORK_ANSWER_S, timeout_s / 2))
         except TimeoutError:
             self._discard()
             raise WorkerStartError(
                 f"the fork server did not start within the {timeout_s:.0f} s load timeout"
             ) from None
+        except WorkerStartError:
+            self._discard()
+            raise
         except Exception as exc:
             self._discard()
             raise WorkerStartError(f"{type(exc).__name__}: {exc}") from exc
@@ -170,7 +185,7 @@ class WorkerHandle:
             self.kill(f"it did not finish loading within {timeout_s:.0f} s")
             raise WorkerLoadError(f"loading took longer than {timeout_s:.0f} s") from None
 
-    def _launch(self) -> None:
+    async def _launch(self, answer_s: float) -> None:
         self._in = OwnedArena(INITIAL_ARENA)
         self._out = OwnedArena(INITIAL_ARENA)
         starting.ensure_server()
@@ -185,7 +200,7 @@ class WorkerHandle:
                 name=f"infergate-worker:{self.spec.model}:{self.spec.version}",
                 daemon=True,
             )
-            self._process.start()
+            await self._fork(answer_s)
         finally:
             child.close()
         self._pid = self._process.pid
@@ -194,6 +209,31 @@ class WorkerHandle:
         os.set_blocking(fd, False)
         self._frames = _Frames(fd)
         self._loop.add_reader(fd, self._on_readable)
+
+    async def _fork(self, answer_s: float) -> None:
+        """`Process.start()`, in a thread: it blocks until the fork server answers with the
+        new pid, which a hung fork server never does. Killed after `answer_s`, it can no
+        longer answer, and the thread ends (its reply pipe reads EOF)."""
+        assert self._process is not None
+        forking = asyncio.ensure_future(asyncio.to_thread(starting.start, self._process))
+        try:
+            done, _ = await asyncio.wait({forking}, timeout=answer_s)
+        except asyncio.CancelledError:  # what it starts after this is nobody's: end it
+            forking.add_done_callback(self._abandon)
+            raise
+        if not done:
+            starting.kill_hung(self._server, f"a worker start took over {answer_s:.1f} s")
+            forking.add_done_callback(_consume)
+            await asyncio.wait({forking}, timeout=answer_s)
+            raise WorkerStartError(
+                f"the fork server did not fork the worker within {answer_s:.1f} s (hung); "
+                "it was killed, and the next try starts a new one"
+            )
+        forking.result()
+
+    def _abandon(self, forking: asyncio.Future[None]) -> None:
+        _consume(forking)
+        self._discard()
 
     def _discard(self) -> None:
         """Release what a failed start had opened."""
@@ -290,6 +330,14 @@ class WorkerHandle:
         self._loop.remove_reader(self._pidfd)
         if not self.exited.done():
             self._loop.add_reader(self._process.sentinel, self._on_exit)
+            self._unreported = self._loop.call_later(_FORK_REPORT_S, self._report_overdue)
+
+    def _report_overdue(self) -> None:
+        """Dead for a while, and the fork server has not said how: it is hung. Killed, it
+        can no longer hold this worker's end (its sentinel reads EOF, `_on_exit` runs)."""
+        if not self.exited.done():
+            why = f"worker pid {self.pid} exited {_FORK_REPORT_S:.0f} s ago, still unreported"
+            starting.kill_hung(self._server, why)
 
     def _on_exit(self) -> None:
         if self.exited.done():
@@ -302,11 +350,12 @@ class WorkerHandle:
             # The kernel closes a dying process's fds a moment before it can be reaped.
             self._loop.call_later(0.002, self._on_exit)
             return
-        if self._linger is not None:
-            self._linger.cancel()
+        for timer in (self._linger, self._unreported):
+            if timer is not None:
+                timer.cancel()
         self._process.close()  # its pipe fds now, not at some later garbage collection
         self._close_pidfd()
-        if code == 255 and starting.server_pid() != self._server:
+        if code == 255 and starting.is_gone(self._server):
             # multiprocessing's 255: the fork server died before it could report.
             how = "is gone (how it ended is unknown: the fork server that started it died)"
         elif code < 0:

@@ -29,7 +29,11 @@ gateway's children's).
 
 A fork server that dies (the OOM killer, an operator) is started again, off the event loop
 and within the load's timeout, by the next worker start: `ready()` remembers which fork
-server it warmed.
+server it warmed. One that is alive but hung (stopped, or stuck) would hold every worker
+start and every worker's exit report for good, so the gateway never waits on it with the
+loop: a start forks in a thread, and a fork server that does not answer a start or report
+an exit in time is killed (`kill_hung()`); its workers live on, and the next start runs a
+new one.
 
 multiprocessing runs the script that started the gateway again in each worker, before the
 worker's own code (not a module run with -m): the `infergate` console script imports only
@@ -39,6 +43,7 @@ infergate.cli.main, which imports nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -47,6 +52,7 @@ import sys
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 log = logging.getLogger("infergate.workers")
@@ -59,6 +65,7 @@ _context.set_forkserver_preload(PRELOAD)
 _lifeline: tuple[Connection, Connection] | None = None
 _warmed_pid: int | None = None  # the fork server `ready()` last warmed
 _warming: asyncio.Task[None] | None = None
+_killed: set[int] = set()  # fork servers `kill_hung` killed (a pid each: a few at most)
 
 
 def context() -> ForkServerContext:
@@ -85,6 +92,34 @@ def server_pid() -> int | None:
     return pid if exited is None else None
 
 
+def kill_hung(pid: int | None, why: str) -> None:
+    """Kill fork server `pid` if it is still the one running: it did not answer in time.
+    It is this process's child and not yet reaped, so `pid` cannot name another process;
+    its workers are not its to take along (they watch the gateway's lifeline, not it)."""
+    if pid is None or server_pid() != pid:
+        return  # gone already, or a new one runs
+    log.warning("the fork server (pid %d) is hung: %s; killing it, a new one starts", pid, why)
+    _killed.add(pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def is_gone(pid: int | None) -> bool:
+    """Whether fork server `pid` is no longer the one running: exited, or killed here (its
+    pipes close a moment before it has exited, and its workers' sentinels with them)."""
+    return pid in _killed or server_pid() != pid
+
+
+def start(process: BaseProcess) -> None:
+    """`process.start()`, run in a thread (`WorkerHandle._fork`), then off multiprocessing's
+    set of children: each start polls every child in that set, reading the exit code of
+    one that died from its sentinel, which would race the gateway's own read of it on the
+    event loop (`WorkerHandle._on_exit`) and could leave a worker's exit unknown. The
+    gateway reaps its workers itself (`_on_exit`), and its lifeline ends them."""
+    process.start()
+    multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
+
+
 def ensure_server() -> None:
     """Start the fork server if it is not running (the first time, or after it died), on
     the gateway's sys.path. It does not inherit sys.path (Python 3.11 ignores the one
@@ -100,6 +135,7 @@ def ensure_server() -> None:
     os.environ["PYTHONPATH"] = path
     try:
         forkserver.ensure_running()
+        _killed.discard(_server()._forkserver_pid)  # a new one may have a killed one's pid
     finally:
         if saved is None:
             del os.environ["PYTHONPATH"]
