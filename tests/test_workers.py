@@ -354,6 +354,31 @@ def test_a_worker_killed_after_its_fork_server_died_is_not_given_a_made_up_exit_
         server.stop()
 
 
+def test_a_lone_client_is_served_by_the_worker_pinned_to_the_gateways_core(
+    tmp_path: Path,
+) -> None:
+    """With a CPU worker pinned to each core, a request that finds both free goes to the
+    one on the core the gateway's event loop runs on: woken there, it starts on the core
+    the gateway leaves idle as it waits for it, instead of another core being woken."""
+    models = tmp_path / "models"
+    make_scripted(models / "duo" / "1" / "model.scripted", ("sleep_ms",))
+    (models / "duo" / "model.toml").write_text("instances = 2\nthreads = 1\n")
+    server = ServerProcess(models, write_profile(tmp_path), tmp_path / "server.log").start()
+    try:
+        first, second = instance_pid(server, "duo", 0), instance_pid(server, "duo", 1)
+        [core] = os.sched_getaffinity(second)
+        assert core not in os.sched_getaffinity(first), "a worker pinned to each core"
+        assert server.process is not None
+        os.sched_setaffinity(server.process.pid, {core})  # the loop's thread: the main one
+        for _ in range(20):  # one at a time: both instances are free each time
+            answer = httpx.post(
+                f"{server.url}/v2/models/duo/infer", json=scripted_inputs(sleep_ms=0)
+            )
+            assert answer.json()["outputs"][1]["data"] == [second]
+    finally:
+        server.stop()
+
+
 @contextlib.contextmanager
 def hung(pid: int) -> Iterator[None]:
     """Process `pid` stopped, as a fork server that is alive but never answers; let go

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from infergate.clock import Clock
 from infergate.engine.lifecycle.instance import Instance
+from infergate.engine.placement import here
 from infergate.engine.scheduling.batching import merge, unmerge
 from infergate.engine.scheduling.queue import Job, JobQueue
 from infergate.engine.scheduling.tickets import Work
@@ -21,6 +22,11 @@ from infergate.metrics import Metrics
 from infergate.tensors import Array
 
 log = logging.getLogger("infergate.scheduler")
+
+
+def _pinned_to(instance: Instance, cpu: int) -> bool:
+    placement = instance.placement
+    return placement is not None and placement.cpus is not None and cpu in placement.cpus
 
 
 @dataclass(eq=False, slots=True)
@@ -47,6 +53,7 @@ class BatchRunner:
         metrics: Metrics,
         stats: VersionStats,
         on_free: Callable[[bool], None],
+        current_cpu: Callable[[], int | None] = here.current_cpu,
     ) -> None:
         self.name = name
         self.busy: set[Instance] = set()  # instances running a batch
@@ -58,9 +65,16 @@ class BatchRunner:
         self._metrics = metrics
         self._stats = stats
         self._on_free = on_free  # an instance freed up: the scheduler looks again
+        self._current_cpu = current_cpu
 
     def free(self) -> list[Instance]:
-        return [i for i in self._instances if i.ready and i not in self.busy]
+        """The instances that may take a batch now; the one pinned to the core this loop
+        runs on first (a woken worker then starts on the core the gateway leaves idle as
+        it waits, not on another one that must be woken: placement/here.py)."""
+        free = [i for i in self._instances if i.ready and i not in self.busy]
+        if len(free) > 1 and (cpu := self._current_cpu()) is not None:
+            free.sort(key=lambda i: not _pinned_to(i, cpu))
+        return free
 
     def launch(self, instance: Instance, jobs: list[Job[Work]], started: float) -> Batch | None:
         """Send a batch to its instance now; None when nothing went (every caller gave up,
