@@ -95,6 +95,33 @@ async def asgi(scope, receive, send):
 async def rsgi(scope, protocol):
     await protocol()
     protocol.response_bytes(200, [("content-type", "application/json")], BODY)
+
+# The floor under any ASGI server in Python: httptools' parser in an asyncio Protocol that
+# answers each request from its parser callback, without a task, a scope or a message.
+RAW_ANSWER = (
+    b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\ncontent-length: %d\\r\\n\\r\\n"
+    % len(BODY) + BODY
+)
+
+def raw(port):
+    import asyncio, httptools, uvloop
+
+    class Raw(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport = transport
+            self.parser = httptools.HttpRequestParser(self)
+
+        def data_received(self, data):
+            self.parser.feed_data(data)
+
+        def on_message_complete(self):
+            self.transport.write(RAW_ANSWER)
+
+    async def main():
+        server = await asyncio.get_running_loop().create_server(Raw, "127.0.0.1", port)
+        await server.serve_forever()
+
+    uvloop.run(main())
 """
 
 
@@ -302,8 +329,8 @@ def start_granian(
 
 def start_bare(work: Path, granian: Path | None) -> dict[str, tuple[subprocess.Popen[bytes], str]]:
     """The HTTP servers alone, each answering every request with a fixed body the size of
-    the tiny model's answer: uvicorn with the gateway's protocol, and granian's ASGI and
-    RSGI when given."""
+    the tiny model's answer: uvicorn with the gateway's protocol, a bare httptools
+    Protocol (no ASGI: the floor), and granian's ASGI and RSGI when given."""
     (work / "http_cpu_bare.py").write_text(BARE_APPS)
     env = {
         "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), *([str(granian)] if granian else [])])
@@ -315,8 +342,10 @@ def start_bare(work: Path, granian: Path | None) -> dict[str, tuple[subprocess.P
         "http=GatewayHttpProtocol, lifespan='off', access_log=False, server_header=False, "
         "proxy_headers=False, log_level='warning')"
     )
+    raw_run = "import http_cpu_bare; http_cpu_bare.raw({port})"
     servers = {
-        "uvicorn-bare": launch(work, "uvicorn-bare", [sys.executable, "-c", uvicorn_run], env)
+        "uvicorn-bare": launch(work, "uvicorn-bare", [sys.executable, "-c", uvicorn_run], env),
+        "raw-bare": launch(work, "raw-bare", [sys.executable, "-c", raw_run], env),
     }
     if granian:
         for interface in ("asgi", "rsgi"):
