@@ -122,9 +122,9 @@ def test_json_outputs_read_back_exactly_in_their_own_type_whatever_the_array() -
         assert json_len is None
         data = orjson.loads(body)["outputs"][0]["data"]
         np.testing.assert_array_equal(np.array(data, dtype=np.float32), values.reshape(-1))
-    # each FP32 value in the shortest text that is that FP32 value (as an FP32 is read),
-    # not the text of the double it widens to (0.10000000149011612)
-    assert b'"data":[0.1,-1e-45,3.4e+38,0.33333334,0.0,7.0]' in body
+        # each FP32 value in the shortest text that is that FP32 value (as an FP32 is
+        # read), not the text of the double it widens to (0.10000000149011612)
+        assert b'"data":[0.1,-1e-45,3.4e+38,0.33333334,0.0,7.0]' in body
     halves, _ = encode_response("m", 1, {"h": np.array([0.1], np.float16)}, decoded)
     assert np.float16(orjson.loads(halves)["outputs"][0]["data"][0]) == np.float16(0.1)
     flags, _ = encode_response("m", 1, {"b": np.array([True, False])}, decoded)

@@ -5,6 +5,7 @@ fast this machine is (the same rules on the FakeClock: test_timing_rules.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -18,6 +19,7 @@ import httpx
 import psutil
 import pytest
 
+from infergate.engine.workers import forking, starting
 from tests.conftest import write_profile
 from tests.onnx_models import make_mlp
 from tests.polling import process_gone, wait_until
@@ -377,6 +379,29 @@ def test_a_lone_client_is_served_by_the_worker_pinned_to_the_gateways_core(
             assert answer.json()["outputs"][1]["data"] == [second]
     finally:
         server.stop()
+
+
+async def test_a_worker_start_never_waits_behind_asyncios_thread_pool() -> None:
+    """The fork server's start and each fork run in threads of their own: with every
+    thread of asyncio's shared pool held by slow jobs (device samples on a busy machine),
+    a worker still starts at once, and a healthy fork server is not taken for hung."""
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    held = [loop.run_in_executor(None, release.wait) for _ in range(64)]  # > the pool
+    try:
+        await asyncio.wait_for(starting.ready(), 30)
+        context = starting.context()
+        parent, child = context.Pipe()
+        process = context.Process(target=os.getpid, daemon=True)
+        server = await forking.fork(process, child, answer_s=5.0, abandoned=lambda: None)
+        assert server == starting.server_pid()
+        process.join(30)
+        assert process.exitcode == 0
+        parent.close()
+    finally:
+        release.set()
+        await asyncio.gather(*held)
+        await starting.stop()
 
 
 @contextlib.contextmanager

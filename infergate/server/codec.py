@@ -288,16 +288,16 @@ def _json_text(name: str, index: int, item: object) -> str:
 
 def _json_data(name: str, array: Array) -> list[Any] | Array:
     """An output's `data`: numbers as the array itself, which orjson writes straight from
-    its memory (half the CPU of `tolist()` and Python floats for 1,000 FP32 values); each
-    float in the shortest text that reads back as the same value of its own type (an FP32
-    0.1 is `0.1`, not the double `0.10000000149011612`), as Triton's clients read it."""
-    flat = array.reshape(-1)
+    its memory (half the CPU of `tolist()` and Python floats for 1,000 FP32 values), each
+    float in the shortest text that reads back as the same value of its type (an FP32 0.1
+    is `0.1`, not the double `0.10000000149011612`; an FP16 is written as that FP32)."""
     kind = array.dtype.kind
     if kind in ("O", "S", "U"):
-        return [_json_text(name, i, x) for i, x in enumerate(flat)]
-    if kind in "biuf" and array.dtype.isnative:
-        return flat if flat.flags.c_contiguous else np.ascontiguousarray(flat)
-    return flat.tolist()
+        return [_json_text(name, i, x) for i, x in enumerate(array.reshape(-1))]
+    if kind not in "biuf":
+        return array.reshape(-1).tolist()
+    # orjson takes native byte order and C order only: any other array as a native copy
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("=")).reshape(-1)
 
 
 def encode_response(

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from infergate.engine.workers import starting
+from infergate.engine.workers import forking, starting
 from infergate.engine.workers.messages import (
     InferCall,
     InferDone,
@@ -65,12 +65,6 @@ _LINGER_S = 5.0  # a worker whose pipe closed but which has not exited is killed
 # one that has not in this long is hung and is killed (starting.kill_hung).
 _FORK_ANSWER_S = 5.0
 _FORK_REPORT_S = 3.0
-
-
-def _consume(future: asyncio.Future[None]) -> None:
-    """Read a future's exception nobody awaits (asyncio logs those it finds unread)."""
-    if not future.cancelled():
-        future.exception()
 
 
 class _Frames:
@@ -200,40 +194,17 @@ class WorkerHandle:
                 name=f"infergate-worker:{self.spec.model}:{self.spec.version}",
                 daemon=True,
             )
-            await self._fork(answer_s)
-        finally:
+        except BaseException:
             child.close()
+            raise
+        # From here the fork's thread owns `child` and closes it.
+        self._server = await forking.fork(self._process, child, answer_s, self._discard)
         self._pid = self._process.pid
         self._open_pidfd()
         fd = self._conn.fileno()
         os.set_blocking(fd, False)
         self._frames = _Frames(fd)
         self._loop.add_reader(fd, self._on_readable)
-
-    async def _fork(self, answer_s: float) -> None:
-        """`Process.start()`, in a thread: it blocks until the fork server answers with the
-        new pid, which a hung fork server never does. Killed after `answer_s`, it can no
-        longer answer, and the thread ends (its reply pipe reads EOF)."""
-        assert self._process is not None
-        forking = asyncio.ensure_future(asyncio.to_thread(starting.start, self._process))
-        try:
-            done, _ = await asyncio.wait({forking}, timeout=answer_s)
-        except asyncio.CancelledError:  # what it starts after this is nobody's: end it
-            forking.add_done_callback(self._abandon)
-            raise
-        if not done:
-            starting.kill_hung(self._server, f"a worker start took over {answer_s:.1f} s")
-            forking.add_done_callback(_consume)
-            await asyncio.wait({forking}, timeout=answer_s)
-            raise WorkerStartError(
-                f"the fork server did not fork the worker within {answer_s:.1f} s (hung); "
-                "it was killed, and the next try starts a new one"
-            )
-        forking.result()
-
-    def _abandon(self, forking: asyncio.Future[None]) -> None:
-        _consume(forking)
-        self._discard()
 
     def _discard(self) -> None:
         """Release what a failed start had opened."""

@@ -49,13 +49,16 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger("infergate.workers")
+T = TypeVar("T")
 PRELOAD = ["infergate.engine.workers.worker"]
 
 # The process's one fork server (multiprocessing keeps one per process); nothing else in
@@ -94,14 +97,23 @@ def server_pid() -> int | None:
 
 def kill_hung(pid: int | None, why: str) -> None:
     """Kill fork server `pid` if it is still the one running: it did not answer in time.
-    It is this process's child and not yet reaped, so `pid` cannot name another process;
-    its workers are not its to take along (they watch the gateway's lifeline, not it)."""
-    if pid is None or server_pid() != pid:
-        return  # gone already, or a new one runs
-    log.warning("the fork server (pid %d) is hung: %s; killing it, a new one starts", pid, why)
-    _killed.add(pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    Through a pidfd taken while it is this process's unreaped child, so that a start
+    reaping it meanwhile (in another thread) cannot make `pid` name another process. Its
+    workers are not its to take along (they watch the gateway's lifeline, not it)."""
+    if pid is None:
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # reaped already
+    try:
+        if server_pid() != pid:
+            return  # gone already, or a new one runs
+        log.warning("the fork server (pid %d) is hung: %s; killing it, a new one starts", pid, why)
+        _killed.add(pid)
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
 
 
 def is_gone(pid: int | None) -> bool:
@@ -172,7 +184,35 @@ async def ready() -> None:
 
 async def _warm_off_loop() -> None:
     global _warmed_pid
-    _warmed_pid = await asyncio.to_thread(_warm)
+    _warmed_pid = await in_own_thread(_warm)
+
+
+async def in_own_thread(call: Callable[[], T]) -> T:
+    """`call()` in a thread started for it, not asyncio's shared pool, whose threads may
+    all be held by slow jobs (device samples, file work): a fork server start or a fork
+    must not wait behind those, nor pass for hung because it did."""
+    loop = asyncio.get_running_loop()
+    result: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: T | None, error: BaseException | None) -> None:
+        if result.done():
+            return
+        if error is not None:
+            result.set_exception(error)
+        else:
+            result.set_result(value)  # type: ignore[arg-type]
+
+    def run() -> None:
+        value, error = None, None
+        try:
+            value = call()
+        except BaseException as exc:  # noqa: BLE001 (raised in the caller, on the loop)
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=run, name="infergate-forkserver", daemon=True).start()
+    return await result
 
 
 def _warm() -> int | None:
@@ -189,6 +229,9 @@ async def stop(grace_s: float = 5.0) -> None:
     and every worker it forked has exited (each holds that pipe too); killed if it has not
     within `grace_s`. Without this it outlived the gateway, an orphan of PID 1."""
     global _warmed_pid
+    for killed in _killed:  # reaped by the next start, unless there is none
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(killed, os.WNOHANG)
     server, pid = _server(), server_pid()
     if pid is None:
         return
