@@ -216,3 +216,46 @@ def test_bench_sweeps_concurrency_and_rate(server: ServerProcess) -> None:
     assert "p99 ms" in out
     code, out = run("bench", "digits", "--concurrency", "many", "--url", server.url)
     assert code == 2
+
+
+def test_model_list_says_each_failure_once_on_the_version_it_belongs_to() -> None:
+    """A failed new version beside the one serving, and a version whose runtime is
+    missing: one row each, the failure on its own version's row (the model-wide reason,
+    "version N: ...", repeats a row already shown, so it gets none)."""
+    from infergate.cli.model import model_rows
+
+    def version(number: int, state: str, reason: str | None) -> dict[str, object]:
+        return {
+            "version": number,
+            "state": state,
+            "instances": [],
+            "platform": "onnx",
+            "reason": reason,
+        }
+
+    bad = "load failed: InvalidProtobuf"
+    missing = "the torchscript runtime needs torch"
+    models = [
+        {
+            "name": "digits",
+            "state": "ready",
+            "default_version": 1,
+            "reason": f"version 2: {bad}",
+            "versions": [version(1, "ready", None)],
+            "failures": {"2": bad},
+        },
+        {
+            "name": "encoder",
+            "state": "unavailable",
+            "default_version": 1,
+            "reason": f"version 1: {missing}",
+            "versions": [version(1, "unavailable", missing)],
+            "failures": {"1": missing},
+        },
+    ]
+    rows = [[str(cell) for cell in row] for row in model_rows(models)]
+    assert [(r[0], r[1], r[2], r[5]) for r in rows] == [
+        ("digits", "1*", "ready", ""),
+        ("digits", "2", "failed", bad),
+        ("encoder", "1*", "unavailable", missing),
+    ]

@@ -59,11 +59,13 @@ def model_rows(models: list[dict[str, Any]]) -> list[list[str | Text]]:
                 ]
             )
             shown.add(v["reason"] or "")
-        served = {str(v["version"]) for v in model["versions"]}
         for version, why in (model.get("failures") or {}).items():
-            if version not in served:
+            # a version that failed, or a new file for a served one (the old one serves on)
+            if why not in shown:
                 rows.append([model["name"], version, styled_state("failed"), "-", "-", why])
                 shown.add(why)
+            # what the model-wide reason says of it (the registry's words): shown already
+            shown.add(f"version {version}: {why}")
         reason = model["reason"] or ""
         if not model["versions"] and not model.get("failures") or reason and reason not in shown:
             rows.append([model["name"], "-", styled_state(model["state"]), "-", "-", reason])
