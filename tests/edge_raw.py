@@ -66,3 +66,13 @@ def closed_by_server(sock: socket.socket, timeout_s: float) -> tuple[bool, float
     except ConnectionResetError:
         pass
     return True, time.monotonic() - started
+
+
+def big_json_body() -> tuple[bytes, dict[str, str]]:
+    """60 MB of JSON numbers: one FP32 tensor of 15 million "0.5" elements."""
+    count = 60 * 2**20 // 4  # 60 MB: "0.5," per element
+    # The data written out, not dumped: a list of 15 million floats took 0.6 s to dump.
+    tensor = {"name": "x", "datatype": "FP32", "shape": [count], "data": []}
+    data = b'"data":[' + b"0.5," * (count - 1) + b"0.5]"
+    body = orjson.dumps({"inputs": [tensor]}).replace(b'"data":[]', data)
+    return body, {"Content-Type": "application/json"}

@@ -28,7 +28,7 @@ from infergate.engine.admission.tenants import hash_key
 from infergate.server.body import read_body
 from infergate.server.decoding import BodyDecoder, Keeper
 from infergate.tensors import Array
-from tests.edge_raw import connect, head, read_reply
+from tests.edge_raw import big_json_body, connect, head, read_reply
 from tests.health_probe import HealthProbe
 from tests.onnx_models import OPSET, _save, make_mlp
 from tests.polling import eventually
@@ -168,15 +168,6 @@ def test_a_forbidden_tenant_is_refused_before_its_body_is_sent(edge: ServerProce
     assert waited < 10  # today it waits for a body that never comes
 
 
-def _big_json_body() -> tuple[bytes, dict[str, str]]:
-    count = 60 * 2**20 // 4  # 60 MB: "0.5," per element
-    # The data written out, not dumped: a list of 15 million floats took 0.6 s to dump.
-    tensor = {"name": "x", "datatype": "FP32", "shape": [count], "data": []}
-    data = b'"data":[' + b"0.5," * (count - 1) + b"0.5]"
-    body = orjson.dumps({"inputs": [tensor]}).replace(b'"data":[]', data)
-    return body, {"Content-Type": "application/json"}
-
-
 def _big_bytes_body() -> tuple[bytes, dict[str, str]]:
     """60 MB of binary BYTES data: a million 60-byte elements."""
     strings = np.full(2**20, b"0" * 60, dtype=object)  # the decode's work is the same
@@ -185,7 +176,7 @@ def _big_bytes_body() -> tuple[bytes, dict[str, str]]:
 
 
 @pytest.mark.serial  # health latency against a wall clock: run alone
-@pytest.mark.parametrize("make_body", [_big_json_body, _big_bytes_body], ids=["json", "bytes"])
+@pytest.mark.parametrize("make_body", [big_json_body, _big_bytes_body], ids=["json", "bytes"])
 def test_health_answers_quickly_while_a_60_mb_body_decodes(
     edge: ServerProcess, make_body: object, tmp_path: Path
 ) -> None:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from functools import partial
@@ -22,6 +23,8 @@ import tritonclient.utils.shared_memory as shm
 from infergate.client import encode_infer_request
 from infergate.engine.admission.tenants import hash_key
 from tests.conftest import write_profile
+from tests.edge_raw import big_json_body, connect, head, read_reply
+from tests.health_probe import HealthProbe
 from tests.polling import wait_until
 from tests.remote_upstream import Upstream
 from tests.scrape import metric
@@ -386,3 +389,37 @@ def shm_round_trip(proc: ServerProcess) -> None:
         c.unregister_system_shared_memory()
         c.close()
         shm.destroy_shared_memory_region(region)
+
+
+@pytest.mark.serial  # health latency against a wall clock: run alone
+def test_health_answers_quickly_while_a_60_mb_json_body_goes_upstream(
+    tmp_path: Path, upstreams: list[Upstream]
+) -> None:
+    """A JSON body bound for a remote model goes upstream unchanged, but its fields other
+    than the tensors (parameters) are read: parsed on the event loop, 60 MB of JSON
+    numbers held every other request for a second. The body decoder's helper reads them,
+    and the body is written upstream as it came, without a copy on the loop."""
+    (upstream,) = start_upstreams(upstreams, 1)
+    models = tmp_path / "models"
+    (models / "front").mkdir(parents=True)
+    (models / "front" / "model.toml").write_text(remote_toml([upstream.url]))
+    profile = write_profile(tmp_path, "[server]\nmax_request_mb = 64\n")
+    server = ServerProcess(models, profile, tmp_path / "log").start()
+    try:
+        body, body_headers = big_json_body()
+        headers = {"Content-Length": str(len(body)), **body_headers}
+        with HealthProbe(server.url, tmp_path) as probe, connect(server.port) as sock:
+            sock.sendall(head("POST", "/v2/models/front/infer", server.port, headers) + body)
+            sent = time.monotonic()
+            reply = read_reply(sock, timeout_s=120)
+            answered = time.monotonic()
+            checks = probe.stop()
+        assert reply is not None
+        assert reply.status == 200, reply
+        assert [r.sha256 for r in upstream.received] == [hashlib.sha256(body).hexdigest()]
+        during = [(s, e) for s, e in checks if s >= sent and e <= answered]
+        slow = [(round(s - sent, 3), round(e - s, 3)) for s, e in during if e - s >= 0.1]
+        assert not slow, f"health answers of 100 ms or more (s after the upload, took s): {slow}"
+        assert len(during) >= 5, len(during)
+    finally:
+        server.stop()

@@ -17,7 +17,7 @@ from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.client import RemotePool
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
-from infergate.engine.remote.http1 import Http1Pool, Reply
+from infergate.engine.remote.http1 import Http1Pool, Payload, Reply
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.engine.repository.modelconfig import parse_model_config
 from infergate.engine.repository.scan import scan_model
@@ -166,7 +166,7 @@ class FakeSender:
         self.calls = 0
 
     async def request(
-        self, path: str, headers: dict[str, str], body: bytes, connect_s: float, pool_s: float
+        self, path: str, headers: dict[str, str], body: Payload, connect_s: float, pool_s: float
     ) -> Reply:
         self.calls += 1
         if self.what == "refuse":

@@ -212,6 +212,25 @@ def decode_request(
     return decoded._replace(deferred=deferred) if deferred else decoded
 
 
+# Shared-memory regions are this machine's: an upstream server cannot read them.
+_LOCAL_ONLY = b"shared_memory_region"
+
+
+def pass_through_header(body: Body, header_length: str | None) -> dict[str, Any] | None:
+    """The JSON header of a request bound for a remote model, without its `inputs` (the
+    body goes upstream unchanged; only its other fields are read here), or None when it
+    names this machine's shared memory and must be decoded here instead."""
+    json_len = len(body) if header_length is None else _header_length(header_length, len(body))
+    header = body[:json_len]
+    if isinstance(header, memoryview):  # (a large body: `in` would look for an int)
+        header = header.tobytes()
+    if _LOCAL_ONLY in header:
+        return None
+    doc = json_object(header, "a JSON object with an 'inputs' array")
+    doc.pop("inputs", None)  # (from a large body: tens of MB of Python objects, not sent back)
+    return doc
+
+
 def _header_length(header_length: str, body_length: int) -> int:
     try:
         json_len = int(header_length)

@@ -32,9 +32,10 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -42,9 +43,10 @@ from infergate import procname
 from infergate.engine.workers.shm import MappedArena
 from infergate.errors import BadRequest, InfergateError
 from infergate.server.body import anonymous_mapping, free_off_loop
-from infergate.server.codec import Body, DecodedRequest, decode_request
+from infergate.server.codec import Body, DecodedRequest, decode_request, pass_through_header
 from infergate.tensors import Array, read_bytes_elements, serialize_bytes
 
+T = TypeVar("T")
 INLINE_MAX_BYTES = 1 << 20  # bodies up to this size decode in one go
 _ELEMENTS = 2_000  # BYTES elements built per slice (a few milliseconds)
 
@@ -79,6 +81,18 @@ def _decode_in_helper(segment: str, size: int, header_length: str | None) -> _De
         with contextlib.suppress(BufferError):  # a view still held (an error's frames)
             body.close()
     return _Decoded(request, name, tensors)
+
+
+def _pass_through_header_in_helper(
+    segment: str, size: int, header_length: str | None
+) -> dict[str, Any] | None:
+    """Runs in the helper process: a remote model's request header, read from `segment`."""
+    body = MappedArena(segment)
+    try:
+        return pass_through_header(body.buf[:size], header_length)
+    finally:
+        with contextlib.suppress(BufferError):
+            body.close()
 
 
 def _write_tensors(inputs: dict[str, Array]) -> tuple[str, tuple[_Tensor, ...]]:
@@ -315,14 +329,45 @@ class BodyDecoder:
             return decoded._replace(inputs=inputs, deferred=None)
         return await self._in_helper(body, header_length, keeper)
 
+    async def pass_through_header(
+        self, body: Body, header_length: str | None
+    ) -> dict[str, Any] | None:
+        """`codec.pass_through_header`, in the helper when the JSON to parse is large."""
+        json_heavy = header_length is None or (
+            header_length.isdigit() and int(header_length) > self._inline_max
+        )
+        if len(body) <= self._inline_max or not json_heavy:
+            return pass_through_header(body, header_length)
+        return await self._call_helper(
+            body, _pass_through_header_in_helper, header_length, on_cancel=None
+        )
+
     async def _in_helper(
         self, body: Body, header_length: str | None, keeper: Keeper | None
     ) -> DecodedRequest:
+        decoded = await self._call_helper(
+            body, _decode_in_helper, header_length, on_cancel=_discard
+        )
+        # The read unlinks the helper's segment whether or not this request is still
+        # waiting for it.
+        raw = await asyncio.wrap_future(self._io_thread().submit(_read_segment, decoded))
+        return await _tensors_from_raw(raw, decoded, keeper)
+
+    async def _call_helper(
+        self,
+        body: Body,
+        call: Callable[[str, int, str | None], T],
+        header_length: str | None,
+        on_cancel: Callable[[Future[T]], None] | None,
+    ) -> T:
+        """`call(segment, size, header_length)` in the helper, the body handed over in a
+        shared-memory segment written and unlinked on the I/O thread. `on_cancel` gets
+        the job when the caller gives up before it is done (to release what it makes)."""
         segment = f"infergate-body-{os.getpid()}-{secrets.token_hex(6)}"
         try:
             await asyncio.wrap_future(self._io_thread().submit(_write_segment, segment, body))
             try:
-                job = self._helper().submit(_decode_in_helper, segment, len(body), header_length)
+                job = self._helper().submit(call, segment, len(body), header_length)
             except OSError as exc:  # the helper could not start (EAGAIN, EMFILE, ENOMEM)
                 self.close_helper()
                 raise InfergateError(
@@ -330,19 +375,16 @@ class BodyDecoder:
                     "retry the request"
                 ) from None
             try:
-                decoded = await asyncio.wrap_future(job)
+                return await asyncio.wrap_future(job)
             except asyncio.CancelledError:
-                job.add_done_callback(_discard)  # its segment, when it comes, is nobody's
+                if on_cancel is not None:
+                    job.add_done_callback(on_cancel)  # what it makes, when it comes
                 raise
         except BrokenProcessPool:
             self._pool = None  # a new helper for the next large body
             raise InfergateError("the body decoder process died; retry the request") from None
         finally:
             self._io_thread().submit(_unlink, segment)  # freeing its pages takes a while: not here
-        # The read unlinks the helper's segment whether or not this request is still
-        # waiting for it.
-        raw = await asyncio.wrap_future(self._io_thread().submit(_read_segment, decoded))
-        return await _tensors_from_raw(raw, decoded, keeper)
 
     def _io_thread(self) -> ThreadPoolExecutor:
         if self._io is None:

@@ -176,7 +176,7 @@ class InferRoute:
             body = await read_body(headers, receive, self._limit)
             length = header_text(headers, HEADER_LENGTH)
             if isinstance(served, RemoteServedVersion):
-                doc = header_of(body, length)
+                doc = await header_of(self._decoder, body, length)
                 if doc is not None:  # no tensor decoded: the body goes on as it came
                     params = doc.get("parameters") or {}
                     if not isinstance(params, dict):

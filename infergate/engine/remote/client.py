@@ -23,7 +23,7 @@ from infergate.clock import Clock
 from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
-from infergate.engine.remote.http1 import Http1Pool, Sender
+from infergate.engine.remote.http1 import Http1Pool, Payload, Sender
 from infergate.engine.remote.metrics import RemoteMetrics
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.errors import (
@@ -160,7 +160,7 @@ class RemotePool:
     async def forward(
         self,
         path: str,
-        body: bytes,
+        body: Payload,
         headers: dict[str, str],
         start_by: float,
         finish_by: float,
@@ -207,7 +207,7 @@ class RemotePool:
         self,
         endpoint: str,
         path: str,
-        body: bytes,
+        body: Payload,
         headers: dict[str, str],
         start_by: float,
         finish_by: float,

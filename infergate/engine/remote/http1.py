@@ -19,6 +19,10 @@ from urllib.parse import urlsplit
 
 from infergate.errors import BrokenReply, ConnectFailed, PoolTimeout, StaleConnection
 
+# A request body as the gateway holds it: a large one is a view of its mapping, written
+# to the socket as it is (copied to bytes, 60 MB held the event loop for 30-40 ms).
+Payload = bytes | bytearray | memoryview
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -34,7 +38,7 @@ class Sender(Protocol):
         self,
         path: str,
         headers: dict[str, str],
-        body: bytes,
+        body: Payload,
         connect_timeout_s: float,
         pool_timeout_s: float,
     ) -> Reply: ...
@@ -97,7 +101,7 @@ class Http1Pool:
         self,
         path: str,
         headers: dict[str, str],
-        body: bytes,
+        body: Payload,
         connect_timeout_s: float,
         pool_timeout_s: float,
     ) -> Reply:
@@ -133,7 +137,7 @@ class Http1Pool:
             self._slots.release()
 
     async def _exchange(
-        self, connection: _Connection, path: str, headers: dict[str, str], body: bytes
+        self, connection: _Connection, path: str, headers: dict[str, str], body: Payload
     ) -> tuple[Reply, bool]:
         lines = [
             f"POST {self._prefix}{path} HTTP/1.1",

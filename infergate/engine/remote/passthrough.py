@@ -11,13 +11,14 @@ from typing import Any
 from infergate.engine.admission.tenants import TenantState
 from infergate.engine.context import EngineContext
 from infergate.engine.remote.client import UpstreamReply
+from infergate.engine.remote.http1 import Payload
 from infergate.engine.remote.served import RemoteServedVersion
 
 
 async def forward_admitted(
     context: EngineContext,
     served: RemoteServedVersion,
-    body: bytes,
+    body: Payload,
     headers: dict[str, str],
     priority: Any,
     timeout_s: float | None,

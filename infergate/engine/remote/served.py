@@ -21,6 +21,7 @@ from infergate.engine.context import EngineContext
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
 from infergate.engine.remote.config import RemoteConfig
+from infergate.engine.remote.http1 import Payload
 from infergate.engine.remote.metrics import remote_metrics
 from infergate.engine.repository.spec import ModelEntry, ModelVersionFile, TensorSpec
 from infergate.engine.scheduling.classes import PriorityClass
@@ -221,7 +222,7 @@ class RemoteServedVersion(ServedVersion):
     # -- requests ------------------------------------------------------------------------
 
     async def forward(
-        self, body: bytes, headers: dict[str, str], start_by: float, finish_by: float
+        self, body: Payload, headers: dict[str, str], start_by: float, finish_by: float
     ) -> UpstreamReply:
         """The pass-through: `body` goes upstream unchanged."""
         self.requests.enter()
