@@ -163,6 +163,23 @@ def test_tables_are_whole_off_a_terminal_and_format_tsv_json(
     assert out.splitlines()[0] == "check\tstatus\tdetail"
 
 
+def test_breaker_json_gives_absent_values_as_null(unix_server: ServerProcess) -> None:
+    # mlp: closed, and no request has reached it (acme's are refused before its breaker).
+    code, out = admin(unix_server, "breaker", "list", "--json")
+    assert code == 0, out
+    mlp = next(r for r in json.loads(out) if r["model"] == "mlp")
+    assert mlp["state"] == "closed"
+    assert mlp["window_requests"] == 0
+    assert (mlp["reason"], mlp["retry_after_s"], mlp["window_p99_ms"]) == (None, None, None)
+    code, out = admin(unix_server, "breaker", "list", "--format", "tsv")
+    assert code == 0, out
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert rows[0] == [
+        "model", "version", "state", "retry in", "window reqs", "failures", "p99 ms", "reason"
+    ]  # fmt: skip
+    assert ["mlp", "1", "closed", "-", "0", "0", "-", ""] in rows
+
+
 def test_tenant_json_keeps_its_types_across_a_change(unix_server: ServerProcess) -> None:
     def acme() -> dict[str, Any]:
         code, out = admin(unix_server, "tenant", "list", "--json")
