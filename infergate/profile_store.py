@@ -21,15 +21,16 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import tomlkit
 from tomlkit import TOMLDocument
 
+from infergate.engine.cluster.settings import ClusterSettings
 from infergate.engine.engine import Engine
 from infergate.errors import BadRequest, ConfigError, NoProfileFile
-from infergate.profile import Profile, load_profile
+from infergate.profile import DeviceSettings, Profile, ServerSettings, load_profile
 
 # (mtime, size, inode) of the file; None when it is missing
 Stamp = tuple[int, int, int] | None
@@ -71,6 +72,23 @@ def guard_access(current: Profile, new: Profile) -> tuple[Profile, list[str]]:
         held.append("allow_anonymous")
     server = replace(asked, admin_keys=keys, allow_anonymous=anonymous)
     return replace(new, server=server), held
+
+
+# [server] settings the engine takes live (Profile.live_settings), as guard_access allows
+LIVE_SERVER_FIELDS = frozenset({"admin_keys", "allow_anonymous"})
+
+
+StartTable = ServerSettings | DeviceSettings | ClusterSettings
+
+
+def changed(old: StartTable, new: StartTable) -> list[str]:
+    """The fields of a start-time settings table that differ, by name (sorted), less
+    those that apply live."""
+    return sorted(
+        f.name
+        for f in fields(old)
+        if f.name not in LIVE_SERVER_FIELDS and getattr(old, f.name) != getattr(new, f.name)
+    )
 
 
 class ProfileStore:
@@ -161,11 +179,14 @@ class ProfileStore:
                 "that applies at the next start (infergate serve), not live",
             )
         for table in ("server", "devices", "cluster"):
-            if getattr(profile, table) != getattr(self.profile, table):
+            names = changed(getattr(self.profile, table), getattr(profile, table))
+            if names:
+                they = "they apply" if len(names) > 1 else "it applies"
                 events.publish(
                     "profile_restart_needed",
                     "",
-                    f"[{table}] settings changed; they apply at the next start (infergate serve)",
+                    f"[{table}] {', '.join(names)} changed; {they} at the next start "
+                    "(infergate serve)",
                 )
         self._engine.apply_settings(profile.live_settings())
         self.profile = profile
@@ -205,7 +226,9 @@ class ProfileStore:
         document = tomlkit.parse(text)
         change(document)
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        tmp = Path(name)
+        # mkstemp answers an absolute name; the check reads the file by `path`'s form, as
+        # the watcher does, so a relative `models` resolves alike in both (no false change).
+        tmp = path.parent / Path(name).name
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(tomlkit.dumps(document))

@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -41,14 +43,25 @@ def wait_ready(
 
 class ServerProcess:
     def __init__(
-        self, models: Path, profile: Path, log: Path, env: dict[str, str] | None = None
+        self,
+        models: Path,
+        profile: Path,
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
+        # `cwd`: where the server runs, so that a relative `profile` is read as a user's
+        # `infergate serve` in their project folder reads profiles/default.toml.
         self.models = models
         self.profile = profile
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self._env = {**os.environ, **(env or {})}
+        self._cwd = cwd
+        if cwd is not None:  # run elsewhere, it still imports this checkout (and tests/)
+            paths = [str(REPO), self._env.get("PYTHONPATH", "")]
+            self._env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 90.0) -> ServerProcess:
@@ -82,6 +95,7 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self._env,
+                cwd=self._cwd,
                 start_new_session=True,  # so a test can signal the whole group
             )
         deadline = time.monotonic() + timeout_s

@@ -22,7 +22,9 @@ POLICY = BreakerPolicy(
 )
 
 
-def feed(breaker: Breaker, clock: FakeClock, ok: bool, latency: float = 0.01, n: int = 4) -> None:
+def feed(
+    breaker: Breaker, clock: FakeClock, ok: bool, latency: float | None = 0.01, n: int = 4
+) -> None:
     for _ in range(n):
         assert breaker.allow() == "normal"
         breaker.record("normal", ok, latency)
@@ -46,6 +48,19 @@ def test_failure_rate_opens_after_consecutive_windows() -> None:
     assert "failure rate" in breaker.reason
     assert breaker.allow() == "refused"
     assert breaker.retry_after() == pytest.approx(2.0)
+
+
+def test_the_window_p99_is_none_until_a_latency_is_measured() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    assert breaker.window_stats() == (0, 0, None)
+    for _ in range(2):  # failures whose latency was not measured (a worker died)
+        feed(breaker, clock, ok=False, latency=None)
+    assert breaker.window_stats() == (8, 8, None)
+    assert breaker.state == "open"  # the failure rate still counts
+    breaker.reset()
+    feed(breaker, clock, ok=True, latency=0.02)
+    assert breaker.window_stats() == (4, 0, 0.02)
 
 
 def test_a_good_window_between_bad_ones_keeps_it_closed() -> None:

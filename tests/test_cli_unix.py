@@ -163,6 +163,23 @@ def test_tables_are_whole_off_a_terminal_and_format_tsv_json(
     assert out.splitlines()[0] == "check\tstatus\tdetail"
 
 
+def test_breaker_json_gives_absent_values_as_null(unix_server: ServerProcess) -> None:
+    # mlp: closed, and no request has reached it (acme's are refused before its breaker).
+    code, out = admin(unix_server, "breaker", "list", "--json")
+    assert code == 0, out
+    mlp = next(r for r in json.loads(out) if r["model"] == "mlp")
+    assert mlp["state"] == "closed"
+    assert mlp["window_requests"] == 0
+    assert (mlp["reason"], mlp["retry_after_s"], mlp["window_p99_ms"]) == (None, None, None)
+    code, out = admin(unix_server, "breaker", "list", "--format", "tsv")
+    assert code == 0, out
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert rows[0] == [
+        "model", "version", "state", "retry in", "window reqs", "failures", "p99 ms", "reason"
+    ]  # fmt: skip
+    assert ["mlp", "1", "closed", "-", "0", "0", "-", ""] in rows
+
+
 def test_tenant_json_keeps_its_types_across_a_change(unix_server: ServerProcess) -> None:
     def acme() -> dict[str, Any]:
         code, out = admin(unix_server, "tenant", "list", "--json")
@@ -248,6 +265,42 @@ def test_key_new_prints_once_and_writes_the_hash(
     )
     assert code == 0, out
     assert json.loads(out)["sha256"] in (tmp_path / "fresh.toml").read_text()
+
+
+def test_key_new_says_when_it_creates_a_tenant(tmp_path: Path) -> None:
+    """A tenant name that the profile lacks (a typo, or the README's `trial`) makes a new
+    tenant open to every model: the command says so, in text and JSON."""
+    profile = write_profile(tmp_path, PROFILE)
+    code, out = run("key", "new", "--tenant", "trial", "--write", "--profile", str(profile))
+    assert code == 0, out
+    assert (
+        f"created tenant trial (class: burst, models: *), as {profile} had no tenant of that "
+        "name. Hint: a typo? Remove it with: infergate tenant remove trial"
+    ) in out
+    code, out = run("key", "new", "--tenant", "trial", "--write", "--profile", str(profile))
+    assert code == 0, out
+    assert "created" not in out
+    assert (
+        f"added to tenants.trial.api_keys in {profile} (existing tenant trial, now with 2 keys)"
+        in out
+    )
+    code, out = run(
+        "key", "new", "--tenant", "trail", "--write", "--profile", str(profile), "--json"
+    )
+    assert code == 0, out
+    assert json.loads(out)["tenant"] == {
+        "name": "trail", "created": True, "class": "burst", "models": ["*"], "keys": 1
+    }  # fmt: skip
+    code, out = run(
+        "key", "new", "--tenant", "acme", "--write", "--profile", str(profile), "--json"
+    )
+    assert code == 0, out
+    assert json.loads(out)["tenant"] == {
+        "name": "acme", "created": False, "class": "burst", "models": ["dig[a-z]ts"], "keys": 2
+    }  # fmt: skip
+    code, out = run("key", "new", "--admin", "--write", "--profile", str(profile), "--json")
+    assert code == 0, out
+    assert json.loads(out)["tenant"] is None  # not left out
 
 
 def test_serve_mistakes_are_one_line_and_an_exit_code(

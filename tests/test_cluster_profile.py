@@ -58,7 +58,7 @@ def test_a_cluster_change_says_it_needs_a_restart(tmp_path: Path) -> None:
     assert store.reload()
     messages = [e.message for e in engine.context.events.recent() if e.kind.endswith("needed")]
     assert messages == [
-        "[cluster] settings changed; they apply at the next start (infergate serve)"
+        "[cluster] redis_url changed; it applies at the next start (infergate serve)"
     ]
 
 

@@ -4,6 +4,7 @@ and deleted under it, and the admin API used while that happens."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -12,8 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from infergate.cli.main import app
 from infergate.engine.admission.tenants import hash_key
+from tests.conftest import REPO
 from tests.polling import wait_until
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
@@ -90,11 +94,11 @@ def wait_event(server: ServerProcess, kind: str, text: str) -> dict[str, Any]:
         time.sleep(0.05)
 
 
-def events_now(server: ServerProcess) -> list[dict[str, Any]]:
+def events_now(server: ServerProcess, key: str = ADMIN) -> list[dict[str, Any]]:
     """The gateway's events so far, from the admin model view's recent events (all kinds
     with no model are in the stream; read it until it goes quiet)."""
     out = []
-    headers = {"Authorization": f"Bearer {ADMIN}"}
+    headers = {"Authorization": f"Bearer {key}"}
     try:
         with httpx.stream(
             "GET",
@@ -168,3 +172,54 @@ def test_an_edit_keeps_the_mode_and_leaves_no_temporary_file(server: ServerProce
     ]
     assert "[tenants.carol]" in server.profile.read_text()
     assert "# a profile with keys" in server.profile.read_text()
+
+
+def test_edits_through_the_cli_with_a_relative_profile_need_no_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's walk-through, in a project folder where `infergate serve` reads
+    profiles/default.toml (a relative path): a tenant key, a tenant setting and an admin
+    key apply at once, with no false "restart needed"; a [server] edit names what changed."""
+    project = tmp_path / "project"
+    make_scripted(project / "models" / "m" / "1" / "model.scripted", controls=())
+    (project / "profiles").mkdir()
+    shutil.copy(REPO / "profiles" / "default.toml", project / "profiles" / "default.toml")
+    relative = Path("profiles/default.toml")
+    proc = ServerProcess(project / "models", relative, tmp_path / "server.log", cwd=project).start()
+    monkeypatch.chdir(project)  # the CLI's --profile default is relative too
+    try:
+        code, out = cli("key", "new", "--tenant", "trial", "--write")
+        assert code == 0, out
+        wait_until(lambda: "trial" in tenant_names(proc, None), what="tenant trial to apply")
+        code, out = cli("tenant", "set", "trial", "weight=2", "--url", proc.url)
+        assert code == 0, out
+        code, out = cli("key", "new", "--admin", "--write", "--json")
+        assert code == 0, out
+        key = json.loads(out)["key"]
+        wait_until(lambda: admin(proc) == 401, what="the admin key to apply")
+        # A real [server] change: its event names the fields, and is the only one.
+        text = relative.read_text().replace("port = 8000", "port = 8001")
+        relative.write_text(text.replace('models = "models"', 'models = "elsewhere"'))
+        events = wait_until(
+            lambda: restarts_needed(proc, key) or None, what="the [server] change's event"
+        )
+        assert events == [
+            "[server] models, port changed; they apply at the next start (infergate serve)"
+        ]
+    finally:
+        proc.stop()
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args), env={"INFERGATE_ADMIN_TOKEN": ""})
+    return result.exit_code, result.output
+
+
+def tenant_names(server: ServerProcess, key: str | None) -> set[str]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    doc = httpx.get(f"{server.url}/admin/tenants", headers=headers, timeout=10).json()
+    return {t["name"] for t in doc["tenants"]}
+
+
+def restarts_needed(server: ServerProcess, key: str) -> list[str]:
+    return [e["message"] for e in events_now(server, key) if e["kind"] == "profile_restart_needed"]

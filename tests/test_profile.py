@@ -79,5 +79,5 @@ def test_worker_nice_is_read_and_a_devices_change_says_it_needs_a_restart(
     assert store.reload()
     messages = [e.message for e in engine.context.events.recent() if e.kind.endswith("needed")]
     assert messages == [
-        "[devices] settings changed; they apply at the next start (infergate serve)"
+        "[devices] worker_nice changed; it applies at the next start (infergate serve)"
     ]

@@ -203,7 +203,10 @@ def test_failures_trip_the_breaker_and_it_recovers(shared_server: ServerProcess)
     assert "failure rate" in opened.json()["error"]
     assert int(opened.headers["Retry-After"]) >= 1
     # A good request is refused too while it is open; other models serve throughout.
-    assert breaker_state(shared_server, "flaky")["state"] == "open"
+    open_row = breaker_state(shared_server, "flaky")
+    assert open_row["state"] == "open"
+    assert "failure rate" in open_row["reason"]
+    assert isinstance(open_row["retry_after_s"], float)
     assert call(shared_server, "flaky", BOB, flaky(0)).status_code == 503
     assert call(shared_server, "mlp", BOB).status_code == 200
     # After the backoff, good probes close it.
@@ -213,7 +216,9 @@ def test_failures_trip_the_breaker_and_it_recovers(shared_server: ServerProcess)
         what="a probe to pass",
     )
     assert call(shared_server, "flaky", BOB, flaky(0)).status_code == 200
-    assert breaker_state(shared_server, "flaky")["state"] == "closed"
+    closed = breaker_state(shared_server, "flaky")
+    assert closed["state"] == "closed"
+    assert (closed["reason"], closed["retry_after_s"]) == ("probes succeeded", None)
     events = httpx.get(
         f"{shared_server.url}/admin/models/flaky", headers={"Authorization": f"Bearer {ADMIN}"}
     ).json()["events"]

@@ -48,10 +48,10 @@ def list_breakers(
                 r["model"],
                 str(r["version"]),
                 Text(r["state"], style=STYLE.get(r["state"], "")),
-                f"{r['retry_after_s']:.1f} s" if r["state"] == "open" else "-",
+                "-" if r["retry_after_s"] is None else f"{r['retry_after_s']:.1f} s",
                 str(r["window_requests"]),
                 str(r["window_failures"]),
-                f"{r['window_p99_ms']:g}",
+                "-" if r["window_p99_ms"] is None else f"{r['window_p99_ms']:g}",
                 r["reason"] or "",
             ]
             for r in rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import tomlkit
 import typer
@@ -14,12 +14,16 @@ from tomlkit.items import Table
 from infergate.cli.common import EXIT_USAGE, JsonOption, fail, make_app, print_json, say
 from infergate.cli.helptext import example
 
+if TYPE_CHECKING:
+    from infergate.profile import Profile
+
 app = make_app("Mint API keys for tenants and admins.")
 
 
-def _add_hash(profile: Path, section: list[str], digest: str) -> None:
+def _add_hash(profile: Path, section: list[str], digest: str, as_json: bool) -> Profile:
     """Append `digest` to the api_keys/admin_keys list at `section`, written atomically
-    (a temp file and a rename, as the server does), checked as a profile first."""
+    (a temp file and a rename, as the server does), checked as a profile first; the
+    profile as written."""
     from infergate.errors import ConfigError
     from infergate.profile import load_profile
 
@@ -31,7 +35,7 @@ def _add_hash(profile: Path, section: list[str], digest: str) -> None:
             node[name] = tomlkit.table(is_super_table=name == "tenants")
         child = node[name]
         if not isinstance(child, Table):
-            fail(f"{profile}: [{'.'.join(tables)}] is not a table", EXIT_USAGE)
+            fail(f"{profile}: [{'.'.join(tables)}] is not a table", EXIT_USAGE, as_json)
         node = child
     keys = node.get(field) or tomlkit.array()
     keys.append(digest)
@@ -40,13 +44,53 @@ def _add_hash(profile: Path, section: list[str], digest: str) -> None:
     try:
         tmp.write_text(tomlkit.dumps(document))
         try:
-            load_profile(tmp)
+            written = load_profile(tmp)
         except ConfigError as exc:
-            fail(str(exc).replace(str(tmp), str(profile)), EXIT_USAGE)
+            fail(str(exc).replace(str(tmp), str(profile)), EXIT_USAGE, as_json)
         os.replace(tmp, profile)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+    return written
+
+
+def _has_tenant(profile: Path, name: str) -> bool:
+    """Does the profile define tenant `name`? (One with no [tenants] has `default`.)"""
+    from infergate.engine.admission.tenants import DEFAULT_TENANT
+
+    if not profile.exists():
+        return False
+    tenants = tomlkit.parse(profile.read_text()).get("tenants")
+    if not isinstance(tenants, Table):
+        return name == DEFAULT_TENANT
+    return name in tenants
+
+
+def _tenant_json(profile: Profile, name: str, created: bool) -> dict[str, Any]:
+    tenant = next(t for t in profile.tenants if t.name == name)
+    return {
+        "name": name,
+        "created": created,
+        "class": tenant.cls,
+        "models": list(tenant.models),
+        "keys": len(tenant.api_keys),
+    }
+
+
+def _written_lines(where: str, profile: Path, t: dict[str, Any] | None) -> list[str]:
+    """What --write did: a tenant it created is said first and loudly (a typo makes one)."""
+    lines = []
+    added = f"added to {where} in {profile}"
+    if t is not None and t["created"]:
+        lines.append(
+            f"created tenant {t['name']} (class: {t['class']}, models: "
+            f"{', '.join(t['models'])}), as {profile} had no tenant of that name. Hint: a "
+            f"typo? Remove it with: infergate tenant remove {t['name']}"
+        )
+    elif t is not None:
+        keys = f"{t['keys']} keys" if t["keys"] > 1 else "1 key"
+        added += f" (existing tenant {t['name']}, now with {keys})"
+    return [*lines, f"{added}. The key is shown this once: store it now."]
 
 
 @app.command(
@@ -84,9 +128,13 @@ def new(
     key = new_key()
     digest = hash_key(key)
     section = ["server", "admin_keys"] if admin else ["tenants", tenant or "", "api_keys"]
-    if write:
-        _add_hash(profile, section, digest)
     where = "server.admin_keys" if admin else f"tenants.{tenant}.api_keys" if tenant else None
+    written: dict[str, Any] | None = None  # the tenant as --write left it
+    if write:
+        existed = tenant is not None and _has_tenant(profile, tenant)
+        after = _add_hash(profile, section, digest, json)
+        if tenant is not None:
+            written = _tenant_json(after, tenant, created=not existed)
     if json:
         print_json(
             {
@@ -94,12 +142,14 @@ def new(
                 "sha256": digest,
                 "for": where,
                 "written_to": str(profile) if write else None,
+                "tenant": written,
             }
         )
         return
     say(f"key:  {key}\nhash: {digest}")
     if write:
-        say(f"added to {where} in {profile}. The key is shown this once: store it now.", err=True)
+        assert where is not None
+        say("\n".join(_written_lines(where, profile, written)), err=True)
     else:
         say(
             f"list the hash in {where or 'server.admin_keys or tenants.NAME.api_keys'}; "

@@ -49,7 +49,7 @@ class BreakerView:
     retry_after_s: float
     window_requests: int
     window_failures: int
-    window_p99_s: float
+    window_p99_s: float | None  # None: no latency measured in the window
     policy: BreakerPolicy
 
 

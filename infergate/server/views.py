@@ -83,11 +83,12 @@ def breaker_json(b: BreakerView, fields: list[str]) -> dict[str, Any]:
         "model": b.model,
         "version": b.version,
         "state": b.state,
-        "reason": b.reason,
-        "retry_after_s": round(b.retry_after_s, 2),
+        # Absent values are null, never a stand-in such as "" or 0 (README, CLI section).
+        "reason": b.reason or None,
+        "retry_after_s": round(b.retry_after_s, 2) if b.state == "open" else None,
         "window_requests": b.window_requests,
         "window_failures": b.window_failures,
-        "window_p99_ms": round(b.window_p99_s * 1000, 1),
+        "window_p99_ms": None if b.window_p99_s is None else round(b.window_p99_s * 1000, 1),
         "policy": {k: getattr(b.policy, k) for k in fields},
     }
 

@@ -148,15 +148,16 @@ class Breaker:
             if self._state == "closed":
                 self._evaluate(at)
 
-    def window_stats(self, now: float | None = None) -> tuple[int, int, float]:
-        """Requests, failures and p99 latency (seconds) in the window ending `now`."""
+    def window_stats(self, now: float | None = None) -> tuple[int, int, float | None]:
+        """Requests, failures and p99 latency (seconds) in the window ending `now`; the
+        p99 is None when no request in it had its latency measured."""
         now = self._clock.now() if now is None else now
         while self._buckets and self._buckets[0].start <= now - self.policy.window_seconds:
             self._buckets.popleft()
         ok = sum(b.ok for b in self._buckets)
         failed = sum(b.failed for b in self._buckets)
         latencies = sorted(x for b in self._buckets for x in b.latencies)
-        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0
+        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
         return ok + failed, failed, p99
 
     def _evaluate(self, now: float) -> None:
@@ -168,7 +169,7 @@ class Breaker:
                     f"failure rate {failed / total:.0%} over {total} requests "
                     f"(limit {self.policy.failure_rate:.0%})"
                 )
-            elif p99 * 1000 > self.policy.latency_p99_ms:
+            elif p99 is not None and p99 * 1000 > self.policy.latency_p99_ms:
                 why = f"p99 latency {p99 * 1000:.0f} ms (limit {self.policy.latency_p99_ms:.0f} ms)"
         self._bad_evaluations = self._bad_evaluations + 1 if why else 0
         if why and self._bad_evaluations >= self.policy.consecutive_windows:
