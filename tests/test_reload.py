@@ -171,9 +171,17 @@ def test_a_bad_file_never_replaces_a_good_model(
     place(models / name / "1" / "model.onnx", lambda p: BAD_FILES[kind](p) or p)
     reason = wait_until(lambda: failures(server, name).get("1"), what="the failure")
     assert EXPECTED_REASON[kind] in reason
+    # The user's file, never the gateway's verified copy of it, and what to do.
+    assert "infergate-verified" not in reason
+    if kind in ("corrupt", "truncated"):
+        assert str(models / name / "1" / "model.onnx") in reason, reason
+        assert reason.endswith("Hint: fix or replace the file"), reason
+    assert "Hint:" in reason
     status = server.model(name)
     assert status["state"] == "ready"
-    assert "version 1" in status["reason"]
+    assert status["reason"] == (
+        f"version 1: {reason}; version 1 keeps serving the file it loaded before"
+    )
     assert server.worker_pids(name) == pids
     assert infer(server.url, name).json() == before
     assert any(e["kind"] == "model_load_failed" for e in status["events"])
@@ -229,3 +237,22 @@ def test_removing_a_model_stops_its_workers(server: ServerProcess, models: Path)
     for pid in pids:
         wait_until(partial(process_gone, pid), what="its workers to exit")
     assert infer(server.url, kept).status_code == 200
+
+
+def stop_events(server: ServerProcess, name: str, after: int) -> list[str]:
+    events = server.model(name)["events"]
+    return [
+        e["message"] for e in events if e["kind"] == "model_version_stopped" and e["id"] > after
+    ]
+
+
+def test_a_replaced_version_says_what_changed(server: ServerProcess, models: Path) -> None:
+    name = add_model(server, "mv")
+    seen = max(e["id"] for e in server.model(name)["events"])
+    (models / name / "model.toml").write_text("instances = 2\n")
+    (stopped,) = wait_until(lambda: stop_events(server, name, seen), what="v1 replaced")
+    assert stopped.startswith("replaced: model.toml changed (instances);"), stopped
+    seen = max(e["id"] for e in server.model(name)["events"])
+    place(models / name / "1" / "model.onnx", lambda p: make_mlp(p, offset=5.0))
+    (stopped,) = wait_until(lambda: stop_events(server, name, seen), what="v1 replaced")
+    assert stopped.startswith("replaced by a new file;"), stopped

@@ -4,6 +4,7 @@ repository's load and unload."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -148,8 +149,14 @@ class Engine:
         state = self.context.tenants.get(name)
         return tenant_view(state, self.context.placer.reserved(tenant=name))
 
-    def version(self, name: str, version: int | None = None) -> ServedVersion:
-        record = self.registry.record(name)
+    def version(
+        self,
+        name: str,
+        version: int | None = None,
+        visible: Callable[[str], bool] | None = None,
+    ) -> ServedVersion:
+        """The version a request for `name` reaches; a 404 names only `visible` models."""
+        record = self.registry.record(name, visible)
         if version is None:
             served = record.default_version()
             if served is None:
@@ -194,6 +201,16 @@ class Engine:
         finally:
             self.leave(state)
 
+    def check_allowed(self, state: TenantState, model: str) -> None:
+        """403 for a model outside the tenant's allow-list, counted as `admit` counts it.
+        Asked before anything about the model is looked up, so that a tenant learns
+        nothing of a model it may not use: whether it exists, or why it is not ready."""
+        try:
+            self.context.tenants.check_allowed(state, model)
+        except Forbidden as exc:
+            self.context.metrics.rate_limited.labels(state.tenant.name, exc.reason).inc()
+            raise
+
     def admit(self, state: TenantState, model: str) -> None:
         """The one admission check (allow-list, rate, concurrency); on success the caller
         must `leave`. The HTTP route calls it before reading the body, so a refused
@@ -227,7 +244,7 @@ class Engine:
         self, request: InferenceRequest, tenant: TenantState
     ) -> InferenceResult:
         """`infer` for a caller that already holds an admission from `admit`."""
-        served = self.version(request.model, request.version)
+        served = self.version(request.model, request.version, tenant.tenant.may_use)
         if request.sequence is not None or served.sequences is not None:
             run = partial(self._run, served, tenant=tenant)
             return await infer_in_sequence(served, request, run)
@@ -295,7 +312,8 @@ def _no_version_error(record: ModelRecord) -> InfergateError:
             f"Request for unknown model: {name!r} is not found: it was unloaded. "
             f"Hint: infergate model load {name}"
         )
+    hint = "" if "Hint:" in why else ". Hint: fix it and reload it"  # one hint, not two
     return ModelFailed(
-        f"model {name!r} failed to load: {why}. Hint: fix it and reload it (infergate model "
-        f"status {name} shows why, infergate model load {name} retries)"
+        f"model {name!r} failed to load: {why}{hint} (infergate model status {name} shows "
+        f"why, infergate model load {name} retries)"
     )

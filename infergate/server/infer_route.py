@@ -161,13 +161,16 @@ class InferRoute:
         tenant: TenantState,
         keeper: Keeper,
     ) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        # The allow-list (403) before anything about the model (404, 424, 503), which
+        # comes before the rate and concurrency limits (429); all before the body.
+        self._engine.check_allowed(tenant, name)
         number = version_number(version)
-        served = self._engine.version(name, number)  # 404 and 503 before reading the body
+        served = self._engine.version(name, number, tenant.tenant.may_use)
         if not served.ready:
             raise served.not_ready_error()
-        # Admission (allow-list, rate, concurrency) before the body: a refused request
-        # is answered without waiting for its upload or decoding it. With [cluster] the
-        # limits live in Redis (a round trip); without, the check stays synchronous.
+        # Admission (rate, concurrency) before the body: a refused request is answered
+        # without waiting for its upload or decoding it. With [cluster] the limits live
+        # in Redis (a round trip); without, the check stays synchronous.
         shared = self._engine.context.shared_limits is not None
         ticket = await self._engine.admit_shared(tenant, name) if shared else None
         if ticket is None:

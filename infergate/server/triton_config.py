@@ -73,14 +73,8 @@ def config_router(engine: Engine, guard: list[Any]) -> APIRouter:
             overrides.set(name, None)
             raise BadRequest(f"failed to load {name!r}: {exc}") from None
         if record.problem or record.failures or record.state != "ready":
-            overrides.set(name, previous)
-            serving = record.default_version()
-            keeps = (
-                f"; version {serving.version} keeps serving"
-                if serving is not None and serving.ready
-                else ""
-            )
-            raise BadRequest(f"failed to load {name!r}: {record.reason}{keeps}")
+            overrides.set(name, previous)  # its reason says what keeps serving
+            raise BadRequest(f"failed to load {name!r}: {record.reason}")
         return _json({})
 
     return router

@@ -153,9 +153,9 @@ class Instance:
                 assert failed is not None
                 await failed.exited
                 if not ever_ready or self._stopping:
-                    self._fail(f"load failed: {exc}")
+                    self._fail(f"load failed: {with_hint(self._said(exc))}")
                     return
-                self.reason = f"reload after a crash failed: {exc}"
+                self.reason = f"reload after a crash failed: {self._said(exc)}"
                 if failed.over_memory and self._too_many_kills():
                     return
             else:
@@ -229,6 +229,14 @@ class Instance:
         )
         return True
 
+    def _said(self, exc: Exception) -> str:
+        """A worker's error as its user reads it: the runtime names the file it opened,
+        the gateway's verified copy; the user knows their file in the repository."""
+        text = str(exc)
+        if self.spec.source is not None:
+            text = text.replace(str(self.spec.path), str(self.spec.source))
+        return text
+
     def _fail(self, reason: str) -> None:
         self.state, self.reason = "failed", reason
         self._settled.set()
@@ -244,3 +252,11 @@ class Instance:
         if self.state != "failed":
             self.state = "stopped"
         self._settled.set()
+
+
+def with_hint(said: str) -> str:
+    """A load failure ends with what to do: the runtime could not open the file (or
+    crashed on it), unless the message already says what to do."""
+    if "Hint:" in said:
+        return said
+    return f"{said.rstrip(' .')}. Hint: fix or replace the file"

@@ -70,12 +70,22 @@ class ModelRecord:
         if self.unloaded:
             return "unloaded; load it with infergate model load " + self.name
         if self.problem:
-            return self.problem
+            return self.problem + self.keeps_serving(None)
         if self.failures:
             version = max(self.failures)
-            return f"version {version}: {self.failures[version]}"
+            return f"version {version}: {self.failures[version]}{self.keeps_serving(version)}"
         default = self.default_version()
         return default.reason if default else None
+
+    def keeps_serving(self, failed: int | None) -> str:
+        """What serves despite a failure (of version `failed`), as the tail of its reason:
+        read when asked, so it never outlives what it says."""
+        serving = self.default_version()
+        if serving is None or not serving.ready:
+            return ""
+        if serving.version == failed:
+            return f"; version {failed} keeps serving the file it loaded before"
+        return f"; version {serving.version} keeps serving"
 
 
 class Registry:
@@ -121,11 +131,13 @@ class Registry:
     def has(self, name: str) -> bool:
         return name in self._records
 
-    def record(self, name: str) -> ModelRecord:
+    def record(self, name: str, visible: Callable[[str], bool] | None = None) -> ModelRecord:
+        """`visible`: which models the 404 may name (a tenant's allow-list); all if None."""
         try:
             return self._records[name]
         except KeyError:
-            known = ", ".join(sorted(self._records)) or "none"
+            names = sorted(n for n in self._records if visible is None or visible(n))
+            known = ", ".join(names) or "none"
             raise ModelNotFound(
                 f"Request for unknown model: '{name}' is not found; served models: {known}. "
                 "Hint: infergate model list"
@@ -254,7 +266,7 @@ class Registry:
         record.failures.pop(version, None)
         record.failed_files.pop(version, None)
         if old is not None:
-            self._retire_one(record, old, "replaced by a new file")
+            self._retire_one(record, old, self._replaced(old, candidate))
         self._context.metrics.reloads.labels(record.name, "ready").inc()
         self._context.metrics.reload_seconds.labels(record.name).observe(load_s)
         self._context.events.publish(
@@ -266,12 +278,23 @@ class Registry:
             load_s=load_s,
         )
 
+    def _replaced(self, old: ServedVersion, new: ServedVersion) -> str:
+        """What changed, for the old version's stop event: its file, its settings, or
+        neither (an explicit load of the same files)."""
+        changed = old.changed_settings(new)
+        source = "model.toml" if self.overrides.get(old.name) is None else "its config"
+        settings = f"{source} changed ({', '.join(changed)})"
+        if old.file != new.file or old.sha256 != new.sha256:
+            return "replaced by a new file" + (f", and {settings}" if changed else "")
+        if changed:
+            return f"replaced: {settings}"
+        return "replaced: reloaded on request, same file and settings"
+
     def _failed(self, record: ModelRecord, version: int | None, reason: str) -> None:
         if version is not None:
             record.failures[version] = reason
         self._context.metrics.reloads.labels(record.name, "failed").inc()
-        serving = record.default_version()
-        keeps = f"; version {serving.version} keeps serving" if serving and serving.ready else ""
+        keeps = record.keeps_serving(version)
         self._context.events.publish("model_load_failed", record.name, reason + keeps, version)
 
     def _retire(self, record: ModelRecord, versions: list[int], why: str) -> None:

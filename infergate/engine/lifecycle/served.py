@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ class ServedVersion:
             model=entry.name,
             version=file.version,
             path=stored_path or file.path,
+            source=file.path,
             runtime=file.runtime,
             device=entry.config.device,
             inputs=entry.config.inputs,
@@ -107,6 +109,14 @@ class ServedVersion:
     def same_as(self, file: ModelVersionFile, sha256: str, config: ModelConfig) -> bool:
         """Would loading `file` again give what serves now?"""
         return self.file == file and self.sha256 == sha256 and self.config == config
+
+    def changed_settings(self, newer: ServedVersion) -> list[str]:
+        """The model.toml settings that differ between this version and `newer`."""
+        return [
+            f.name
+            for f in fields(ModelConfig)
+            if getattr(self.config, f.name) != getattr(newer.config, f.name)
+        ]
 
     # -- lifecycle -----------------------------------------------------------------------
 

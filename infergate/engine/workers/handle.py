@@ -177,7 +177,10 @@ class WorkerHandle:
             return await asyncio.wait_for(asyncio.shield(self._ready), left)
         except TimeoutError:
             self.kill(f"it did not finish loading within {timeout_s:.0f} s")
-            raise WorkerLoadError(f"loading took longer than {timeout_s:.0f} s") from None
+            raise WorkerLoadError(
+                f"loading took longer than {timeout_s:.0f} s. Hint: raise load_timeout_s in "
+                "the profile's [server] if the model is legitimately slow to load"
+            ) from None
 
     async def _launch(self, answer_s: float) -> None:
         self._in = OwnedArena(INITIAL_ARENA)

@@ -29,6 +29,7 @@ class WorkerSpec:
     cpus: tuple[int, ...] | None = None  # CPU affinity, for CPU workers
     nice: int = 0  # added to the gateway's niceness: the gateway goes first on a busy CPU
     warmup: Warmup = Warmup()  # what the worker runs before it says it is ready
+    source: Path | None = None  # the repository's file `path` is a verified copy of
 
 
 # The messages on every request's path (TensorRef, InferCall, InferDone, InferFailed) are

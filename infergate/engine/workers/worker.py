@@ -44,7 +44,8 @@ def _check_declared(
             return ", ".join(f"{s.name} {s.datatype} {list(s.shape)}" for s in specs)
 
         raise ValueError(
-            f"the file's {kind} ({show(found)}) differ from model.toml's ({show(declared)})"
+            f"the file's {kind} ({show(found)}) differ from model.toml's ({show(declared)}). "
+            f"Hint: make model.toml's [[{kind}]] say what the file has, or replace the file"
         )
 
 
