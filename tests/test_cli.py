@@ -82,6 +82,17 @@ def test_infer_json_literal_save_and_json_transport(server: ServerProcess, tmp_p
     assert code == 0, out
     saved = np.load(tmp_path / "y.npy")
     assert saved.shape == (1, 3)
+    assert f"saved y.npy to {tmp_path}\n" in out  # the files written, by name
+    code, out = run(
+        "infer", "digits", str(REPO / "examples" / "digit-7.npy"),
+        "--save", str(tmp_path / "digits"), "--url", server.url, "--json",
+    )  # fmt: skip
+    assert code == 0, out
+    paths = json.loads(out)["saved"]
+    assert sorted(paths) == [
+        str(tmp_path / "digits" / f"{n}.npy") for n in ("label", "probabilities")
+    ]
+    assert np.load(paths[0]).size >= 1
 
 
 def test_infer_reads_a_v2_request_on_stdin(server: ServerProcess) -> None:

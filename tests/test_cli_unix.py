@@ -378,3 +378,18 @@ def test_usage_mistakes_are_one_line_and_exit_2() -> None:
         assert done.stderr.count("\n") == 1, done.stderr
         assert words in done.stderr
         assert f"Hint: infergate {args[0]}" in done.stderr
+    # Click's own stop is kept, not doubled, and pydantic's "Value error, " is dropped.
+    for args, line in (
+        (["settings"], "error: No such command 'settings'. Hint: infergate -h"),
+        (
+            ["model", "lst"],
+            "error: No such command 'lst'. Did you mean 'list'? Hint: infergate model -h",
+        ),
+        (
+            ["model", "list", "--format", "xml"],
+            "error: Invalid value for '--format': 'xml' is not one of 'table', 'tsv', 'json'. "
+            "Hint: infergate model list -h",
+        ),
+    ):
+        done = cli(*args)
+        assert (done.returncode, done.stderr) == (2, line + "\n")

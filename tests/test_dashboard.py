@@ -21,7 +21,7 @@ from infergate.tui.source import FixedSource, HttpSource
 from infergate.tui.tenants import TenantScreen
 from tests.conftest import BAD_REQUEST, breaker_server_in, write_profile
 from tests.onnx_models import make_mlp
-from tests.server import ServerProcess
+from tests.server import ServerProcess, free_port
 
 
 def cell(app: Dashboard, model: str, column: int) -> str:
@@ -80,7 +80,7 @@ async def test_survives_the_server_going_away_and_coming_back(
         breaker_server.stop()
         await until(pilot, lambda: app.connected is False)
         status = str(app.query_one("#status", Static).render())
-        assert "server unreachable" in status
+        assert status.startswith(f"cannot reach {breaker_server.url} (")
         assert app.query_one("#models", DataTable).row_count == 2  # the last data stays
         events = app.query_one("#events")
         before = text_of(events).count("model_ready")
@@ -225,6 +225,31 @@ async def test_arrows_move_in_models_from_the_start_and_confirmations_default_to
         await until(pilot, lambda: source.actions == [("reset", "flaky")])
 
 
+async def test_keys_of_the_hidden_models_table_do_nothing_in_the_tenants_view() -> None:
+    doc = {**FIXED, "tenants": [*FIXED["tenants"], {"name": "open", "in_flight": 0}]}
+    source = FixedSource(doc)
+    app = Dashboard(source, interval_s=3600)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await until(pilot, lambda: app.selected_model() == "digits")
+        await pilot.press("t")
+        await until(pilot, lambda: isinstance(app.screen, TenantScreen))
+        table = app.screen.query_one("#tenant-view", DataTable)
+        # No max_concurrency: "-", as the main panel says, not "None".
+        assert [str(c) for c in table.get_row("open")][2] == "0 / -"
+        assert [str(c) for c in table.get_row("default")][2] == "2 / 64"
+        await pilot.press("down", "u", "l", "r")
+        for action in ("unload", "load", "reset_breaker"):  # however an action comes
+            await app.run_action(action)
+        await pilot.pause()
+        assert isinstance(app.screen, TenantScreen)  # no "Unload ...?" drawn over it
+        assert app.selected_model() == "digits"
+        assert source.actions == []
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, TenantScreen))
+        await pilot.press("u")  # back on the models table, its keys work again
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+
+
 def text_of(widget: Any) -> str:
     return "\n".join("".join(seg.text for seg in strip) for strip in widget.lines)
 
@@ -340,14 +365,33 @@ api_keys = ["{hash_key(TENANT)}"]
     proc.stop()
 
 
-async def test_a_refused_token_is_said_as_such(guarded_server: ServerProcess) -> None:
-    app = Dashboard(HttpSource(guarded_server.url, "wrong"), interval_s=0.2)
+async def status_line(source: HttpSource) -> str:
+    """The dashboard's status line once it has failed to connect, at 80x24, checked to
+    fit the terminal's width whole."""
+    app = Dashboard(source, interval_s=0.2)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.connected is False)
-        status = str(app.query_one("#status", Static).render())
-        assert "refused the token" in status
-        assert "INFERGATE_ADMIN_TOKEN" in status
-        assert "unreachable" not in status
+        status = app.query_one("#status", Static)
+        text = str(status.render())
+        assert len(text) <= status.content_region.width, text
+        return text
+
+
+async def test_a_refused_token_is_said_as_such(guarded_server: ServerProcess) -> None:
+    assert await status_line(HttpSource(guarded_server.url, "wrong")) == (
+        "403: the server refused the token: check --token or INFERGATE_ADMIN_TOKEN"
+    )
+    # No token sent: none was refused, one is needed.
+    assert await status_line(HttpSource(guarded_server.url, None)) == (
+        "401: an admin key is needed: give --token or set INFERGATE_ADMIN_TOKEN"
+    )
+
+
+async def test_an_unreachable_server_is_said_in_80_columns() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    assert await status_line(HttpSource(url, None)) == (
+        f"cannot reach {url} (ConnectError); retrying every 0.2 s"
+    )
 
 
 async def test_tenant_view_shows_rate_limit_p99_and_rejections(

@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import write_profile
 from tests.onnx_models import make_mlp
+from tests.polling import wait_until
 from tests.server import free_port, wait_ready
 
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
@@ -155,3 +156,43 @@ def test_duration_histogram_per_model_and_tenant(env_server: EnvServer) -> None:
     assert count
     assert float(count[0].split()[-1]) >= 3
     assert 'infergate_request_duration_seconds_bucket{le="0.001",model="mlp"' in text
+
+
+@pytest.mark.parametrize(
+    ("host", "log_format", "url_host"),
+    [("127.0.0.1", "text", "127.0.0.1"), ("::1", "json", "[::1]")],
+)
+def test_serve_logs_where_it_listens(
+    tmp_path: Path, host: str, log_format: str, url_host: str
+) -> None:
+    """One line, once the socket accepts connections: the address a user connects to."""
+    (tmp_path / "models").mkdir()
+    port = free_port()
+    log = tmp_path / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERGATE_")}
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "infergate", "serve", "--models", str(tmp_path / "models"),
+             "--profile", str(write_profile(tmp_path)), "--host", host, "--port", str(port),
+             "--log-format", log_format],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    try:
+        url = f"http://{url_host}:{port}"
+        line = f"listening on {url}"
+        wait_until(lambda: line in log.read_text() or process.poll() is not None, what=line)
+        text = log.read_text()
+        assert text.count(line) == 1, text
+        assert httpx.get(f"{url}/v2/health/live").status_code == 200
+        if log_format == "json":
+            [record] = [json.loads(x) for x in text.splitlines() if line in x]
+            assert (record["level"], record["message"]) == ("INFO", line)
+        else:
+            assert text.index("Application startup complete") < text.index(line)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -11,6 +11,7 @@ import typer
 from rich.text import Text
 
 from infergate.cli.common import (
+    EXIT_FAILURE,
     EXIT_USAGE,
     Format,
     JsonOption,
@@ -87,13 +88,24 @@ def _preview(array: Array, limit: int = 10) -> str:
     return f"[{text}{', …' if flat.size > limit else ''}]"
 
 
-def _show(response: InferResponse, json: bool, save: Path | None) -> None:
-    if save is not None:
-        import numpy as np
+def _save(response: InferResponse, folder: Path, json: bool) -> list[Path]:
+    """Each output to FOLDER/NAME.npy; the paths written."""
+    import numpy as np
 
-        save.mkdir(parents=True, exist_ok=True)
+    paths = []
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
         for name, array in response.outputs.items():
-            np.save(save / f"{name}.npy", array, allow_pickle=array.dtype.kind == "O")
+            path = folder / f"{name}.npy"
+            np.save(path, array, allow_pickle=array.dtype.kind == "O")
+            paths.append(path)
+    except OSError as exc:
+        fail(f"cannot save the outputs to {folder}: {exc.strerror or exc}", EXIT_FAILURE, json)
+    return paths
+
+
+def _show(response: InferResponse, json: bool, save: Path | None) -> None:
+    saved = [] if save is None else _save(response, save, json)
     if json:
         doc = dict(response.raw)
         doc["outputs"] = [
@@ -108,6 +120,8 @@ def _show(response: InferResponse, json: bool, save: Path | None) -> None:
             }
             for n, o in ((o["name"], o) for o in response.raw.get("outputs", []))
         ]
+        if save is not None:
+            doc["saved"] = [str(p) for p in saved]
         print_json(doc)
         return
     say(Text.assemble((response.model, "bold"), f" version {response.version}"))
@@ -125,7 +139,7 @@ def _show(response: InferResponse, json: bool, save: Path | None) -> None:
         Format.table,
     )
     if save is not None:
-        say(f"saved to {save}/<output>.npy")
+        say(f"saved {', '.join(p.name for p in saved) or 'nothing'} to {save}")
 
 
 def infer(

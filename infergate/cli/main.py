@@ -23,6 +23,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def usage_line(message: str, where: str) -> str:
+    """Click's usage error as one line: its own full stop or question mark kept (not
+    doubled), without the "Value error, " that pydantic puts before a validator's words."""
+    text = " ".join(message.replace("Value error, ", "").split())
+    stop = "" if text.endswith((".", "?", "!")) else "."
+    return f"error: {text}{stop} Hint: {where} -h"
+
+
 def main() -> None:
     """Run the CLI; a usage mistake is one line on stderr and exit 2 (Click's own report
     is four: usage, a hint, a blank line, the error)."""
@@ -39,8 +47,7 @@ def main() -> None:
         sys.exit(2)
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "infergate"
-        message = " ".join(exc.format_message().split())
-        sys.stderr.write(f"error: {message}. Hint: {where} -h\n")
+        sys.stderr.write(usage_line(exc.format_message(), where) + "\n")
         sys.exit(2)
     except click.ClickException as exc:
         exc.show()

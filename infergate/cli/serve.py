@@ -10,13 +10,18 @@ import math
 import resource
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from infergate.cli.common import EXIT_FAILURE, EXIT_USAGE, fail
 from infergate.cli.logs import configure as configure_logging
 from infergate.errors import ConfigError
+
+if TYPE_CHECKING:  # uvicorn and the server load once the options are checked
+    import uvicorn
+
+    from infergate.server.drain import Drain, DrainingServer
 
 
 def is_loopback(host: str) -> bool:
@@ -110,7 +115,7 @@ def serve(
 
     import uvicorn
 
-    from infergate.server.drain import Drain, DrainingServer
+    from infergate.server.drain import Drain
     from infergate.server.gateway import build_gateway
     from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 
@@ -144,11 +149,33 @@ def serve(
         # (an event stream, a request past the drain time, answered 503 when cancelled).
         timeout_graceful_shutdown=1,
     )
-    server = DrainingServer(config, drain, settings.drain_timeout_s)
+    server = _announcing_server(config, drain, settings.drain_timeout_s, listen_url(sock))
     _tune_gc()
     server.run(sockets=[sock])
     if not server.started:
         raise typer.Exit(1)
+
+
+def listen_url(sock: socket.socket) -> str:
+    """The address a socket is bound to, as a URL (an IPv6 host in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _announcing_server(
+    config: uvicorn.Config, drain: Drain, drain_timeout_s: float, url: str
+) -> DrainingServer:
+    """The server, logging where it listens once it accepts connections: uvicorn says so
+    only when it binds the socket itself, and serve binds it (see _bind)."""
+    from infergate.server.drain import DrainingServer
+
+    class Announcing(DrainingServer):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                logging.getLogger("infergate.server").info("listening on %s", url)
+
+    return Announcing(config, drain, drain_timeout_s)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -132,6 +132,14 @@ class Dashboard(App[None]):
         self._poller: Timer | None = None
         self.tenant_latency = TenantLatency()
 
+    # What acts on the models table (and opens a view over it): only while it is shown.
+    MAIN_VIEW_ACTIONS = frozenset({"reset_breaker", "load", "unload", "tenants"})
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Keys of a hidden view do nothing: with the tenants view (or a dialog) open, `u`
+        must not ask to unload the model selected underneath it."""
+        return action not in self.MAIN_VIEW_ACTIONS or self.screen is self.screen_stack[0]
+
     def compose(self) -> ComposeResult:
         yield Header()
         with Vertical(id="main"):
@@ -210,16 +218,11 @@ class Dashboard(App[None]):
         except NoMatches:
             return  # the app is closing
         status.add_class("down")
+        # One line that fits 80 columns; the last picture stays on screen either way.
         if error.status in (401, 403):
-            status.update(
-                f"the server refused the token ({error}). Hint: give an admin key with "
-                f"--token or INFERGATE_ADMIN_TOKEN; retrying every {self.interval_s:g} s"
-            )
-            return
-        status.update(
-            f"server unreachable ({error}); showing the last data, retrying every "
-            f"{self.interval_s:g} s"
-        )
+            status.update(str(error))
+        else:
+            status.update(f"{error}; retrying every {self.interval_s:g} s")
 
     def _show(self, stats: dict[str, Any]) -> None:
         self._show_devices(stats.get("devices") or [], stats.get("workers") or [])

@@ -56,6 +56,7 @@ def tenant_buckets(metrics_text: str) -> dict[str, dict[float, float]]:
 class HttpSource:
     def __init__(self, url: str, token: str | None) -> None:
         self.label = url
+        self._sends_token = bool(token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=5.0)
 
@@ -67,7 +68,9 @@ class HttpSource:
         try:
             response = await self._http.request(method, path, timeout=timeout)
         except httpx.HTTPError as exc:
-            raise SourceError(f"cannot reach {self.label}: {type(exc).__name__}") from None
+            raise SourceError(f"cannot reach {self.label} ({type(exc).__name__})") from None
+        if response.status_code in (401, 403):
+            raise SourceError(self._refused(response.status_code), response.status_code)
         if response.status_code >= 400:
             try:
                 message = response.json().get("error", response.text)
@@ -75,6 +78,13 @@ class HttpSource:
                 message = response.text
             raise SourceError(f"{response.status_code}: {message}", response.status_code)
         return response
+
+    def _refused(self, status: int) -> str:
+        """Short enough for an 80-column status line, and true whether a token was sent
+        or not (the server's own message, with its hint for the CLI, is neither)."""
+        if self._sends_token:
+            return f"{status}: the server refused the token: check --token or INFERGATE_ADMIN_TOKEN"
+        return f"{status}: an admin key is needed: give --token or set INFERGATE_ADMIN_TOKEN"
 
     async def fetch(self) -> dict[str, Any]:
         doc = await self._call("GET", "/admin/stats")

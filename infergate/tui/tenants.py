@@ -75,7 +75,7 @@ def tenant_rows(stats: dict[str, Any], latency: TenantLatency) -> list[tuple[str
             (
                 name,
                 f"{_num(t.get('rps'))} / {_num(limit, '{:g}')}",
-                f"{t.get('in_flight', 0)} / {t.get('max_concurrency', '-')}",
+                f"{t.get('in_flight', 0)} / {_num(t.get('max_concurrency'), '{}')}",
                 _p99(latency.p99_ms(name)),
                 _num(d.get("rate_limited"), "{:d}"),
                 _num(d.get("over_concurrency"), "{:d}"),
