@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 def _sched_getcpu() -> Callable[[], int] | None:
     try:
-        call = ctypes.CDLL(None).sched_getcpu  # glibc and musl; 80 ns a call
+        # PyDLL, not CDLL: a CDLL call lets go of the GIL, and any other thread waiting
+        # for it (the watcher, the decoder's I/O) would then run before the loop goes on.
+        call = ctypes.PyDLL(None).sched_getcpu  # glibc and musl; 80 ns a call
     except (OSError, AttributeError):  # not Linux
         return None
     call.restype, call.argtypes = ctypes.c_int, []

@@ -196,7 +196,7 @@ class Scheduler:
         for job in self._queue.expire(now):
             self._expired(job, now)
         inline = None
-        for instance in self._runner.free():
+        for instance in self._runner.free_in_order():
             # Holding a part-full batch back pays only while another batch is running: its
             # callers are on their way back. Otherwise no one is coming to fill it (a lone
             # client, however many rows it sends), and the instance would sit idle: go now.
