@@ -68,9 +68,9 @@ def closed_by_server(sock: socket.socket, timeout_s: float) -> tuple[bool, float
     return True, time.monotonic() - started
 
 
-def big_json_body() -> tuple[bytes, dict[str, str]]:
-    """60 MB of JSON numbers: one FP32 tensor of 15 million "0.5" elements."""
-    count = 60 * 2**20 // 4  # 60 MB: "0.5," per element
+def big_json_body(mb: int = 60) -> tuple[bytes, dict[str, str]]:
+    """`mb` MB of JSON numbers: one FP32 tensor of "0.5" elements (15 million in 60 MB)."""
+    count = mb * 2**20 // 4  # "0.5," per element
     # The data written out, not dumped: a list of 15 million floats took 0.6 s to dump.
     tensor = {"name": "x", "datatype": "FP32", "shape": [count], "data": []}
     data = b'"data":[' + b"0.5," * (count - 1) + b"0.5]"
