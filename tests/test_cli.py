@@ -230,9 +230,10 @@ def test_bench_sweeps_concurrency_and_rate(server: ServerProcess) -> None:
 
 
 def test_model_list_says_each_failure_once_on_the_version_it_belongs_to() -> None:
-    """A failed new version beside the one serving, and a version whose runtime is
-    missing: one row each, the failure on its own version's row (the model-wide reason,
-    "version N: ...", repeats a row already shown, so it gets none)."""
+    """A failed new version beside the one serving, two versions failing alike, and a
+    version whose runtime is missing: a row each, the failure on its own version's row
+    (the model-wide reason, "version N: ..." and what keeps serving, repeats a row
+    already shown, so it gets none)."""
     from infergate.cli.model import model_rows
 
     def version(number: int, state: str, reason: str | None) -> dict[str, object]:
@@ -251,9 +252,17 @@ def test_model_list_says_each_failure_once_on_the_version_it_belongs_to() -> Non
             "name": "digits",
             "state": "ready",
             "default_version": 1,
-            "reason": f"version 2: {bad}",
+            "reason": f"version 2: {bad}; version 1 keeps serving",  # the registry's words
             "versions": [version(1, "ready", None)],
             "failures": {"2": bad},
+        },
+        {
+            "name": "twice",
+            "state": "failed",
+            "default_version": None,
+            "reason": f"version 2: {missing}",
+            "versions": [],
+            "failures": {"1": missing, "2": missing},
         },
         {
             "name": "encoder",
@@ -268,5 +277,7 @@ def test_model_list_says_each_failure_once_on_the_version_it_belongs_to() -> Non
     assert [(r[0], r[1], r[2], r[5]) for r in rows] == [
         ("digits", "1*", "ready", ""),
         ("digits", "2", "failed", bad),
+        ("twice", "1", "failed", missing),  # two versions failing alike: a row each
+        ("twice", "2", "failed", missing),
         ("encoder", "1*", "unavailable", missing),
     ]

@@ -80,12 +80,21 @@ def test_a_model_outside_the_list_is_403_whether_it_exists_or_loads(
         # what the tenant may use.
         name = path.split("/")[0]
         assert answer.status_code == 403, (path, answer.text)
-        assert error_of(answer) == (
-            f"tenant 'narrow' may not use model '{name}' (allowed: mlp, mx*)"
+        assert error_of(answer).startswith(
+            f"tenant 'narrow' may not use model '{name}' (allowed: mlp, mx*). Hint: "
         )
     # Each refusal is counted as one.
     tenants = httpx.get(f"{server.url}/admin/tenants", timeout=5).json()["tenants"]
     assert next(t for t in tenants if t["name"] == "narrow")["forbidden"] == len(answers)
+    # Nor do the metrics (open to any client) name the models it was refused.
+    scrape = httpx.get(f"{server.url}/metrics", timeout=5).text
+    refused = [
+        line
+        for line in scrape.splitlines()
+        if line.startswith("infergate_requests_total{") and 'tenant="narrow"' in line
+    ]
+    assert refused
+    assert all('model="unknown"' in line for line in refused), refused
 
 
 def test_inside_the_list_the_model_answers_and_a_404_names_only_allowed_models(

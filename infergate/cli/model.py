@@ -45,7 +45,8 @@ def model_rows(models: list[dict[str, Any]]) -> list[list[str | Text]]:
     model.toml edit) that no version row already says."""
     rows: list[list[str | Text]] = []
     for model in models:
-        shown: set[str] = set()
+        shown: set[str] = set()  # reasons a row says already
+        said: dict[str, str] = {}  # version -> the reason its row says
         for v in model["versions"]:
             marker = "*" if v["version"] == model["default_version"] else ""
             rows.append(
@@ -59,15 +60,17 @@ def model_rows(models: list[dict[str, Any]]) -> list[list[str | Text]]:
                 ]
             )
             shown.add(v["reason"] or "")
-        for version, why in (model.get("failures") or {}).items():
+            said[str(v["version"])] = v["reason"] or ""
+        failures = model.get("failures") or {}
+        for version, why in failures.items():
             # a version that failed, or a new file for a served one (the old one serves on)
-            if why not in shown:
+            if said.get(version) != why:
                 rows.append([model["name"], version, styled_state("failed"), "-", "-", why])
-                shown.add(why)
-            # what the model-wide reason says of it (the registry's words): shown already
-            shown.add(f"version {version}: {why}")
         reason = model["reason"] or ""
-        if not model["versions"] and not model.get("failures") or reason and reason not in shown:
+        # The registry's model-wide reason for a failure ("version N: why", and what keeps
+        # serving) repeats that version's row.
+        repeats = any(reason.startswith(f"version {v}: {why}") for v, why in failures.items())
+        if not model["versions"] and not failures or reason and not repeats and reason not in shown:
             rows.append([model["name"], "-", styled_state(model["state"]), "-", "-", reason])
     return rows
 

@@ -123,6 +123,7 @@ class InferRoute:
         context = self._engine.context
         started = context.clock.now()
         keeper = Keeper()
+        state: TenantState | None = None
         try:
             headers_in = dict(scope["headers"])
             state = context.tenants.authenticate(api_key(headers_in))
@@ -135,7 +136,10 @@ class InferRoute:
             log.exception("infer %s failed", name)
             status, headers = 500, error_headers(None)
             body = error_body(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
-        model = name if self._engine.registry.has(name) else "unknown"  # bounded labels
+        # Bounded labels, and none that tells a tenant (through the open /metrics) whether
+        # a model it may not use exists.
+        allowed = state is None or state.tenant.may_use(name)
+        model = name if allowed and self._engine.registry.has(name) else "unknown"
         now = context.clock.now()
         context.metrics.request_done(model, tenant, status, now - started)
         scope["infergate.tenant"] = tenant  # for the access log (server/access_log.py)

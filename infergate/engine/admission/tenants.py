@@ -158,7 +158,8 @@ class Tenants:
             state.forbidden += 1
             raise Forbidden(
                 f"tenant {tenant.name!r} may not use model {model!r} (allowed: "
-                f"{', '.join(tenant.models) or 'none'})"
+                f"{', '.join(tenant.models) or 'none'}). Hint: an operator can add it to "
+                f"the tenant's models (infergate tenant set {tenant.name} models=...)"
             )
 
     @staticmethod
