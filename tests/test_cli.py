@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -247,7 +248,7 @@ def test_model_list_says_each_failure_once_on_the_version_it_belongs_to() -> Non
 
     bad = "load failed: InvalidProtobuf"
     missing = "the torchscript runtime needs torch"
-    models = [
+    models: list[dict[str, Any]] = [
         {
             "name": "digits",
             "state": "ready",

@@ -14,6 +14,7 @@ import pytest
 from infergate.clock import FakeClock
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
+from infergate.engine.lifecycle.instance import with_hint
 from infergate.engine.placement.devices import DeviceUsage, ProcessUsage
 from infergate.engine.placement.monitor import MemoryMonitor
 from infergate.engine.snapshots import WorkerView
@@ -134,3 +135,12 @@ async def test_an_open_breaker_shows_open_while_a_replacement_fails_to_load(
     await host.engine.load("capped")
     assert host.engine.version("capped") is served  # the old version keeps serving
     assert gauge() == 2
+
+
+def test_a_load_killed_over_memory_says_to_raise_the_limit_not_to_fix_the_file() -> None:
+    killed = "worker pid 7 was killed: it used 900 MB, over its memory limit of 512 MB"
+    assert with_hint(killed, over_memory=True).endswith("Hint: raise memory_mb in model.toml")
+    assert with_hint("InvalidProtobuf").endswith("Hint: fix or replace the file")
+    assert with_hint("took too long. Hint: raise load_timeout_s") == (
+        "took too long. Hint: raise load_timeout_s"
+    )

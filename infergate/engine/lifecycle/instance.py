@@ -153,7 +153,7 @@ class Instance:
                 assert failed is not None
                 await failed.exited
                 if not ever_ready or self._stopping:
-                    self._fail(f"load failed: {with_hint(self._said(exc))}")
+                    self._fail(f"load failed: {with_hint(self._said(exc), failed.over_memory)}")
                     return
                 self.reason = f"reload after a crash failed: {self._said(exc)}"
                 if failed.over_memory and self._too_many_kills():
@@ -254,9 +254,12 @@ class Instance:
         self._settled.set()
 
 
-def with_hint(said: str) -> str:
-    """A load failure ends with what to do: the runtime could not open the file (or
-    crashed on it), unless the message already says what to do."""
+def with_hint(said: str, over_memory: bool = False) -> str:
+    """A load failure ends with what to do, unless the message already says: a worker
+    killed over its memory limit while loading needs a larger one; otherwise the runtime
+    could not open the file (or crashed on it)."""
     if "Hint:" in said:
         return said
+    if over_memory:
+        return f"{said.rstrip(' .')}. Hint: raise memory_mb in model.toml"
     return f"{said.rstrip(' .')}. Hint: fix or replace the file"
