@@ -43,7 +43,13 @@ from infergate import procname
 from infergate.engine.workers.shm import MappedArena
 from infergate.errors import BadRequest, InfergateError
 from infergate.server.body import anonymous_mapping, free_off_loop
-from infergate.server.codec import Body, DecodedRequest, decode_request, pass_through_header
+from infergate.server.codec import (
+    Body,
+    DecodedRequest,
+    _header_length,
+    decode_request,
+    pass_through_header,
+)
 from infergate.tensors import Array, read_bytes_elements, serialize_bytes
 
 T = TypeVar("T")
@@ -333,6 +339,8 @@ class BodyDecoder:
         self, body: Body, header_length: str | None
     ) -> dict[str, Any] | None:
         """`codec.pass_through_header`, in the helper when the JSON to parse is large."""
+        if header_length is not None:  # a length past the body is a 400 here, not there
+            _header_length(header_length, len(body))
         json_heavy = header_length is None or (
             header_length.isdigit() and int(header_length) > self._inline_max
         )

@@ -25,7 +25,7 @@ from infergate.errors import BadRequest, InfergateError
 from infergate.server.body import read_body
 from infergate.server.codec import DecodedRequest, encode_response
 from infergate.server.compression import compress_response
-from infergate.server.decoding import BodyDecoder, Keeper
+from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
 from infergate.server.remote_pass import header_of, pass_through
 
@@ -183,6 +183,8 @@ class InferRoute:
             body = await read_body(headers, receive, self._limit)
             length = header_text(headers, HEADER_LENGTH)
             if isinstance(served, RemoteServedVersion):
+                if len(body) > INLINE_MAX_BYTES:  # its mapping is let go of off the loop
+                    keeper.keep_buffer(body)
                 doc = await header_of(self._decoder, body, length)
                 if doc is not None:  # no tensor decoded: the body goes on as it came
                     params = doc.get("parameters") or {}
