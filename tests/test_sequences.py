@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from infergate.clock import FakeClock
+from infergate.engine.admission.tenants import Tenant
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.inference import InferenceRequest, InferenceResult
@@ -349,3 +350,23 @@ async def test_a_sequence_table_naming_a_missing_input_says_so(tmp_path: Path) -
         with pytest.raises(ModelFailed, match="names input 'BEGIN', which the model does not"):
             await (await rig.ask(1, 3, start=True))
         assert rig.pending() == []
+
+
+async def test_a_sequence_is_its_tenants_own(tmp_path: Path) -> None:
+    """The same sequence id from two tenants names two sequences: a tenant can neither
+    continue another's (400: not started, as for any unknown id) nor restart it."""
+    async with started(tmp_path) as rig:
+        tenants = rig.engine.context.tenants
+        tenants.configure([Tenant("a"), Tenant("b")], (), True)
+
+        def ask_as(name: str, value: int, start: bool = False) -> asyncio.Task[InferenceResult]:
+            x = np.full((1, 1), value, np.int32)
+            request = InferenceRequest("m", {"INPUT": x}, sequence=SequenceParams(7, start, False))
+            return asyncio.create_task(rig.engine.infer(request, tenants.get(name)))
+
+        assert await answer(rig, ask_as("a", 5, start=True)) == 5
+        with pytest.raises(BadRequest, match="is not started"):
+            await ask_as("b", 1)  # a's sequence 7 is not b's
+        assert await answer(rig, ask_as("b", 100, start=True)) == 100  # b's own 7
+        assert await answer(rig, ask_as("a", 1)) == 6  # a's state, untouched by b's start
+        assert await answer(rig, ask_as("b", 1)) == 101

@@ -247,7 +247,7 @@ class Engine:
         served = self.version(request.model, request.version, tenant.tenant.may_use)
         if request.sequence is not None or served.sequences is not None:
             run = partial(self._run, served, tenant=tenant)
-            return await infer_in_sequence(served, request, run)
+            return await infer_in_sequence(served, request, run, tenant.tenant.name)
         return await self._run(served, request, tenant)
 
     async def _run(

@@ -22,10 +22,11 @@ Run = Callable[[InferenceRequest], Awaitable[InferenceResult]]
 
 
 async def infer_in_sequence(
-    served: ServedVersion, request: InferenceRequest, run: Run
+    served: ServedVersion, request: InferenceRequest, run: Run, tenant: str = ""
 ) -> InferenceResult:
-    """`run(request)` as a step of the request's sequence (400 when the model takes no
-    sequences, or takes only sequences and the request names none)."""
+    """`run(request)` as a step of the request's sequence, `tenant`'s of that id (400
+    when the model takes no sequences, or takes only sequences and the request names
+    none)."""
     settings, params, table = served.config.sequence, request.sequence, served.sequences
     if settings is None or table is None:
         raise BadRequest(
@@ -46,7 +47,7 @@ async def infer_in_sequence(
             f"input {sent[0]!r} of model {served.name!r} is fed by the gateway (a sequence "
             "control or state input, [sequence] in model.toml). Hint: do not send it"
         )
-    seq = table.open(params, served.instances)
+    seq = table.open(params, served.instances, tenant)  # the tenant's sequence of that id
     try:
         async with seq.lock:
             if not params.start:

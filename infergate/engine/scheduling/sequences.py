@@ -73,9 +73,15 @@ def sequence_params(parameters: dict[str, Any]) -> SequenceParams | None:
     return SequenceParams(sid, flags[0], flags[1])
 
 
+# A sequence is its tenant's: the same id from two tenants names two sequences, so no
+# tenant can continue, end or restart another's (nor learn that it exists).
+Key = tuple[str, SequenceId]
+
+
 @dataclass(eq=False)
 class Sequence:
     id: SequenceId
+    key: Key  # (tenant, id): its place in the table
     instance: Instance
     worker: Worker | None  # the process it started on: another one has not its past
     last_used: float
@@ -89,15 +95,16 @@ class SequenceTable:
         self.model = model
         self.settings = settings
         self._clock = clock
-        self._live: OrderedDict[SequenceId, Sequence] = OrderedDict()  # least recent first
-        self._ended: OrderedDict[SequenceId, InfergateError] = OrderedDict()
+        self._live: OrderedDict[Key, Sequence] = OrderedDict()  # least recent first
+        self._ended: OrderedDict[Key, InfergateError] = OrderedDict()
         self._timer: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         return len(self._live)
 
     def __contains__(self, sid: SequenceId) -> bool:
-        return sid in self._live
+        """Whether some tenant has a live sequence of this id."""
+        return any(key[1] == sid for key in self._live)
 
     def stop(self) -> None:
         """The version stops: its sequences go with it."""
@@ -127,32 +134,33 @@ class SequenceTable:
     def sweep(self, now: float) -> None:
         """Drop sequences idle past the timeout (their state with them)."""
         limit = self.settings.idle_timeout_s
-        for sid, seq in list(self._live.items()):
+        for key, seq in list(self._live.items()):
             if now - seq.last_used <= limit:
                 break  # ordered by last use: the rest are more recent
             if seq.busy:
                 continue
-            del self._live[sid]
+            del self._live[key]
             idle = now - seq.last_used
             self._remember(
-                sid,
+                key,
                 BadRequest(
-                    f"sequence {sid!r} of model {self.model!r} was idle {idle:.1f} s, "
+                    f"sequence {seq.id!r} of model {self.model!r} was idle {idle:.1f} s, "
                     f"past the model's sequence idle timeout of {limit:g} s ([sequence] "
                     "idle_timeout_ms in model.toml), and was dropped with its state. Hint: "
                     "start it again (sequence_start), or raise idle_timeout_ms"
                 ),
             )
 
-    def open(self, params: SequenceParams, instances: list[Instance]) -> Sequence:
-        """The sequence a request runs in: a new one at its start (bound to an instance),
-        else the live one; BadRequest (unknown, idle) or SequenceLost when there is none.
-        The caller holds it busy until `release`."""
+    def open(self, params: SequenceParams, instances: list[Instance], tenant: str = "") -> Sequence:
+        """The sequence a request of `tenant` runs in: a new one at its start (bound to an
+        instance), else its live one; BadRequest (unknown, idle) or SequenceLost when
+        there is none. The caller holds it busy until `release`."""
         now = self._clock.now()
         self.sweep(now)
         sid = params.id
+        key = (tenant, sid)
         if params.start:
-            if sid not in self._live and len(self._live) >= self.settings.max_sequences:
+            if key not in self._live and len(self._live) >= self.settings.max_sequences:
                 raise Overloaded(
                     f"model {self.model!r} holds {len(self._live)} live sequences, its limit "
                     f"(max_sequences = {self.settings.max_sequences} under [sequence] in "
@@ -160,15 +168,15 @@ class SequenceTable:
                     f"{self.settings.idle_timeout_s:g} s. Hint: end sequences with "
                     "sequence_end, retry after a pause, or raise max_sequences"
                 )
-            self._ended.pop(sid, None)
+            self._ended.pop(key, None)
             instance = self._least_loaded(instances)
-            seq = Sequence(sid, instance, instance.handle, now)
-            self._live.pop(sid, None)  # a start on a live id begins it again, as in Triton
-            self._live[sid] = seq
+            seq = Sequence(sid, key, instance, instance.handle, now)
+            self._live.pop(key, None)  # a start on a live id begins it again, as in Triton
+            self._live[key] = seq
         else:
-            found = self._live.get(sid)
+            found = self._live.get(key)
             if found is None:
-                ended = self._ended.get(sid)
+                ended = self._ended.get(key)
                 if ended is not None:
                     raise type(ended)(str(ended))
                 raise BadRequest(
@@ -178,7 +186,7 @@ class SequenceTable:
                 )
             seq = found
             self.check(seq)
-            self._live.move_to_end(sid)
+            self._live.move_to_end(key)
         seq.busy += 1
         seq.last_used = now
         return seq
@@ -197,25 +205,25 @@ class SequenceTable:
             "(sequence_start=True)"
         )
         self.close(seq)
-        self._remember(seq.id, error)
+        self._remember(seq.key, error)
         raise error
 
     def release(self, seq: Sequence) -> None:
         """A request of `seq` is over: it is idle from now."""
         seq.busy -= 1
         seq.last_used = self._clock.now()
-        if self._live.get(seq.id) is seq:
-            self._live.move_to_end(seq.id)  # keeps the table ordered by last use
+        if self._live.get(seq.key) is seq:
+            self._live.move_to_end(seq.key)  # keeps the table ordered by last use
         self._arm()
 
     def close(self, seq: Sequence) -> None:
         """It ended: forget it (unless a new sequence took its id since)."""
-        if self._live.get(seq.id) is seq:
-            del self._live[seq.id]
+        if self._live.get(seq.key) is seq:
+            del self._live[seq.key]
 
-    def _remember(self, sid: SequenceId, error: InfergateError) -> None:
-        self._ended[sid] = error
-        self._ended.move_to_end(sid)
+    def _remember(self, key: Key, error: InfergateError) -> None:
+        self._ended[key] = error
+        self._ended.move_to_end(key)
         while len(self._ended) > _REMEMBERED:
             self._ended.popitem(last=False)
 
