@@ -116,12 +116,13 @@ class ServerProcess:
                     time.sleep(0.05)  # not listening yet: importing
         raise RuntimeError(f"server not ready in {timeout_s} s:\n{self.log.read_text()}")
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGINT (a drain), then SIGKILL to its whole group past `grace_s`."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.send_signal(signal.SIGINT)
         try:
-            self.process.wait(timeout=20)
+            self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
