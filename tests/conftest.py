@@ -180,26 +180,27 @@ ONE_WORKER = dict.fromkeys(
 # (INFERGATE_TEST_CPU=1 prints them). pytest-xdist's loadscope hands out whole files in
 # collection order (pytest_xdist_make_scheduler below): one of these handed out last would
 # run alone at the end while the other workers sit idle.
-LONGEST_FIRST = (
+LONGEST_FIRST = (  # by their share of a full run's test time (--durations=0), largest first
     "test_cluster_limits.py",
-    "test_ops_examples.py",
-    "test_dashboard.py",
     "test_cluster_outage.py",
     "test_workers.py",
+    "test_dashboard.py",
     "test_tenants.py",
-    "test_cli_unix.py",
     "test_reload.py",
-    "test_bench.py",
+    "test_models_profile.py",
+    "test_fork_server.py",
     "test_models_watcher.py",
+    "test_ops_examples.py",
+    "test_bench.py",
     "test_remote.py",
+    "test_edge_drain.py",
     "test_cluster_drain.py",
+    "test_edge_connections.py",
+    "test_cli_unix.py",
     *ONE_WORKER,  # one unit of work: the six take about as long as that together
     "test_devices.py",
     "test_v2_api.py",
-    "test_models_profile.py",
     "test_edge_requests.py",
-    "test_edge_drain.py",
-    "test_edge_connections.py",
     "test_models_faults.py",
     "test_observability.py",
     "test_triton_perf_analyzer.py",
