@@ -55,6 +55,7 @@ class ServerSettings:
     trusted_keys: tuple[Path, ...] = ()
     admin_keys: tuple[str, ...] = ()
     allow_anonymous: bool = _SERVER.allow_anonymous
+    private_models: bool = _SERVER.private_models
     strict_readiness: bool = _SERVER.strict_readiness
     server_name: str = _SERVER.server_name
     max_concurrent_loads: int = _SERVER.max_concurrent_loads

@@ -25,6 +25,7 @@ from infergate.server.admin import admin_guard, admin_router, check_model_name
 from infergate.server.decoding import BodyDecoder
 from infergate.server.errors import error_response, install_error_handlers
 from infergate.server.infer_route import InferRoute, version_number
+from infergate.server.private_models import PrivateModels
 from infergate.server.triton import EXTENSIONS, strict_not_ready, triton_router
 from infergate.server.views import (
     device_sample,
@@ -149,4 +150,5 @@ def create_app(
         )
 
     app.include_router(admin_router(engine, store))
-    return AccessLog(InferRoute(engine, app, max_request_bytes, decoder))
+    inner: ASGIApp = PrivateModels(engine, app) if store.profile.server.private_models else app
+    return AccessLog(InferRoute(engine, inner, max_request_bytes, decoder))

@@ -69,6 +69,11 @@ class ServerSection(Section):
         hint=_KEYS_HINT,
     )
     allow_anonymous: bool = setting(True, "keyless requests are the default tenant")
+    private_models: bool = setting(
+        False,
+        "true: model metadata, readiness, config and stats need a key that may use the "
+        "model, and /metrics an admin key (needs admin_keys)",
+    )
     # Triton's default is strict (not ready while any model failed to load). A gateway
     # serves many tenants: one tenant's broken model must not pull the whole pod out of
     # its load balancer, so here readiness means "the gateway serves" unless asked.
