@@ -16,6 +16,7 @@ from infergate.rawhttp import RawConnection
 if TYPE_CHECKING:
     from infergate.loadgen import LoadResult, Target
 
+_KEY_HEADERS = ("authorization", "x-api-key")
 Totals = tuple[float, float, float, float]  # queue s, queued requests, compute s, computed
 
 
@@ -66,6 +67,8 @@ def server_split_reader(
     """Reads the model's queue and compute totals from its statistics endpoint; None when
     the server does not answer it."""
     path = f"/v2/models/{quote(target.model, safe='')}/stats"
+    # The load's own key: with [server] private_models a model's statistics need one.
+    auth = {k: v for k, v in target.headers.items() if k.lower() in _KEY_HEADERS}
 
     async def read() -> Totals | None:
         try:
@@ -73,7 +76,7 @@ def server_split_reader(
         except OSError:
             return None
         try:
-            response = await conn.send(conn.request_bytes("GET", path, b""))
+            response = await conn.send(conn.request_bytes("GET", path, b"", auth))
         except OSError:
             return None
         finally:

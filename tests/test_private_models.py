@@ -13,7 +13,10 @@ import httpx
 import pytest
 
 from infergate.engine.admission.tenants import hash_key
+from infergate.loadgen import Target
+from infergate.server_split import server_split_reader
 from tests.onnx_models import make_mlp
+from tests.polling import wait_until
 from tests.server import ServerProcess, free_port
 
 ADMIN, NARROW = "admin-key", "narrow-key"
@@ -100,3 +103,35 @@ def test_private_models_without_admin_keys_does_not_start(tmp_path: Path) -> Non
     )
     assert started.returncode == 2
     assert "server.private_models is set but server.admin_keys is empty" in started.stderr
+
+
+async def test_a_loads_split_is_read_with_its_own_key(server: ServerProcess) -> None:
+    """`infergate bench --token` reads the model's statistics with the tenant's key: a
+    model's statistics need one here."""
+    headers = {"Authorization": f"Bearer {NARROW}"}
+    target = Target(server.url, "/v2/models/mlp/infer", b"", headers, model="mlp")
+    assert await server_split_reader(target)() is not None
+
+
+def test_health_names_no_model(tmp_path: Path) -> None:
+    """Under strict readiness the gateway is not ready while a model failed to load; with
+    private_models its answer does not say which (an operator reads /admin/models)."""
+    models = tmp_path / "models"
+    make_mlp(models / "mlp" / "1" / "model.onnx")
+    profile = tmp_path / "profile.toml"
+    profile.write_text(PROFILE.replace("[server]\n", "[server]\nstrict_readiness = true\n"))
+    proc = ServerProcess(models, profile, tmp_path / "server.log").start()
+    try:
+        staged = tmp_path / "zbroken"
+        (staged / "1").mkdir(parents=True)
+        (staged / "1" / "model.onnx").write_bytes(b"not an onnx file")
+        staged.rename(models / "zbroken")
+        ready = wait_until(
+            lambda: (r := get(proc, "/v2/health/ready", None)).status_code == 503 and r,
+            what="readiness to fail on the broken model",
+        )
+        assert "a model failed to load" in ready.json()["error"]
+        assert "zbroken" not in ready.text
+        assert "zbroken" in get(proc, "/admin/models", ADMIN).text
+    finally:
+        proc.stop()

@@ -107,13 +107,6 @@ def serve(
             "server.admin_keys (and tenants' api_keys) to the profile, or bind 127.0.0.1",
             EXIT_USAGE,
         )
-    if settings.private_models and not settings.admin_keys:
-        fail(
-            "server.private_models is set but server.admin_keys is empty: without admin keys "
-            "every caller counts as an operator and sees every model. Add server.admin_keys "
-            "(infergate key new --admin --write), or leave private_models off",
-            EXIT_USAGE,
-        )
     bind_port = settings.port if port is None else port
     if not 1 <= bind_port <= 65535:
         fail(f"port {bind_port} is out of range: give one from 1 to 65535", EXIT_USAGE)

@@ -66,6 +66,7 @@ def create_app(
     guard = [admin_guard(engine)]
     strict_readiness = store.profile.server.strict_readiness  # [server]: read at start
     server_name = store.profile.server.server_name
+    private = store.profile.server.private_models  # health names no model (private_models.py)
     app.include_router(triton_router(engine, guard))
 
     @app.get("/v2/health/live")
@@ -79,8 +80,12 @@ def create_app(
         failing = engine.context.start_failing
         if failing:  # the machine, not a model, is at fault: say so, and that it retries
             why = next(iter(failing.values()))
+            if private:  # (the reason names the model) an operator reads it in /admin/models
+                why = "a worker process could not be started"
             return error_response(503, f"{why}; the gateway keeps retrying", 1)
         if problem := strict_not_ready(engine, strict_readiness):
+            if private:
+                problem = "strict readiness: a model failed to load (see /admin/models)"
             return error_response(503, problem)
         return _json({"ready": True})
 

@@ -45,6 +45,12 @@ def build_gateway(
     Raises ConfigError for what the profile asks and this machine cannot give (a trusted
     key that does not read, an NVML backend that does not answer)."""
     settings = profile.server
+    if settings.private_models and not settings.admin_keys:
+        raise ConfigError(
+            "server.private_models is set but server.admin_keys is empty: without admin keys "
+            "every caller counts as an operator and sees every model. Add server.admin_keys "
+            "(infergate key new --admin --write), or leave private_models off"
+        )
     keys = tuple(load_public_key(k) for k in settings.trusted_keys)
     devices = profile.devices
     try:
