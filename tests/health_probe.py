@@ -13,9 +13,11 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import TracebackType
 
+from tests.edge_raw import Reply, connect, head, read_reply
 from tests.polling import wait_until
 
 _PROBE = """
@@ -71,3 +73,26 @@ class HealthProbe:
         if self._process.poll() is None:
             self._process.kill()
             self._process.communicate()
+
+
+def upload_while_probing(
+    url: str, port: int, path: str, body: bytes, headers: dict[str, str], folder: Path
+) -> tuple[Reply | None, list[tuple[float, float]]]:
+    """POST `body` (raw, in one send) while a probe asks for health: the reply, and each
+    health answer that started after the upload was sent and ended before the reply, as
+    (seconds after the upload, seconds it took)."""
+    headers = {"Content-Length": str(len(body)), **headers}
+    with HealthProbe(url, folder) as probe, connect(port) as sock:
+        sock.sendall(head("POST", path, port, headers) + body)
+        sent = time.monotonic()
+        reply = read_reply(sock, timeout_s=120)
+        answered = time.monotonic()
+        checks = probe.stop()
+    return reply, [(s - sent, e - s) for s, e in checks if s >= sent and e <= answered]
+
+
+def slow_answers(
+    during: list[tuple[float, float]], limit_s: float = 0.1
+) -> list[tuple[float, float]]:
+    """The answers of `upload_while_probing` that took `limit_s` or more, rounded."""
+    return [(round(after, 3), round(took, 3)) for after, took in during if took >= limit_s]

@@ -29,7 +29,7 @@ from infergate.server.body import read_body
 from infergate.server.decoding import BodyDecoder, Keeper
 from infergate.tensors import Array
 from tests.edge_raw import big_json_body, connect, head, read_reply
-from tests.health_probe import HealthProbe
+from tests.health_probe import slow_answers, upload_while_probing
 from tests.onnx_models import OPSET, _save, make_mlp
 from tests.polling import eventually
 from tests.server import ServerProcess
@@ -182,24 +182,19 @@ def test_health_answers_quickly_while_a_60_mb_body_decodes(
 ) -> None:
     assert callable(make_body)
     body, body_headers = make_body()
-    headers = {"Content-Length": str(len(body)), **body_headers}
     # Health is asked from a process of its own (tests/health_probe.py): this one's
     # garbage collector, not the gateway, made the slow answers once.
-    with HealthProbe(edge.url, tmp_path) as probe, connect(edge.port) as sock:
-        sock.sendall(head("POST", "/v2/models/mlp/infer", edge.port, headers) + body)
-        sent = time.monotonic()
-        reply = read_reply(sock, timeout_s=120)
-        answered = time.monotonic()
-        checks = probe.stop()
+    reply, during = upload_while_probing(
+        edge.url, edge.port, "/v2/models/mlp/infer", body, body_headers, tmp_path
+    )
     # The body was decoded in full (its tensor is named and described in the answer),
     # then refused by the model's input check: the time until the answer was the decode.
     assert reply is not None
     assert f"{reply.status} {reply.json()['error']}".startswith("400 input 'x'"), reply
-    during = [(s, e) for s, e in checks if s >= sent and e <= answered]
     # Health was answered again and again while the body decoded (a decode on the event
     # loop lets through one check at most, the one it held up) and never slowly.
     assert len(during) >= 20, len(during)
-    slow = [(round(s - sent, 3), round(e - s, 3)) for s, e in during if e - s >= 0.1]
+    slow = slow_answers(during)
     assert not slow, f"health answers of 100 ms or more (s after the upload, took s): {slow}"
 
 

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from functools import partial
@@ -23,8 +22,8 @@ import tritonclient.utils.shared_memory as shm
 from infergate.client import encode_infer_request
 from infergate.engine.admission.tenants import hash_key
 from tests.conftest import write_profile
-from tests.edge_raw import big_json_body, connect, head, read_reply
-from tests.health_probe import HealthProbe
+from tests.edge_raw import big_json_body
+from tests.health_probe import slow_answers, upload_while_probing
 from tests.polling import wait_until
 from tests.remote_upstream import Upstream
 from tests.scrape import metric
@@ -408,18 +407,13 @@ def test_health_answers_quickly_while_a_40_mb_json_body_goes_upstream(
     server = ServerProcess(models, profile, tmp_path / "log").start()
     try:
         body, body_headers = big_json_body(40)
-        headers = {"Content-Length": str(len(body)), **body_headers}
-        with HealthProbe(server.url, tmp_path) as probe, connect(server.port) as sock:
-            sock.sendall(head("POST", "/v2/models/front/infer", server.port, headers) + body)
-            sent = time.monotonic()
-            reply = read_reply(sock, timeout_s=120)
-            answered = time.monotonic()
-            checks = probe.stop()
+        reply, during = upload_while_probing(
+            server.url, server.port, "/v2/models/front/infer", body, body_headers, tmp_path
+        )
         assert reply is not None
         assert reply.status == 200, reply
         assert [r.sha256 for r in upstream.received] == [hashlib.sha256(body).hexdigest()]
-        during = [(s, e) for s, e in checks if s >= sent and e <= answered]
-        slow = [(round(s - sent, 3), round(e - s, 3)) for s, e in during if e - s >= 0.1]
+        slow = slow_answers(during)
         assert not slow, f"health answers of 100 ms or more (s after the upload, took s): {slow}"
         assert len(during) >= 5, len(during)
     finally:
