@@ -322,10 +322,7 @@ class BodyDecoder:
             return decode_request(body, header_length)
         if keeper is not None:
             keeper.keep_buffer(body)  # the request's own reference goes first
-        json_heavy = header_length is None or (
-            header_length.isdigit() and int(header_length) > self._inline_max
-        )
-        if not json_heavy:  # a small JSON header, then binary tensors
+        if not self._json_heavy(header_length):  # a small JSON header, then binary tensors
             decoded = decode_request(body, header_length, defer_bytes=True)
             if not decoded.deferred:
                 return decoded
@@ -335,16 +332,22 @@ class BodyDecoder:
             return decoded._replace(inputs=inputs, deferred=None)
         return await self._in_helper(body, header_length, keeper)
 
+    def _json_heavy(self, header_length: str | None) -> bool:
+        """Whether a large body's JSON is large too: all of it (no binary header length),
+        or a header longer than what decodes inline."""
+        return header_length is None or (
+            header_length.isdigit() and int(header_length) > self._inline_max
+        )
+
     async def pass_through_header(
         self, body: Body, header_length: str | None
     ) -> dict[str, Any] | None:
-        """`codec.pass_through_header`, in the helper when the JSON to parse is large."""
+        """`codec.pass_through_header` (a remote model's request header), in the helper
+        when the JSON to parse is large: parsed on the loop, 60 MB of JSON numbers held
+        every tenant's requests for 0.74 s."""
         if header_length is not None:  # a length past the body is a 400 here, not there
             _header_length(header_length, len(body))
-        json_heavy = header_length is None or (
-            header_length.isdigit() and int(header_length) > self._inline_max
-        )
-        if len(body) <= self._inline_max or not json_heavy:
+        if len(body) <= self._inline_max or not self._json_heavy(header_length):
             return pass_through_header(body, header_length)
         return await self._call_helper(
             body, _pass_through_header_in_helper, header_length, on_cancel=None

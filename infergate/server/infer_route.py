@@ -27,7 +27,7 @@ from infergate.server.codec import DecodedRequest, encode_response
 from infergate.server.compression import compress_response
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
-from infergate.server.remote_pass import header_of, pass_through
+from infergate.server.remote_pass import pass_through
 
 log = logging.getLogger("infergate.server")
 
@@ -185,7 +185,7 @@ class InferRoute:
             if isinstance(served, RemoteServedVersion):
                 if len(body) > INLINE_MAX_BYTES:  # its mapping is let go of off the loop
                     keeper.keep_buffer(body)
-                doc = await header_of(self._decoder, body, length)
+                doc = await self._decoder.pass_through_header(body, length)
                 if doc is not None:  # no tensor decoded: the body goes on as it came
                     params = doc.get("parameters") or {}
                     if not isinstance(params, dict):
@@ -194,7 +194,6 @@ class InferRoute:
                         self._engine,
                         served,
                         body,
-                        doc,
                         length,
                         header_text(headers, b"content-type"),
                         params.get("priority"),

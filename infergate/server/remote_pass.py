@@ -1,6 +1,7 @@
-"""The infer route's pass-through for remote models: parse the JSON header only, and
-send the body on unchanged. A request that needs decoding here (its tensors are in this
-machine's shared memory) goes the usual way instead, and is re-encoded upstream."""
+"""The infer route's pass-through for remote models: with the JSON header read (for its
+parameters: BodyDecoder.pass_through_header), the body goes on unchanged. A request that
+needs decoding here (its tensors are in this machine's shared memory) goes the usual way
+instead, and is re-encoded upstream."""
 
 from __future__ import annotations
 
@@ -12,23 +13,12 @@ from infergate.engine.remote.client import answered
 from infergate.engine.remote.passthrough import forward_admitted
 from infergate.engine.remote.served import RemoteServedVersion
 from infergate.server.codec import Body
-from infergate.server.decoding import BodyDecoder
-
-
-async def header_of(
-    decoder: BodyDecoder, body: Body, header_length: str | None
-) -> dict[str, Any] | None:
-    """The request's JSON header, or None when the request must be decoded here. A large
-    JSON document (all of a JSON body) is parsed by the body decoder's helper process:
-    parsed here, 60 MB of numbers held the event loop, and every tenant, for a second."""
-    return await decoder.pass_through_header(body, header_length)
 
 
 async def pass_through(
     engine: Engine,
     served: RemoteServedVersion,
     body: Body,
-    doc: dict[str, Any],
     header_length: str | None,
     content_type: str | None,
     priority: Any,

@@ -14,7 +14,6 @@ gone is handed to `abandoned`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -22,8 +21,6 @@ from multiprocessing.process import BaseProcess
 
 from infergate.engine.workers import starting
 from infergate.errors import WorkerStartError
-
-Outcome = tuple[int | None, BaseException | None]  # the fork server's pid, or what failed
 
 
 async def fork(
@@ -34,17 +31,10 @@ async def fork(
 ) -> int | None:
     """Start `process` (closing the parent's copy of `child`, its end of the worker's pipe,
     once the fork server has it); the pid of the fork server that forked it."""
-    loop = asyncio.get_running_loop()
-    settled: asyncio.Future[Outcome] = loop.create_future()
     returned = threading.Event()  # start() came back: too late to call the server hung
     asked: list[int | None] = [None]  # the fork server the thread asks
 
-    def settle(outcome: Outcome) -> None:
-        if not settled.done():
-            settled.set_result(outcome)
-
-    def run() -> None:
-        outcome: Outcome
+    def run() -> int | None:
         try:
             # Here, not only on the loop: start() itself would start a missing fork server,
             # without the gateway's path (see starting.ensure_server).
@@ -52,13 +42,9 @@ async def fork(
             asked[0] = starting.server_pid()
             starting.start(process)
             returned.set()
-            outcome = (asked[0], None)
-        except BaseException as exc:  # noqa: BLE001 (handed to the loop, raised there)
-            outcome = (None, exc)
+            return asked[0]
         finally:
             child.close()
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-            loop.call_soon_threadsafe(settle, outcome)
 
     hung = False
 
@@ -68,23 +54,29 @@ async def fork(
             hung = True
             starting.kill_hung(asked[0], f"a worker start took over {answer_s:.1f} s")
 
-    threading.Thread(target=run, name="infergate-fork", daemon=True).start()
-    timer = loop.call_later(answer_s, watchdog)
-    settled.add_done_callback(lambda _: timer.cancel())
+    forking = asyncio.ensure_future(starting.in_own_thread(run))
+    timer = asyncio.get_running_loop().call_later(answer_s, watchdog)
+    forking.add_done_callback(lambda _: timer.cancel())
     try:
         # Killed, a hung fork server lets the thread go at once; the second answer_s only
         # bounds a thread that something else holds.
-        server, error = await asyncio.wait_for(asyncio.shield(settled), 2 * answer_s)
+        return await asyncio.wait_for(asyncio.shield(forking), 2 * answer_s)
     except (asyncio.CancelledError, TimeoutError) as exc:
-        settled.add_done_callback(lambda _: abandoned())
+        forking.add_done_callback(_consume)
+        forking.add_done_callback(lambda _: abandoned())
         if isinstance(exc, TimeoutError):
             raise WorkerStartError(_hung_message(answer_s)) from None
         raise
-    if error is not None:
+    except Exception:
         if hung:
             raise WorkerStartError(_hung_message(answer_s)) from None
-        raise error
-    return server
+        raise
+
+
+def _consume(done: asyncio.Future[int | None]) -> None:
+    """Read the outcome of a fork nobody awaits any more (asyncio logs one left unread)."""
+    if not done.cancelled():
+        done.exception()
 
 
 def _hung_message(answer_s: float) -> str:
