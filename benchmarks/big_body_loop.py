@@ -68,7 +68,7 @@ async def measure(kind: str, rounds: int) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="infergate-bigbody-"))
     make_mlp(work / "models" / "mlp" / "1" / "model.onnx")
     (work / "profile.toml").write_text("[server]\nmax_request_mb = 100\n")
-    _, app = build_gateway(load_profile(work / "profile.toml"), work / "models")
+    _, app, _ = build_gateway(load_profile(work / "profile.toml"), work / "models")
     port = free_port()
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, http=GatewayHttpProtocol, log_level="warning"

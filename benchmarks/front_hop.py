@@ -10,7 +10,8 @@ the CPU time each side spends per request (the front's includes its future per r
 which a real front would also have), and the round trips per second. Nothing here is
 infergate's code: it prices the hop before anyone builds it.
 
-    .venv/bin/python benchmarks/front_hop.py [--requests 40000] [--concurrency 64] [--json]
+    .venv/bin/python benchmarks/front_hop.py [--requests 40000] [--concurrency 64]
+        [--coalesce] [--json]
 """
 
 from __future__ import annotations
@@ -33,12 +34,16 @@ _LENGTH = struct.Struct("!I")
 
 
 class _Framed(asyncio.Protocol):
-    """Length-prefixed pickles in both directions; each whole one to `on_message`."""
+    """Length-prefixed pickles in both directions; each whole one to `on_message`. With
+    `coalesce`, the messages sent in one event-loop step go as one pickle (a list) at its
+    end, and a list received is taken apart: the hop's price when it is paid per burst."""
 
-    def __init__(self, on_message: Callable[[_Framed, Any], None]) -> None:
+    def __init__(self, on_message: Callable[[_Framed, Any], None], coalesce: bool) -> None:
         self._buf = bytearray()
         self._on_message = on_message
         self.transport: asyncio.Transport | None = None
+        self._coalesce = coalesce
+        self._pending: list[Any] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's: not a subclass
@@ -54,15 +59,31 @@ class _Framed(asyncio.Protocol):
             pos += 4 + size
         del buf[:pos]
         for message in messages:
-            self._on_message(self, message)
+            if self._coalesce:
+                for one in message:
+                    self._on_message(self, one)
+            else:
+                self._on_message(self, message)
 
     def send(self, message: Any) -> None:
+        if not self._coalesce:
+            self._write(message)
+            return
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(message)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        self._write(pending)
+
+    def _write(self, message: Any) -> None:
         assert self.transport is not None
         body = pickle.dumps(message, protocol=5)
         self.transport.write(_LENGTH.pack(len(body)) + body)
 
 
-def _engine(sock: socket.socket, report: socket.socket) -> None:
+def _engine(sock: socket.socket, report: socket.socket, coalesce: bool) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
@@ -77,7 +98,7 @@ def _engine(sock: socket.socket, report: socket.socket) -> None:
             answered += 1
             proto.send((message[0], 200, {"y": y}))
 
-        await loop.create_connection(lambda: _Framed(on_message), sock=sock)
+        await loop.create_connection(lambda: _Framed(on_message, coalesce), sock=sock)
         started = time.process_time()  # the first message starts the measured stretch
         count = await done
         report.sendall(json.dumps((time.process_time() - started) * 1e6 / count).encode())
@@ -85,7 +106,9 @@ def _engine(sock: socket.socket, report: socket.socket) -> None:
     uvloop.run(main())
 
 
-async def _front(sock: socket.socket, requests: int, concurrency: int) -> tuple[float, float]:
+async def _front(
+    sock: socket.socket, requests: int, concurrency: int, coalesce: bool
+) -> tuple[float, float]:
     loop = asyncio.get_running_loop()
     x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
     waiting: dict[int, asyncio.Future[Any]] = {}
@@ -93,7 +116,7 @@ async def _front(sock: socket.socket, requests: int, concurrency: int) -> tuple[
     def on_message(_: _Framed, message: Any) -> None:
         waiting.pop(message[0]).set_result(message)
 
-    _, proto = await loop.create_connection(lambda: _Framed(on_message), sock=sock)
+    _, proto = await loop.create_connection(lambda: _Framed(on_message, coalesce), sock=sock)
     ids = iter(range(requests))
 
     async def client(count: int) -> None:
@@ -116,6 +139,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=40_000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--coalesce", action="store_true", help="one message per event-loop step each way"
+    )
     parser.add_argument("--quick", action="store_true", help="a short pass (CI smoke test)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -127,16 +153,17 @@ def main() -> None:
     if pid == 0:  # the engine: only what it inherits, nothing of the front's loop
         front_end.close()
         report_read.close()
-        _engine(engine_end, report_write)
+        _engine(engine_end, report_write, args.coalesce)
         os._exit(0)
     engine_end.close()
     report_write.close()
-    front_us, rate = uvloop.run(_front(front_end, args.requests, args.concurrency))
+    front_us, rate = uvloop.run(_front(front_end, args.requests, args.concurrency, args.coalesce))
     engine_us = json.loads(report_read.recv(64))
     os.waitpid(pid, 0)
     result = {
         "requests": args.requests,
         "concurrency": args.concurrency,
+        "coalesce": args.coalesce,
         "front_cpu_us_per_request": round(front_us, 1),
         "engine_cpu_us_per_request": round(engine_us, 1),
         "round_trips_per_s": round(rate),
@@ -146,7 +173,8 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
     print(
-        f"one hop, {args.requests} requests at concurrency {args.concurrency}: "
+        f"one hop{', coalesced' if args.coalesce else ''}, {args.requests} requests at "
+        f"concurrency {args.concurrency}: "
         f"front {result['front_cpu_us_per_request']} µs, engine "
         f"{result['engine_cpu_us_per_request']} µs of CPU per request; "
         f"{result['round_trips_per_s']:,} round trips/s "

@@ -65,7 +65,7 @@ async def measure(seconds: float, profile_to: Path | None, tiny: bool) -> dict[s
         '[tenants.default]\nclass = "batch"\nrps = 1000000\nburst = 1000000\n'
         "max_concurrency = 10000\n"
     )
-    engine, app = build_gateway(load_profile(profile_file), models)
+    engine, app, _ = build_gateway(load_profile(profile_file), models)
     await engine.start()
     try:
         await _wait_ready(engine, "m")

@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
+from tests.edge_raw import connect, read_reply
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
@@ -83,6 +85,36 @@ def test_sigterm_lets_the_request_in_flight_finish_and_refuses_new_ones(
     (gates / "release-1").touch()
     thread.join(60)
     assert [a.status_code for a in answers] == [200]
+    assert server.process.wait(timeout=60) is not None
+
+
+def test_a_request_whose_body_is_still_arriving_is_waited_for(
+    held_server: tuple[ServerProcess, Path],
+) -> None:
+    """Counted from its head, as the drain counts every request: the signal lands while
+    half its body is sent, and the rest still gets an answer."""
+    server, _ = held_server
+    assert server.process is not None
+    body = orjson.dumps(scripted_inputs(hold=0))
+    head = (
+        f"POST /v2/models/held/infer HTTP/1.1\r\nHost: gateway\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with connect(server.port) as sock:
+        sock.sendall(head + body[:10])
+        # On loopback its bytes are in the gateway's socket before this next request is
+        # sent, so once that one is answered the gateway has seen the head.
+        assert httpx.get(f"{server.url}/v2/health/live", timeout=10).status_code == 200
+        server.process.send_signal(signal.SIGTERM)
+        refused = _first_refusal(server)
+        assert refused.status_code == 503
+        other = httpx.get(f"{server.url}/v2/models/held", timeout=10)  # FastAPI's route
+        assert other.status_code == 503
+        assert other.headers["x-request-id"]  # as every answer has, a drain's too
+        sock.sendall(body[10:])
+        reply = read_reply(sock)
+    assert reply is not None
+    assert reply.status == 200
     assert server.process.wait(timeout=60) is not None
 
 

@@ -32,7 +32,7 @@ async def test_the_gateway_answers_in_process_through_the_asgi_transport(
     models = tmp_path / "models"
     make_scripted(models / "echo" / "1" / "model.scripted", ("sleep_ms",))
     profile = load_profile(write_profile(tmp_path, "[tenants.default]\nrps = 1000\n"))
-    engine, app = build_gateway(profile, models)
+    engine, app, _ = build_gateway(profile, models)
     await engine.start()  # the transport runs no lifespan: start the engine ourselves
     try:
         transport = httpx.ASGITransport(app=app)
@@ -87,7 +87,7 @@ def test_a_profile_change_swaps_in_a_new_frozen_record(tmp_path: Path) -> None:
     models = tmp_path / "models"
     models.mkdir()
     first = load_profile(write_profile(tmp_path, "[breaker]\nmin_requests = 5\n"))
-    engine, _ = build_gateway(first, models)
+    engine, _, _ = build_gateway(first, models)
     before = engine.context.settings
     assert before.breaker.min_requests == 5
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -133,7 +133,7 @@ class _StuckDevices:
 
 async def test_scrapes_sample_devices_off_the_event_loop(tmp_path: Path) -> None:
     profile = load_profile(write_profile(tmp_path))
-    engine, app = build_gateway(profile, tmp_path)
+    engine, app, _ = build_gateway(profile, tmp_path)
     stuck = _StuckDevices(engine.context.devices)
     engine.context.devices = stuck  # type: ignore[assignment]  # the fake under test
     transport = httpx.ASGITransport(app=app)
@@ -158,7 +158,7 @@ async def test_server_metadata_names_triton_unless_the_profile_says_otherwise(
     """Triton's examples check `GET /v2`'s name; an operator may answer another."""
     (tmp_path / "models").mkdir()
     profile = load_profile(write_profile(tmp_path, f"[server]\n{setting}\n"))
-    engine, app = build_gateway(profile, tmp_path / "models")
+    engine, app, _ = build_gateway(profile, tmp_path / "models")
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
         meta = (await client.get("/v2")).json()

@@ -14,7 +14,7 @@ import pytest
 
 from infergate.clock import FakeClock
 from infergate.engine.remote.balancer import Balancer, RetryBudget
-from infergate.engine.remote.client import RemotePool
+from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
 from infergate.engine.remote.http1 import Http1Pool, Payload, Reply
@@ -338,3 +338,23 @@ async def wait_for_async(check: Callable[[], bool], timeout_s: float = 10) -> No
             return
         await asyncio.sleep(0.01)
     raise AssertionError("condition not met")
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "expected"),
+    [
+        (503, b"2", (503, 2.0)),
+        (503, b"nan", (503, None)),
+        (503, b"inf", (503, None)),
+        (429, b"-1", (429, None)),
+        (999, b"1", (502, None)),
+        (302, None, (502, None)),
+    ],
+)
+def test_an_upstream_error_is_passed_on_only_as_a_status_and_retry_after_a_client_can_use(
+    status: int, retry_after: bytes | None, expected: tuple[int, float | None]
+) -> None:
+    headers = [] if retry_after is None else [(b"retry-after", retry_after)]
+    error = answered(UpstreamReply(status, headers, b'{"error": "busy"}', "http://u:1", 1))
+    assert (error.status, error.retry_after_s) == expected
+    assert "busy" in str(error)

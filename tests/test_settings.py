@@ -172,7 +172,7 @@ def test_the_cli_help_names_every_setting_an_edit_takes(noun: str) -> None:
 async def test_admin_edits_are_checked_by_the_declarations(tmp_path: Path) -> None:
     path = write_profile(tmp_path, "# kept\n[tenants.default]\nrps = 10\n")
     (tmp_path / "models").mkdir()
-    engine, app = build_gateway(load_profile(path), tmp_path / "models")
+    engine, app, _ = build_gateway(load_profile(path), tmp_path / "models")
     await engine.start()
     try:
         transport = httpx.ASGITransport(app=app)

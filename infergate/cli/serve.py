@@ -118,15 +118,15 @@ def serve(
     from infergate.server.drain import Drain
     from infergate.server.gateway import build_gateway
     from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
+    from infergate.server.infer_lane import InferLane
 
+    drain = Drain()
+    source = loaded.source or (profile or DEFAULT_PROFILE)
     try:
-        _, gateway_app = build_gateway(
-            loaded, models_dir, loaded.source or (profile or DEFAULT_PROFILE)
-        )
+        gateway = build_gateway(loaded, models_dir, source, drain=drain)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-    drain = Drain()
-    app = drain.wrap(gateway_app)
+    lane = InferLane(gateway.route, drain)
     limits = ConnectionLimits(
         max_header_bytes=int(settings.max_header_kb * 1024),
         header_timeout_s=settings.header_timeout_s,
@@ -135,12 +135,12 @@ def serve(
         max_connections=connection_cap(settings.max_connections),
     )
     config = uvicorn.Config(
-        app,
+        gateway.app,
         host=bind,
         port=bind_port,
         log_level=log_level,
         log_config=None,  # our handler and format (text or JSON) for uvicorn's loggers too
-        http=GatewayHttpProtocol.with_limits(limits),
+        http=GatewayHttpProtocol.with_limits(limits, lane),
         proxy_headers=False,  # no proxy in front by default; saves work on every request
         server_header=False,  # one header less to check and send on every response
         access_log=False,  # server/access_log.py writes a richer line

@@ -13,7 +13,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,8 +28,9 @@ TENANT_KEY = "infergate.tenant"
 _RANDOM = random.Random()
 
 
-def request_id(scope: Scope) -> bytes:
-    for name, value in scope["headers"]:
+def request_id(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The client's X-Request-ID when it is sane, else a new one."""
+    for name, value in headers:
         if name == b"x-request-id" and SANE_ID.match(value):
             return bytes(value)
     return b"%032x" % _RANDOM.getrandbits(128)
@@ -43,7 +44,7 @@ class AccessLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id(scope)
+        rid = request_id(scope["headers"])
         started = time.perf_counter()
         status = 0
 
@@ -59,32 +60,37 @@ class AccessLog:
             await self.app(scope, receive, send_with_id)
         finally:
             if log.isEnabledFor(logging.INFO):
-                self._log(scope, rid.decode(), status, time.perf_counter() - started)
+                seconds = time.perf_counter() - started
+                tenant = scope.get(TENANT_KEY, "-")
+                log_request(scope["method"], scope["path"], status, seconds, tenant, rid)
 
-    @staticmethod
-    def _log(scope: Scope, rid: str, status: int, seconds: float) -> None:
-        match = MODEL_PATH.match(scope["path"])
-        model, version = (match.group(1), match.group(2) or "-") if match else ("-", "-")
-        tenant = scope.get(TENANT_KEY, "-")
-        latency_ms = round(seconds * 1000, 3)
-        log.info(
-            "%s %s %s %.2f ms model=%s version=%s tenant=%s request_id=%s",
-            scope["method"],
-            scope["path"],
-            status,
-            latency_ms,
-            model,
-            version,
-            tenant,
-            rid,
-            extra={
-                "method": scope["method"],
-                "path": scope["path"],
-                "status": status,
-                "latency_ms": latency_ms,
-                "model": model,
-                "version": version,
-                "tenant": tenant,
-                "request_id": rid,
-            },
-        )
+
+def log_request(
+    method: str, path: str, status: int, seconds: float, tenant: str, rid: bytes
+) -> None:
+    """The access log's line for one request (when `log` is enabled for INFO)."""
+    match = MODEL_PATH.match(path)
+    model, version = (match.group(1), match.group(2) or "-") if match else ("-", "-")
+    latency_ms = round(seconds * 1000, 3)
+    request = rid.decode()
+    log.info(
+        "%s %s %s %.2f ms model=%s version=%s tenant=%s request_id=%s",
+        method,
+        path,
+        status,
+        latency_ms,
+        model,
+        version,
+        tenant,
+        request,
+        extra={
+            "method": method,
+            "path": path,
+            "status": status,
+            "latency_ms": latency_ms,
+            "model": model,
+            "version": version,
+            "tenant": tenant,
+            "request_id": request,
+        },
+    )

@@ -23,6 +23,7 @@ from infergate.profile_store import ProfileStore
 from infergate.server.access_log import AccessLog
 from infergate.server.admin import admin_guard, admin_router, check_model_name
 from infergate.server.decoding import BodyDecoder
+from infergate.server.drain import Drain
 from infergate.server.errors import error_response, install_error_handlers
 from infergate.server.infer_route import InferRoute, version_number
 from infergate.server.private_models import PrivateModels
@@ -42,8 +43,14 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 
 def create_app(
-    engine: Engine, max_request_bytes: int, store: ProfileStore | None = None
-) -> ASGIApp:
+    engine: Engine,
+    max_request_bytes: int,
+    store: ProfileStore | None = None,
+    drain: Drain | None = None,
+) -> tuple[ASGIApp, InferRoute]:
+    """The app, and its infer route (for the HTTP protocol's lane, server/infer_lane.py).
+    With `drain`, the app drains on its signal inside the access log, so a drain's 503
+    carries a request id and a log line as every other answer does."""
     store = store or ProfileStore(None, Profile(source=None), engine)
     decoder = BodyDecoder()
 
@@ -156,4 +163,5 @@ def create_app(
 
     app.include_router(admin_router(engine, store))
     inner: ASGIApp = PrivateModels(engine, app) if store.profile.server.private_models else app
-    return AccessLog(InferRoute(engine, inner, max_request_bytes, decoder))
+    route = InferRoute(engine, inner, max_request_bytes, decoder)
+    return AccessLog(route if drain is None else drain.wrap(route)), route

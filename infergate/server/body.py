@@ -31,6 +31,7 @@ from infergate.server.codec import Body
 
 _STEP = 1 << 20  # inflated bytes per step between two turns of the event loop
 _GZIP_MAGIC = b"\x1f\x8b"
+_MAX_LENGTH_DIGITS = 19  # a Content-Length of more is larger than any limit
 
 
 def too_big(limit: int) -> PayloadTooLarge:
@@ -154,7 +155,11 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
     """The whole body, inflated; 413 as soon as it (raw or inflated) passes `limit`. A
     large one is a view of an anonymous mapping (see the module docstring)."""
     declared = headers.get(b"content-length")
-    length = int(declared) if declared is not None and declared.isdigit() else None
+    length = None
+    if declared is not None and declared.isdigit():
+        if len(declared) > _MAX_LENGTH_DIGITS:  # int() would refuse it (or take long)
+            raise too_big(limit)
+        length = int(declared)
     if length is not None and length > limit:
         raise too_big(limit)
     encoding = content_encoding(headers) if b"content-encoding" in headers else ""

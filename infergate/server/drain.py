@@ -50,7 +50,7 @@ class Drain:
                 await app(scope, receive, send)
                 return
             if self.draining and scope["path"] not in _SERVED_WHILE_DRAINING:
-                await _shutting_down(send, "it is not taking new requests")
+                await _shutting_down(send, NEW_REQUEST)
                 return
             if scope["path"] in _NOT_WAITED_FOR or scope["path"] in _SERVED_WHILE_DRAINING:
                 await app(scope, receive, send)
@@ -71,27 +71,32 @@ class Drain:
                 # The drain time ran out before this finished and uvicorn cancelled it:
                 # answer it here (uvicorn's own answer is a text/plain 500) and end quietly.
                 if not started:
-                    await _shutting_down(send, "it could not finish this request in time")
+                    await _shutting_down(send, OUT_OF_TIME)
             finally:
                 self.in_flight -= 1
 
         return drained
 
 
-async def _shutting_down(send: Send, why: str) -> None:
+NEW_REQUEST = "it is not taking new requests"
+OUT_OF_TIME = "it could not finish this request in time"
+
+
+def shutting_down(why: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The 503 of a drain (headers and body), saying `why`."""
     body = error_body(f"the gateway is shutting down: {why}. Hint: retry (another replica)")
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"),
-                (b"connection", b"close"),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        (b"retry-after", b"1"),
+        (b"connection", b"close"),
+    ]
+    return headers, body
+
+
+async def _shutting_down(send: Send, why: str) -> None:
+    headers, body = shutting_down(why)
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -23,11 +23,14 @@ from infergate.errors import ConfigError
 from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
 from infergate.server.app import create_app
+from infergate.server.drain import Drain
+from infergate.server.infer_route import InferRoute
 
 
 class Gateway(NamedTuple):
     engine: Engine
     app: ASGIApp
+    route: InferRoute  # the app's infer route, for the HTTP protocol's lane (infer_lane.py)
 
 
 def build_gateway(
@@ -35,6 +38,7 @@ def build_gateway(
     models_dir: Path,
     profile_path: Path | None = None,
     worker_factory: WorkerFactory = WorkerHandle,
+    drain: Drain | None = None,
 ) -> Gateway:
     """Wire the engine and the app for `profile`, serving `models_dir`. `profile_path` is
     where admin changes persist and live edits are read (default: the file the profile
@@ -90,5 +94,5 @@ def build_gateway(
     )
     engine = Engine(engine_settings, context)
     store = ProfileStore(profile_path or profile.source, profile, engine)
-    app = create_app(engine, int(settings.max_request_mb * 2**20), store)
-    return Gateway(engine, app)
+    app, route = create_app(engine, int(settings.max_request_mb * 2**20), store, drain)
+    return Gateway(engine, app, route)

@@ -41,6 +41,8 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from infergate.server.infer_lane import InferLane, LaneCycle
+
 
 class _HeadWithBody:
     """A transport that sends a response head together with the write after it."""
@@ -118,6 +120,8 @@ class _Refused(Exception):
 
 class GatewayHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    # Small infer requests answered without an ASGI cycle (server/infer_lane.py).
+    lane: ClassVar[InferLane | None] = None
     # Head and body in one write; False only to measure its gain (benchmarks/http_protocol.py).
     one_write: ClassVar[bool] = True
 
@@ -138,8 +142,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._timer_at = 0.0
 
     @classmethod
-    def with_limits(cls, limits: ConnectionLimits) -> type[GatewayHttpProtocol]:
-        return type(cls.__name__, (cls,), {"limits": limits})
+    def with_limits(
+        cls, limits: ConnectionLimits, lane: InferLane | None = None
+    ) -> type[GatewayHttpProtocol]:
+        return type(cls.__name__, (cls,), {"limits": limits, "lane": lane})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if self.one_write:
@@ -231,11 +237,34 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._set_deadline(self.limits.body_timeout_s, "the request body")
+        lane = self.lane
+        if (
+            lane is not None
+            and (self.cycle is None or self.cycle.response_complete)  # else: pipelined
+            and self.parser.get_method() == b"POST"
+            and not self.expect_100_continue
+            and not self.parser.should_upgrade()
+            and (match := lane.match(self.url, self.headers)) is not None
+        ):
+            keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+            cycle = LaneCycle(self, lane, match, self.url, keep_alive)
+            self.cycle = cycle  # type: ignore[assignment]  # it has what uvicorn's protocol uses
+            # One of the server's tasks, as uvicorn's own cycle: waited for on shutdown.
+            task = self.loop.create_task(cycle.run())
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+            return
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._clear_deadline()
         super().on_message_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete and not self.pipeline:
+            # Answered before its body ended (a refusal: 401, 404, 429): the connection is
+            # idle from now, as after any answer (data_received cleared that deadline when
+            # the rest of the body came), or nothing would ever close it.
+            self._set_idle()
 
     def send_400_response(self, msg: str) -> None:  # JSON, as every other error
         self._answer_and_close(error_message(400, f"malformed HTTP request: {msg}"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -22,6 +22,7 @@ from infergate.engine.remote.served import RemoteServedVersion
 from infergate.engine.scheduling.sequences import sequence_params
 from infergate.engine.triton.classification import classify_outputs
 from infergate.errors import BadRequest, InfergateError
+from infergate.server.access_log import TENANT_KEY
 from infergate.server.body import read_body
 from infergate.server.codec import DecodedRequest, encode_response
 from infergate.server.compression import compress_response
@@ -92,6 +93,16 @@ def api_key(headers: dict[bytes, bytes]) -> str | None:
     return key.decode("latin-1").strip() if key else None
 
 
+class Reply(NamedTuple):
+    """An infer request's answer, ready to send."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]  # Content-Length included
+    body: bytes
+    tenant: str  # the authenticated tenant's name, "-" before authentication
+    keeper: Keeper  # what the request holds until its answer is sent
+
+
 class InferRoute:
     """Answers infer requests itself; hands everything else to `fallback`."""
 
@@ -119,13 +130,35 @@ class InferRoute:
     async def _infer(
         self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
+        reply = await self.reply(name, version, scope["headers"], receive)
+        scope[TENANT_KEY] = reply.tenant  # for the access log (server/access_log.py)
+        try:
+            await send(
+                {"type": "http.response.start", "status": reply.status, "headers": reply.headers}
+            )
+            await send({"type": "http.response.body", "body": reply.body})
+        finally:
+            reply.keeper.free_buffers()
+        if reply.keeper.holding:
+            await reply.keeper.release()
+
+    async def reply(
+        self,
+        name: str,
+        version: str | None,
+        raw_headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+    ) -> Reply:
+        """The whole answer to one infer request, errors included, counted in the metrics
+        and statistics; the caller sends it, then lets go of `Reply.keeper`. Called by the
+        ASGI route above and by the HTTP protocol's lane (server/infer_lane.py)."""
         tenant = "-"
         context = self._engine.context
         started = context.clock.now()
         keeper = Keeper()
         state: TenantState | None = None
         try:
-            headers_in = dict(scope["headers"])
+            headers_in = dict(raw_headers)
             state = context.tenants.authenticate(api_key(headers_in))
             tenant = state.tenant.name
             status = 200
@@ -142,19 +175,12 @@ class InferRoute:
         model = name if allowed and self._engine.registry.has(name) else "unknown"
         now = context.clock.now()
         context.metrics.request_done(model, tenant, status, now - started)
-        scope["infergate.tenant"] = tenant  # for the access log (server/access_log.py)
         context.stats.record(
             model, status < 500, now - started, None if tenant == "-" else tenant, now
         )
-        body = compress_response(scope["headers"], headers, body, status)
+        body = compress_response(raw_headers, headers, body, status)
         headers.append((b"content-length", b"%d" % len(body)))
-        try:
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-        finally:
-            keeper.free_buffers()
-        if keeper.holding:
-            await keeper.release()
+        return Reply(status, headers, body, tenant, keeper)
 
     async def _answer(
         self,

@@ -259,15 +259,20 @@ class RemotePool:
         else:
             self.outliers.success(endpoint)
         kept = [
-            (k.encode(), reply.headers[k].encode())
+            (k.encode(), value.encode())
             for k in (*BODY_HEADERS, "retry-after")
-            if k in reply.headers
-        ]
+            if (value := reply.headers.get(k)) is not None
+            and value.isascii()
+            and value.isprintable()
+        ]  # passed on to our client: no control characters from an upstream
         return UpstreamReply(reply.status, kept, reply.body, endpoint, 1)
 
 
 def _failed(endpoint: str, exc: Exception, retriable: bool) -> UpstreamFailed:
     return UpstreamFailed(f"upstream {endpoint} failed: {type(exc).__name__}: {exc}", retriable)
+
+
+_MAX_RETRY_AFTER_S = 86_400.0
 
 
 def answered(reply: UpstreamReply) -> UpstreamAnswered:
@@ -285,6 +290,9 @@ def answered(reply: UpstreamReply) -> UpstreamAnswered:
             seconds = float(retry_after)
         except ValueError:
             seconds = None
-    return UpstreamAnswered(
-        reply.status, f"upstream {reply.endpoint} answered {reply.status}: {message}", seconds
-    )
+        if seconds is not None and not 0 <= seconds <= _MAX_RETRY_AFTER_S:  # nan, inf, -1
+            seconds = None
+    said = f"upstream {reply.endpoint} answered {reply.status}: {message}"
+    if not 400 <= reply.status <= 599:  # not an error status a client could act on
+        return UpstreamAnswered(502, f"{said} (not an HTTP error status)", None)
+    return UpstreamAnswered(reply.status, said, seconds)

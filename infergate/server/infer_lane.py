@@ -1,0 +1,226 @@
+"""The infer lane: small infer requests answered from the HTTP protocol itself, without
+an ASGI cycle.
+
+At thousands of small requests a second the gateway's one event loop is the limit, and
+an ASGI request cycle (its scope, the receive and send messages, uvicorn's header checks,
+the access log's and the drain's wrappers) was about a tenth of the CPU a tiny infer
+request cost it (`benchmarks/http_cpu.py`: 97.8 → 87.2 µs per request). So the protocol
+(server/http_protocol.py) hands a request to this lane when it is a POST to an infer path
+whose body is small enough to arrive before uvicorn would pause reading (a Content-Length
+of at most 64 KiB) and nothing about it needs the general cycle (no Expect: 100-continue,
+no chunked body, no %-escaped path, no earlier request still answering on the
+connection). It starts at the request's head, as the ASGI route does, so admission (401,
+403, 404, 429) still comes before the body, and the drain counts the request from then;
+it answers with the same `InferRoute.reply` the ASGI route uses (every check, limit,
+metric and error the same), with the access log's request id and line, in one write.
+Everything else (large or streamed bodies above all) takes the ASGI route as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from typing import TYPE_CHECKING
+
+from starlette.types import Message
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from infergate.server.access_log import log, log_request, request_id
+from infergate.server.drain import NEW_REQUEST, OUT_OF_TIME, Drain, shutting_down
+from infergate.server.errors import error_body
+from infergate.server.infer_route import INFER_PATH, InferRoute
+
+if TYPE_CHECKING:
+    from infergate.server.http_protocol import GatewayHttpProtocol
+
+# uvicorn's HIGH_WATER_LIMIT: a body up to this size never pauses the connection's reading.
+LANE_MAX_BODY = 64 * 1024
+_CLOSE = b"connection: close\r\n"
+_INTERNAL_BODY = error_body("internal error: the gateway could not answer this request")
+log_server = logging.getLogger("infergate.server")
+
+
+def _internal_error() -> list[tuple[bytes, bytes]]:
+    return [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(_INTERNAL_BODY)),
+        (b"connection", b"close"),
+    ]
+
+
+class InferLane:
+    """Answers the protocol's eligible infer requests (see the module docstring)."""
+
+    def __init__(self, route: InferRoute, drain: Drain | None = None) -> None:
+        self.route = route
+        self.drain = drain
+
+    def match(self, url: bytes, headers: list[tuple[bytes, bytes]]) -> re.Match[str] | None:
+        """The infer path's match for a POST to `url` this lane may take, else None."""
+        path, _, _ = url.partition(b"?")
+        if b"%" in path or b"#" in path:  # escapes: the ASGI route decodes them
+            return None
+        length = None
+        for name, value in headers:
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                return None
+        # (a length of many digits, zeros first, is the ASGI route's to refuse)
+        if length is None or len(length) > 8 or not length.isdigit() or int(length) > LANE_MAX_BODY:
+            return None
+        return INFER_PATH.match(path.decode("latin-1"))
+
+
+class LaneCycle:
+    """One request on the lane. It stands in the protocol's `cycle` slot with the
+    attributes uvicorn's protocol and ours read and write there (body, more_body,
+    message_event, response_started, response_complete, disconnected, keep_alive), so
+    the connection's limits, deadlines, pipelining and shutdown work on it unchanged."""
+
+    __slots__ = (
+        "protocol",
+        "lane",
+        "name",
+        "version",
+        "url",
+        "headers",
+        "keep_alive",
+        "body",
+        "more_body",
+        "message_event",
+        "response_started",
+        "response_complete",
+        "disconnected",
+        "_waiter",
+    )
+
+    def __init__(
+        self,
+        protocol: GatewayHttpProtocol,
+        lane: InferLane,
+        match: re.Match[str],
+        url: bytes,
+        keep_alive: bool,
+    ) -> None:
+        # Let go of when the run ends (`run`): the protocol holds this cycle, and a cycle
+        # back to it would leave a closed connection to the cyclic garbage collector.
+        self.protocol: GatewayHttpProtocol | None = protocol
+        self.lane = lane
+        self.name, self.version = match.groups()
+        self.url = url
+        self.headers: list[tuple[bytes, bytes]] = protocol.headers
+        self.keep_alive = keep_alive
+        self.body = bytearray()  # `+=` by the protocol's on_body, piece by piece
+        self.more_body = True
+        # The protocol calls `message_event.set()` on each piece of body, at its end and
+        # on a disconnect; the cycle is its own event (see `set`).
+        self.message_event = self
+        self.response_started = False
+        self.response_complete = False
+        self.disconnected = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        """Wake `_receive` if it waits for the rest of the body (or for nothing more)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _receive(self) -> Message:
+        """The whole body in one message: at most LANE_MAX_BODY bytes, which the protocol
+        buffers without pausing; usually here with the head, so nothing is awaited."""
+        while self.more_body and not self.disconnected:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+            self._waiter = None
+        if self.disconnected:
+            return {"type": "http.disconnect"}
+        body = bytes(self.body)
+        self.body = bytearray()
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def run(self) -> None:
+        """Answer the request; the protocol starts this at the end of its head."""
+        started = time.perf_counter()
+        rid = request_id(self.headers)
+        drain = self.lane.drain
+        status, tenant = 503, "-"
+        if drain is not None and drain.draining:
+            headers, body = shutting_down(NEW_REQUEST)
+            await self._send(status, headers, body, rid)
+            self._log(status, tenant, rid, started)
+            self.protocol = None
+            return
+        if drain is not None:
+            drain.in_flight += 1
+        try:
+            reply = await self.lane.route.reply(
+                self.name, self.version, self.headers, self._receive
+            )
+            status, tenant = reply.status, reply.tenant
+            try:
+                await self._send(status, reply.headers, reply.body, rid)
+            finally:
+                reply.keeper.free_buffers()
+            if reply.keeper.holding:
+                await reply.keeper.release()
+        except asyncio.CancelledError:
+            # The gateway is stopping (the drain time ran out, or a second signal): a
+            # JSON 503 rather than a cut connection, as the drain answers the ASGI route.
+            if not self.response_started:
+                headers, body = shutting_down(OUT_OF_TIME)
+                await self._send(503, headers, body, rid)
+            raise
+        except Exception:  # a bug: answered 500 (uvicorn's cycle would), never left hanging
+            log_server.exception("infer %s failed outside its route", self.name)
+            status = 500
+            if self.response_started:
+                if self.protocol is not None:
+                    self.protocol.transport.close()
+            else:
+                await self._send(500, _internal_error(), _INTERNAL_BODY, rid)
+        finally:
+            if drain is not None:
+                drain.in_flight -= 1
+            self._log(status, tenant, rid, started)
+            self.protocol = None
+
+    async def _send(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, rid: bytes
+    ) -> None:
+        """The whole response in one write, then the connection's next request."""
+        protocol = self.protocol
+        assert protocol is not None, "sent after the run ended"
+        if protocol.flow.write_paused and not self.disconnected:
+            await protocol.flow.drain()  # the client reads slower than we answer
+        self.response_started = True
+        transport = protocol.transport
+        if self.disconnected or transport.is_closing():
+            self.response_complete = True
+            return
+        parts: list[bytes] = [STATUS_LINE[status]]
+        for name, value in protocol.server_state.default_headers:  # Date
+            parts += (name, b": ", value, b"\r\n")
+        closing = False
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+            closing = closing or (name == b"connection" and value == b"close")
+        parts += (b"x-request-id: ", rid, b"\r\n")  # sane (access_log.request_id)
+        if closing:
+            self.keep_alive = False
+        elif not self.keep_alive:
+            parts.append(_CLOSE)
+        parts += (b"\r\n", body)
+        transport.write(b"".join(parts))
+        self.response_complete = True
+        if not self.keep_alive:
+            transport.close()
+        protocol.on_response_complete()
+
+    def _log(self, status: int, tenant: str, rid: bytes, started: float) -> None:
+        if log.isEnabledFor(logging.INFO):
+            path = self.url.partition(b"?")[0].decode("latin-1")
+            log_request("POST", path, status, time.perf_counter() - started, tenant, rid)

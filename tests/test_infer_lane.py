@@ -1,0 +1,370 @@
+"""The infer lane (server/infer_lane.py): small infer requests are answered by the HTTP
+protocol without an ASGI cycle, and a client cannot tell them from the ones the ASGI route
+answers: the same status, headers and body, errors included, in order on a connection,
+closing it when asked."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
+from uvicorn.server import ServerState
+
+from infergate.engine.admission.tenants import hash_key
+from infergate.server.decoding import Keeper
+from infergate.server.http_protocol import GatewayHttpProtocol
+from infergate.server.infer_lane import LANE_MAX_BODY, InferLane
+from infergate.server.infer_route import Reply
+from tests.edge_raw import Reply as RawReply
+from tests.edge_raw import closed_by_server, connect, read_reply
+from tests.onnx_models import make_mlp
+from tests.polling import eventually
+from tests.server import ServerProcess
+
+KEY = "lane-key"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("lane")
+    make_mlp(tmp / "models" / "mlp" / "1" / "model.onnx")
+    profile = tmp / "profile.toml"
+    profile.write_text(
+        f"[server]\nkeep_alive_timeout_s = 2\n\n"
+        f'[tenants.team]\napi_keys = ["{hash_key(KEY)}"]\nrps = 1000\n'
+    )
+    server = ServerProcess(tmp / "models", profile, tmp / "server.log").start()
+    yield server
+    server.stop()
+
+
+def _request(
+    path: str, body: bytes, headers: dict[str, str], chunked: bool, version: str = "1.1"
+) -> bytes:
+    lines = [f"POST {path} HTTP/{version}", "Host: gateway"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    if chunked:  # a streamed body: the ASGI route's
+        lines.append("Transfer-Encoding: chunked")
+        framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if body else b"0\r\n\r\n"
+    else:
+        lines.append(f"Content-Length: {len(body)}")
+        framed = body
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + framed
+
+
+def _exchange(port: int, request: bytes, answers: int = 1) -> list[RawReply]:
+    """Send `request` (one or several, pipelined) and read `answers` replies: several may
+    arrive in one read, so they are cut from one buffer (edge_raw's reader keeps one)."""
+    replies: list[RawReply] = []
+    data = b""
+    with connect(port) as sock:
+        sock.sendall(request)
+        while len(replies) < answers:
+            head, found, rest = data.partition(b"\r\n\r\n")
+            if found:
+                lines = head.decode("latin-1").split("\r\n")
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (x.partition(":") for x in lines[1:])
+                }
+                length = int(headers.get("content-length", "0"))
+                if len(rest) >= length:
+                    status = int(lines[0].split()[1])
+                    replies.append(RawReply(status, headers, rest[:length]))
+                    data = rest[length:]
+                    continue
+            chunk = sock.recv(65536)
+            assert chunk, f"the server closed the connection after {len(replies)} answers"
+            data += chunk
+    return replies
+
+
+_GOOD = orjson.dumps(
+    {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 4], "data": [0.5] * 8}]}
+)
+CASES = {
+    "answer": ("/v2/models/mlp/infer", _GOOD, {"X-API-Key": KEY}),
+    "version": ("/v2/models/mlp/versions/1/infer?x=1", _GOOD, {"X-API-Key": KEY}),
+    "unknown model": ("/v2/models/nope/infer", _GOOD, {"X-API-Key": KEY}),
+    "no such version": ("/v2/models/mlp/versions/7/infer", _GOOD, {"X-API-Key": KEY}),
+    "bad key": ("/v2/models/mlp/infer", _GOOD, {"X-API-Key": "wrong"}),
+    "no key": ("/v2/models/mlp/infer", _GOOD, {}),
+    "not JSON": ("/v2/models/mlp/infer", b"{nope", {"X-API-Key": KEY}),
+    "wrong shape": (
+        "/v2/models/mlp/infer",
+        _GOOD.replace(b"[2,4]", b"[2,5]"),
+        {"X-API-Key": KEY},
+    ),
+    "empty body": ("/v2/models/mlp/infer", b"", {"X-API-Key": KEY}),
+    "gzip asked": ("/v2/models/mlp/infer", _GOOD, {"X-API-Key": KEY, "Accept-Encoding": "gzip"}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_lane_answers_as_the_asgi_route_does(server: ServerProcess, case: str) -> None:
+    path, body, headers = CASES[case]
+    headers = {
+        **headers,
+        "Content-Type": "application/json",
+        "X-Request-ID": f"id-{case.replace(' ', '-')}",
+    }
+    lane = _exchange(server.port, _request(path, body, headers, chunked=False))[0]
+    routed = _exchange(server.port, _request(path, body, headers, chunked=True))[0]
+    assert (lane.status, lane.body) == (routed.status, routed.body)
+    same = ("content-type", "content-length", "content-encoding", "retry-after", "x-request-id")
+    assert {h: lane.headers.get(h) for h in same} == {h: routed.headers.get(h) for h in same}
+    assert lane.headers["x-request-id"] == f"id-{case.replace(' ', '-')}"
+    assert "date" in lane.headers
+
+
+@pytest.mark.parametrize(
+    ("path", "key", "status"),
+    [
+        ("/v2/models/mlp/infer", "wrong", 401),
+        ("/v2/models/nope/infer", KEY, 404),
+    ],
+)
+def test_a_small_request_is_refused_before_its_body_arrives(
+    server: ServerProcess, path: str, key: str, status: int
+) -> None:
+    """Admission comes before the body on the lane too: a client that stalls halfway
+    through a small body is answered at once, not after the body timeout (60 s here)."""
+    request = _request(path, _GOOD, {"X-API-Key": key}, chunked=False)
+    with connect(server.port) as sock:
+        sock.sendall(request[: len(request) - len(_GOOD) // 2])  # half of the body held back
+        reply = read_reply(sock, timeout_s=20)
+    assert reply is not None
+    assert reply.status == status
+
+
+def test_a_connection_refused_before_its_body_still_closes_when_idle(
+    server: ServerProcess,
+) -> None:
+    """The rest of the body comes after the refusal; then the connection idles and is
+    closed after keep_alive_timeout_s (2 s here), as after any answer."""
+    request = _request("/v2/models/mlp/infer", _GOOD, {"X-API-Key": "wrong"}, chunked=False)
+    half = len(request) - len(_GOOD) // 2
+    with connect(server.port) as sock:
+        sock.sendall(request[:half])
+        reply = read_reply(sock, timeout_s=20)
+        assert reply is not None
+        assert reply.status == 401
+        sock.sendall(request[half:])
+        closed, _ = closed_by_server(sock, timeout_s=20)
+    assert closed
+
+
+def test_a_content_length_of_thousands_of_digits_is_a_413(server: ServerProcess) -> None:
+    head = (
+        "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: gateway\r\nX-API-Key: "
+        f"{KEY}\r\nContent-Length: {'0' * 5000}2\r\n\r\n"
+    ).encode()
+    with connect(server.port) as sock:
+        sock.sendall(head + b"{}")
+        reply = read_reply(sock)
+    assert reply is not None
+    assert reply.status == 413
+
+
+def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None:
+    """Lane and ASGI requests sent back to back on one connection, in one write."""
+
+    def body(value: float) -> bytes:
+        return _GOOD.replace(b"0.5", str(value).encode())
+
+    auth = {"X-API-Key": KEY}
+    requests = [
+        _request("/v2/models/mlp/infer", body(1.0), auth, chunked=False),
+        b"GET /v2/health/live HTTP/1.1\r\nHost: gateway\r\n\r\n",
+        _request("/v2/models/mlp/infer", body(2.0), auth, chunked=True),
+        _request("/v2/models/mlp/infer", body(3.0), auth, chunked=False),
+        _request("/v2/models/nope/infer", body(4.0), auth, chunked=False),
+    ]
+    replies = _exchange(server.port, b"".join(requests), answers=5)
+    assert [r.status for r in replies] == [200, 200, 200, 200, 404]
+    assert replies[1].json() == {"live": True}
+    singly = [
+        _exchange(server.port, _request("/v2/models/mlp/infer", body(v), auth, False))[0]
+        for v in (1.0, 2.0, 3.0)
+    ]
+    assert [replies[i].body for i in (0, 2, 3)] == [r.body for r in singly]
+    assert len({r.body for r in singly}) == 3
+
+
+@pytest.mark.parametrize(("version", "headers"), [("1.1", {"Connection": "close"}), ("1.0", {})])
+def test_a_connection_asked_to_close_is_closed_after_the_answer(
+    server: ServerProcess, version: str, headers: dict[str, str]
+) -> None:
+    request = _request("/v2/models/mlp/infer", _GOOD, {**headers, "X-API-Key": KEY}, False, version)
+    with connect(server.port) as sock:
+        sock.sendall(request)
+        reply = read_reply(sock)
+        assert reply is not None
+        assert reply.status == 200
+        assert reply.headers["connection"] == "close"
+        sock.settimeout(10)
+        assert sock.recv(1) == b""  # closed by the server
+
+
+# Which requests take the lane, at the protocol: the lane's route and the ASGI app each
+# record what they answered.
+
+
+class _Route:
+    def __init__(self, fail: bool = False) -> None:
+        self.bodies: list[bytes] = []
+        self.fail = fail
+
+    async def reply(
+        self, name: str, version: str | None, headers: list[tuple[bytes, bytes]], receive: Any
+    ) -> Reply:
+        message = await receive()
+        self.bodies.append(message["body"])
+        if self.fail:
+            raise RuntimeError("a bug")
+        return Reply(200, [(b"content-length", b"4")], b"lane", "-", Keeper())
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 1) if name in ("peername", "sockname") else None
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _connected(lane: InferLane, app: Any) -> tuple[GatewayHttpProtocol, _Transport]:
+    """A protocol with `lane`, serving `app` otherwise, on a fresh fake connection."""
+    protocol_class = GatewayHttpProtocol.with_limits(GatewayHttpProtocol.limits, lane)
+    config = uvicorn.Config(app, http=protocol_class, log_config=None)
+    config.load()
+    protocol = protocol_class(config, ServerState(), {}, asyncio.get_running_loop())
+    transport = _Transport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    return protocol, transport
+
+
+def _small(extra: str = "", path: str = "/v2/models/m/infer", length: int = 2) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: {length}\r\n{extra}\r\n"
+    return head.encode() + b"{}"[:length] + b" " * max(0, length - 2)
+
+
+WHO_ANSWERS = {
+    "small infer": (_small(), "lane"),
+    "a version's infer": (_small(path="/v2/models/m/versions/2/infer"), "lane"),
+    "the largest lane body": (_small(length=LANE_MAX_BODY), "lane"),
+    "a larger body": (_small(length=LANE_MAX_BODY + 1), "asgi"),
+    "a chunked body": (
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\n{}\r\n0\r\n\r\n",
+        "asgi",
+    ),
+    "Expect: 100-continue": (_small("Expect: 100-continue\r\n"), "asgi"),
+    "an escaped path": (_small(path="/v2/models/m%2Dx/infer"), "asgi"),
+    "a GET": (b"GET /v2/models/m/infer HTTP/1.1\r\nHost: a\r\n\r\n", "asgi"),
+    "another path": (_small(path="/v2/models/m/infer/x"), "asgi"),
+}
+
+
+@pytest.mark.parametrize("case", WHO_ANSWERS)
+def test_which_requests_take_the_lane(case: str) -> None:
+    data, expected = WHO_ANSWERS[case]
+    route = _Route()
+    asgi_calls: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        asgi_calls.append(scope["path"])
+        while (await receive()).get("more_body"):
+            pass
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]}
+        )
+        await send({"type": "http.response.body", "body": b"asgi"})
+
+    async def scenario() -> bytes:
+        lane = InferLane(route)  # type: ignore[arg-type]  # a stand-in for InferRoute
+        protocol, transport = _connected(lane, app)
+        try:
+            protocol.data_received(data)
+            await eventually(lambda: transport.data.endswith((b"lane", b"asgi")), what="answer")
+        finally:
+            protocol.connection_lost(None)
+        return transport.data
+
+    answer = asyncio.run(scenario())
+    assert answer.endswith(expected.encode())
+    assert (len(route.bodies), len(asgi_calls)) == ((1, 0) if expected == "lane" else (0, 1))
+    if expected == "lane":
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"\r\nx-request-id: " in answer
+        assert len(route.bodies[0]) == int(data.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+
+
+def test_a_bug_on_the_lane_is_a_500_and_the_connection_closes() -> None:
+    """What uvicorn's cycle does for an exception in the app, in the gateway's JSON."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("the lane's request reached the ASGI app")
+
+    async def scenario() -> tuple[bytes, bool]:
+        lane = InferLane(_Route(fail=True))  # type: ignore[arg-type]  # a stand-in route
+        protocol, transport = _connected(lane, app)
+        try:
+            protocol.data_received(_small())
+            await eventually(lambda: transport.closed, what="the connection closed")
+        finally:
+            protocol.connection_lost(None)
+        return transport.data, transport.closed
+
+    answer, closed = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 500 ")
+    assert b"\r\nconnection: close\r\n" in answer
+    assert orjson.loads(answer.partition(b"\r\n\r\n")[2])["error"].startswith("internal error")
+    assert closed
+
+
+def test_a_closed_connection_is_freed_without_the_cycle_collector() -> None:
+    """The gateway runs the cyclic collector rarely (cli/serve.py's _tune_gc): a lane
+    request must not leave its connection's protocol in a reference cycle."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("the lane's request reached the ASGI app")
+
+    async def scenario() -> weakref.ref[Any]:
+        lane = InferLane(_Route())  # type: ignore[arg-type]  # a stand-in route
+        protocol, transport = _connected(lane, app)
+        protocol.data_received(_small("Connection: close\r\n"))
+        await eventually(lambda: transport.closed and not protocol.tasks, what="the answer")
+        protocol.connection_lost(None)
+        return weakref.ref(protocol)
+
+    gc.collect()
+    gc.disable()
+    try:
+        gone = asyncio.run(scenario())
+        assert gone() is None
+    finally:
+        gc.enable()
