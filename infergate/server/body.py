@@ -24,7 +24,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from starlette.types import Receive
+from starlette.types import Message, Receive
 
 from infergate.errors import BadRequest, PayloadTooLarge
 from infergate.server.codec import Body
@@ -164,6 +164,14 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
         raise too_big(limit)
     encoding = content_encoding(headers) if b"content-encoding" in headers else ""
     inflater = _Inflater(encoding, limit) if encoding in ("gzip", "deflate") else None
+    if inflater is None and length is not None and length <= _STEP:
+        # Most bodies are small and come whole in the first message: taken as they are.
+        first = await receive()
+        if first["type"] == "http.request" and not first.get("more_body", False):
+            body: bytes = first.get("body", b"")
+            if len(body) == length:
+                return body
+        receive = _again(first, receive)
     pieces = _Pieces(length) if inflater is None else inflater.pieces
     try:
         await _receive_all(receive, limit, length, inflater, pieces)
@@ -171,6 +179,16 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
         pieces.discard()
         raise
     return pieces.take()
+
+
+def _again(first: Message, receive: Receive) -> Receive:
+    """`receive`, with `first` (already taken from it) handed out once more first."""
+    taken = [first]
+
+    async def replay() -> Message:
+        return taken.pop() if taken else await receive()
+
+    return replay
 
 
 async def _receive_all(
