@@ -5,6 +5,7 @@ answered before their upload, big bodies decode off the event loop, malformed fi
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import mmap
 import struct
@@ -25,6 +26,7 @@ from starlette.types import Message, Receive
 
 from infergate.client import decode_infer_response, encode_infer_request
 from infergate.engine.admission.tenants import hash_key
+from infergate.errors import BadRequest
 from infergate.server.body import read_body
 from infergate.server.decoding import BodyDecoder, Keeper
 from infergate.tensors import Array
@@ -378,3 +380,24 @@ def test_an_onnx_string_model_gets_the_bytes_sent_or_says_why_not(edge: ServerPr
     r = httpx.post(f"{edge.url}/v2/models/onnx_strings/infer", content=body, headers=headers)
     assert r.status_code == 500, r.text
     assert "not UTF-8" in r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("declared", "sent", "piece", "error"),
+    [
+        (1000, 1000, 1000, None),  # whole in one message: taken as it is
+        (100_000, 100_000, 30_000, None),  # in four pieces
+        (1000, 999, 1000, "the body has 999 bytes but Content-Length says 1000"),
+        (1000, 999, 500, "the body has 999 bytes but Content-Length says 1000"),
+    ],
+)
+def test_a_body_is_read_whole_whether_it_comes_in_one_piece_or_several(
+    declared: int, sent: int, piece: int, error: str | None
+) -> None:
+    body = bytes(range(256)) * (sent // 256) + b"x" * (sent % 256)
+    headers = {b"content-length": str(declared).encode()}
+    if error is None:
+        assert bytes(asyncio.run(read_body(headers, _receive_of(body, piece), 2**20))) == body
+    else:
+        with pytest.raises(BadRequest, match=error):
+            asyncio.run(read_body(headers, _receive_of(body, piece), 2**20))
