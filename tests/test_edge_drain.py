@@ -79,6 +79,7 @@ def test_sigterm_lets_the_request_in_flight_finish_and_refuses_new_ones(
     assert refused.status_code == 503
     assert refused.headers["content-type"] == "application/json"
     assert refused.headers["retry-after"] == "1"
+    assert refused.headers["x-request-id"]
     assert "shutting down" in refused.json()["error"]
     assert not answers  # the held request is still running
     assert server.process.poll() is None  # and the gateway waits for it

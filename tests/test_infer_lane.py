@@ -19,7 +19,7 @@ from uvicorn.server import ServerState
 
 from infergate.engine.admission.tenants import hash_key
 from infergate.server.decoding import Keeper
-from infergate.server.http_protocol import GatewayHttpProtocol
+from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import LANE_MAX_BODY, InferLane
 from infergate.server.infer_route import Reply
 from tests.edge_raw import Reply as RawReply
@@ -161,7 +161,7 @@ def test_a_connection_refused_before_its_body_still_closes_when_idle(
     assert closed
 
 
-def test_a_content_length_of_thousands_of_digits_is_a_413(server: ServerProcess) -> None:
+def test_a_content_length_of_thousands_of_digits_is_a_400(server: ServerProcess) -> None:
     head = (
         "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: gateway\r\nX-API-Key: "
         f"{KEY}\r\nContent-Length: {'0' * 5000}2\r\n\r\n"
@@ -170,7 +170,8 @@ def test_a_content_length_of_thousands_of_digits_is_a_413(server: ServerProcess)
         sock.sendall(head + b"{}")
         reply = read_reply(sock)
     assert reply is not None
-    assert reply.status == 413
+    assert reply.status == 400
+    assert "Content-Length has 5001 digits" in str(reply.json()["error"])
 
 
 def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None:
@@ -256,9 +257,11 @@ class _Transport:
         pass
 
 
-def _connected(lane: InferLane, app: Any) -> tuple[GatewayHttpProtocol, _Transport]:
+def _connected(
+    lane: InferLane, app: Any, limits: ConnectionLimits = GatewayHttpProtocol.limits
+) -> tuple[GatewayHttpProtocol, _Transport]:
     """A protocol with `lane`, serving `app` otherwise, on a fresh fake connection."""
-    protocol_class = GatewayHttpProtocol.with_limits(GatewayHttpProtocol.limits, lane)
+    protocol_class = GatewayHttpProtocol.with_limits(limits, lane)
     config = uvicorn.Config(app, http=protocol_class, log_config=None)
     config.load()
     protocol = protocol_class(config, ServerState(), {}, asyncio.get_running_loop())
@@ -368,3 +371,50 @@ def test_a_closed_connection_is_freed_without_the_cycle_collector() -> None:
         assert gone() is None
     finally:
         gc.enable()
+
+
+class _RefuseThenHold:
+    """A stand-in route: the first request is refused before its body is read, the
+    second is answered once `release` is set."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = asyncio.Event()
+
+    async def reply(
+        self, name: str, version: str | None, headers: list[tuple[bytes, bytes]], receive: Any
+    ) -> Reply:
+        self.calls += 1
+        if self.calls == 1:
+            return Reply(401, [(b"content-length", b"6")], b"denied", "-", Keeper())
+        await receive()
+        await self.release.wait()
+        return Reply(200, [(b"content-length", b"4")], b"lane", "-", Keeper())
+
+
+def test_a_request_after_a_refused_body_is_not_cut_by_the_idle_timer() -> None:
+    """The refused request's body ends in the same read as the next request begins: that
+    request runs past the keep-alive time (0.1 s here) and is still answered."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("the lane's request reached the ASGI app")
+
+    async def scenario() -> tuple[bool, bytes]:
+        route = _RefuseThenHold()
+        limits = ConnectionLimits(keep_alive_timeout_s=0.1)
+        protocol, transport = _connected(InferLane(route), app, limits)  # type: ignore[arg-type]
+        first = _small(length=10)
+        protocol.data_received(first[:-5])  # the head and half the body
+        await eventually(lambda: transport.data.endswith(b"denied"), what="the refusal")
+        protocol.data_received(first[-5:] + _small())  # the rest, and the next request
+        await asyncio.sleep(0.5)  # five keep-alive times, the second request still held
+        cut = transport.closed
+        route.release.set()
+        await eventually(lambda: transport.data.endswith(b"lane") or transport.closed, what="2")
+        protocol.connection_lost(None)
+        return cut, transport.data
+
+    cut, data = asyncio.run(scenario())
+    assert not cut
+    assert data.count(b"HTTP/1.1 ") == 2
+    assert data.endswith(b"lane")

@@ -14,7 +14,7 @@ import pytest
 
 from infergate.clock import FakeClock
 from infergate.engine.remote.balancer import Balancer, RetryBudget
-from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
+from infergate.engine.remote.client import RemotePool, UpstreamReply, answered, passed_on
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
 from infergate.engine.remote.http1 import Http1Pool, Payload, Reply
@@ -358,3 +358,13 @@ def test_an_upstream_error_is_passed_on_only_as_a_status_and_retry_after_a_clien
     error = answered(UpstreamReply(status, headers, b'{"error": "busy"}', "http://u:1", 1))
     assert (error.status, error.retry_after_s) == expected
     assert "busy" in str(error)
+
+
+def test_upstream_headers_with_control_characters_are_not_passed_on() -> None:
+    headers = {
+        "content-type": "application/json\x01",
+        "inference-header-content-length": "12",
+        "retry-after": "2\x7f",
+        "x-other": "kept upstream only",
+    }
+    assert passed_on(headers) == [(b"inference-header-content-length", b"12")]

@@ -1,4 +1,6 @@
-"""An access log and request ids, as a small ASGI middleware around the whole app.
+"""An access log and request ids, as a small ASGI middleware around the app; the infer
+lane (server/infer_lane.py) uses `request_id` and `log_request` for the requests it
+answers.
 
 Every HTTP response carries `X-Request-ID`: the client's (when it sent a sane one) or a new
 one. With the `infergate.access` logger at INFO (`infergate serve --access-log`), each
@@ -72,7 +74,7 @@ def log_request(
     match = MODEL_PATH.match(path)
     model, version = (match.group(1), match.group(2) or "-") if match else ("-", "-")
     latency_ms = round(seconds * 1000, 3)
-    request = rid.decode()
+    rid_text = rid.decode()
     log.info(
         "%s %s %s %.2f ms model=%s version=%s tenant=%s request_id=%s",
         method,
@@ -82,7 +84,7 @@ def log_request(
         model,
         version,
         tenant,
-        request,
+        rid_text,
         extra={
             "method": method,
             "path": path,
@@ -91,6 +93,6 @@ def log_request(
             "model": model,
             "version": version,
             "tenant": tenant,
-            "request_id": request,
+            "request_id": rid_text,
         },
     )

@@ -31,7 +31,7 @@ from infergate.server.codec import Body
 
 _STEP = 1 << 20  # inflated bytes per step between two turns of the event loop
 _GZIP_MAGIC = b"\x1f\x8b"
-_MAX_LENGTH_DIGITS = 19  # a Content-Length of more is larger than any limit
+_MAX_LENGTH_DIGITS = 19  # the longest length a 64-bit count holds
 
 
 def too_big(limit: int) -> PayloadTooLarge:
@@ -157,8 +157,11 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
     declared = headers.get(b"content-length")
     length = None
     if declared is not None and declared.isdigit():
-        if len(declared) > _MAX_LENGTH_DIGITS:  # int() would refuse it (or take long)
-            raise too_big(limit)
+        if len(declared) > _MAX_LENGTH_DIGITS:  # (zeros first): int() would refuse it
+            raise BadRequest(
+                f"Content-Length has {len(declared)} digits; a length has at most "
+                f"{_MAX_LENGTH_DIGITS}"
+            )
         length = int(declared)
     if length is not None and length > limit:
         raise too_big(limit)

@@ -46,6 +46,9 @@ def build_gateway(
     and stops the engine; a caller that skips the lifespan (the ASGI transport, a
     benchmark) calls `engine.start()` and `engine.stop()` itself.
 
+    With `drain` (cli/serve.py's), the app drains on its signal inside the access log
+    (server/drain.py), so a drain's 503 carries a request id and a log line.
+
     Raises ConfigError for what the profile asks and this machine cannot give (a trusted
     key that does not read, an NVML backend that does not answer)."""
     settings = profile.server

@@ -21,7 +21,11 @@ system calls and two TCP segments per response, and the client wakes twice to re
 At thousands of small inference responses a second that is a measurable share of the
 gateway's CPU. So a response head is held back and sent together with the write that
 follows it (the body, or its first chunk); a head with nothing after it in the same
-event-loop step goes out at the end of that step. Nothing else about the protocol changes.
+event-loop step goes out at the end of that step.
+
+Small infer requests (a POST to an infer path with a Content-Length of at most 64 KiB, see
+server/infer_lane.py) are handed, at the end of their head, to the infer lane, which
+answers them without an ASGI cycle; everything else takes uvicorn's cycle.
 
 The deadlines (head, body, keep-alive) share one timer per connection, moved lazily: a
 request sets and clears three deadlines, and arming and cancelling an event-loop timer for
@@ -35,13 +39,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from infergate.server.infer_lane import InferLane, LaneCycle
+if TYPE_CHECKING:  # (at run time the lane comes with its class: no engine import here)
+    from infergate.server.infer_lane import InferLane
 
 
 class _HeadWithBody:
@@ -215,6 +220,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._idle_at = None  # a request has begun: its head's deadline rules, not idling
         self._in_head = True
         self._head_bytes = self._header_bytes = 0
         self._set_deadline(self.limits.header_timeout_s, "the request head (line and headers)")
@@ -247,7 +253,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             and (match := lane.match(self.url, self.headers)) is not None
         ):
             keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-            cycle = LaneCycle(self, lane, match, self.url, keep_alive)
+            cycle = lane.cycle(self, match, keep_alive)
             self.cycle = cycle  # type: ignore[assignment]  # it has what uvicorn's protocol uses
             # One of the server's tasks, as uvicorn's own cycle: waited for on shutdown.
             task = self.loop.create_task(cycle.run())

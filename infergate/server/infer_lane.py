@@ -37,12 +37,13 @@ if TYPE_CHECKING:
 
 # uvicorn's HIGH_WATER_LIMIT: a body up to this size never pauses the connection's reading.
 LANE_MAX_BODY = 64 * 1024
+_LENGTH_DIGITS = 8  # more (zeros first) cannot be a length the lane takes
 _CLOSE = b"connection: close\r\n"
 _INTERNAL_BODY = error_body("internal error: the gateway could not answer this request")
-log_server = logging.getLogger("infergate.server")
+server_log = logging.getLogger("infergate.server")
 
 
-def _internal_error() -> list[tuple[bytes, bytes]]:
+def _internal_error_headers() -> list[tuple[bytes, bytes]]:
     return [
         (b"content-type", b"application/json"),
         (b"content-length", b"%d" % len(_INTERNAL_BODY)),
@@ -58,7 +59,8 @@ class InferLane:
         self.drain = drain
 
     def match(self, url: bytes, headers: list[tuple[bytes, bytes]]) -> re.Match[str] | None:
-        """The infer path's match for a POST to `url` this lane may take, else None."""
+        """The infer path's match for a request to `url` this lane may take (its method,
+        Expect and Upgrade are the protocol's to check), else None."""
         path, _, _ = url.partition(b"?")
         if b"%" in path or b"#" in path:  # escapes: the ASGI route decodes them
             return None
@@ -68,10 +70,20 @@ class InferLane:
                 length = value
             elif name == b"transfer-encoding":
                 return None
-        # (a length of many digits, zeros first, is the ASGI route's to refuse)
-        if length is None or len(length) > 8 or not length.isdigit() or int(length) > LANE_MAX_BODY:
+        if (
+            length is None
+            or len(length) > _LENGTH_DIGITS  # zeros first: the ASGI route's to refuse
+            or not length.isdigit()
+            or int(length) > LANE_MAX_BODY
+        ):
             return None
         return INFER_PATH.match(path.decode("latin-1"))
+
+    def cycle(
+        self, protocol: GatewayHttpProtocol, match: re.Match[str], keep_alive: bool
+    ) -> LaneCycle:
+        """The cycle for the request whose head `protocol` just parsed."""
+        return LaneCycle(protocol, self, match, protocol.url, keep_alive)
 
 
 class LaneCycle:
@@ -147,16 +159,15 @@ class LaneCycle:
         started = time.perf_counter()
         rid = request_id(self.headers)
         drain = self.lane.drain
+        counted = drain is not None and not drain.draining
         status, tenant = 503, "-"
-        if drain is not None and drain.draining:
-            headers, body = shutting_down(NEW_REQUEST)
-            await self._send(status, headers, body, rid)
-            self._log(status, tenant, rid, started)
-            self.protocol = None
-            return
-        if drain is not None:
-            drain.in_flight += 1
         try:
+            if drain is not None and not counted:  # as Drain.wrap answers the ASGI route
+                headers, body = shutting_down(NEW_REQUEST)
+                await self._send(status, headers, body, rid)
+                return
+            if drain is not None:
+                drain.in_flight += 1
             reply = await self.lane.route.reply(
                 self.name, self.version, self.headers, self._receive
             )
@@ -175,15 +186,15 @@ class LaneCycle:
                 await self._send(503, headers, body, rid)
             raise
         except Exception:  # a bug: answered 500 (uvicorn's cycle would), never left hanging
-            log_server.exception("infer %s failed outside its route", self.name)
+            server_log.exception("infer %s failed outside its route", self.name)
             status = 500
             if self.response_started:
                 if self.protocol is not None:
                     self.protocol.transport.close()
             else:
-                await self._send(500, _internal_error(), _INTERNAL_BODY, rid)
+                await self._send(500, _internal_error_headers(), _INTERNAL_BODY, rid)
         finally:
-            if drain is not None:
+            if counted and drain is not None:
                 drain.in_flight -= 1
             self._log(status, tenant, rid, started)
             self.protocol = None

@@ -258,14 +258,18 @@ class RemotePool:
             self.outliers.failure(endpoint)
         else:
             self.outliers.success(endpoint)
-        kept = [
-            (k.encode(), value.encode())
-            for k in (*BODY_HEADERS, "retry-after")
-            if (value := reply.headers.get(k)) is not None
-            and value.isascii()
-            and value.isprintable()
-        ]  # passed on to our client: no control characters from an upstream
+        kept = passed_on(reply.headers)
         return UpstreamReply(reply.status, kept, reply.body, endpoint, 1)
+
+
+def passed_on(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """The upstream's headers that go on to our client (the body's, and Retry-After),
+    without values holding control characters: they are written into our answer."""
+    return [
+        (name.encode(), value.encode())
+        for name in (*BODY_HEADERS, "retry-after")
+        if (value := headers.get(name)) is not None and value.isascii() and value.isprintable()
+    ]
 
 
 def _failed(endpoint: str, exc: Exception, retriable: bool) -> UpstreamFailed:
