@@ -33,12 +33,12 @@ import uvloop
 _LENGTH = struct.Struct("!I")
 
 
-class _Framed(asyncio.Protocol):
+class Framed(asyncio.Protocol):
     """Length-prefixed pickles in both directions; each whole one to `on_message`. With
     `coalesce`, the messages sent in one event-loop step go as one pickle (a list) at its
     end, and a list received is taken apart: the hop's price when it is paid per burst."""
 
-    def __init__(self, on_message: Callable[[_Framed, Any], None], coalesce: bool) -> None:
+    def __init__(self, on_message: Callable[[Framed, Any], None], coalesce: bool) -> None:
         self._buf = bytearray()
         self._on_message = on_message
         self.transport: asyncio.Transport | None = None
@@ -90,7 +90,7 @@ def _engine(sock: socket.socket, report: socket.socket, coalesce: bool) -> None:
         y = np.zeros((1, 10), np.float32)
         answered = 0
 
-        def on_message(proto: _Framed, message: Any) -> None:
+        def on_message(proto: Framed, message: Any) -> None:
             nonlocal answered
             if message is None:
                 done.set_result(answered)
@@ -98,7 +98,7 @@ def _engine(sock: socket.socket, report: socket.socket, coalesce: bool) -> None:
             answered += 1
             proto.send((message[0], 200, {"y": y}))
 
-        await loop.create_connection(lambda: _Framed(on_message, coalesce), sock=sock)
+        await loop.create_connection(lambda: Framed(on_message, coalesce), sock=sock)
         started = time.process_time()  # the first message starts the measured stretch
         count = await done
         report.sendall(json.dumps((time.process_time() - started) * 1e6 / count).encode())
@@ -113,10 +113,10 @@ async def _front(
     x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
     waiting: dict[int, asyncio.Future[Any]] = {}
 
-    def on_message(_: _Framed, message: Any) -> None:
+    def on_message(_: Framed, message: Any) -> None:
         waiting.pop(message[0]).set_result(message)
 
-    _, proto = await loop.create_connection(lambda: _Framed(on_message, coalesce), sock=sock)
+    _, proto = await loop.create_connection(lambda: Framed(on_message, coalesce), sock=sock)
     ids = iter(range(requests))
 
     async def client(count: int) -> None:

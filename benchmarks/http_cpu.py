@@ -362,6 +362,21 @@ def stop_granian(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+def tiny_setup(work: Path) -> tuple[Path, Path, bytes, dict[str, str]]:
+    """The tiny model's repository and profile under `work` (made the working directory:
+    `python -m` puts it first on the path, and it holds no code), and one request's body
+    and headers: what every measurement here serves."""
+    models = work / "models"
+    make_mlp(models / "tiny" / "1" / "model.onnx", sizes=(64, 128, 10))
+    (models / "tiny" / "model.toml").write_text(MODEL_TOML)
+    profile = work / "profile.toml"
+    profile.write_text(PROFILE)
+    os.chdir(work)
+    x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
+    body, headers = prepare({"x": x}, binary=False)
+    return models, profile, body, headers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", action="append", default=[], help="NAME=PATH; default: this")
@@ -385,14 +400,7 @@ def main() -> None:
         args.requests = min(args.requests, 1_000 if args.quick else 4_000)
     trees = dict(t.split("=", 1) for t in args.tree) or {"this": str(ROOT)}
     work = Path(tempfile.mkdtemp(prefix="infergate-httpcpu-"))
-    models = work / "models"
-    make_mlp(models / "tiny" / "1" / "model.onnx", sizes=(64, 128, 10))
-    (models / "tiny" / "model.toml").write_text(MODEL_TOML)
-    profile = work / "profile.toml"
-    profile.write_text(PROFILE)
-    os.chdir(work)  # `python -m` puts the working directory first: one that holds no code
-    x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
-    body, headers = prepare({"x": x}, binary=False)
+    models, profile, body, headers = tiny_setup(work)
     servers: dict[str, Served] = {}
     stops: list[Callable[[], None]] = []
     try:
