@@ -50,15 +50,18 @@ class Tenant:
     api_keys: tuple[str, ...] = ()  # "sha256:<hex>"
     weight: float = 1.0  # its share of a queue against tenants of the same class
 
-    # The allow-list as one compiled pattern: may_use is asked on every request.
+    # The allow-list as one compiled pattern, and whether it allows every model (the
+    # default): may_use is asked three times a request.
     _allowed: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _everything: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         either = "|".join(f"(?:{fnmatch.translate(p)})" for p in self.models) or "(?!)"
         object.__setattr__(self, "_allowed", re.compile(either))
+        object.__setattr__(self, "_everything", "*" in self.models)
 
     def may_use(self, model: str) -> bool:
-        return self._allowed.match(model) is not None
+        return self._everything or self._allowed.match(model) is not None
 
 
 @dataclass
