@@ -351,7 +351,8 @@ def test_a_bug_on_the_lane_is_a_500_and_the_connection_closes() -> None:
 
 def test_a_closed_connection_is_freed_without_the_cycle_collector() -> None:
     """The gateway runs the cyclic collector rarely (cli/serve.py's _tune_gc): a lane
-    request must not leave its connection's protocol in a reference cycle."""
+    request must leave nothing in a reference cycle, its connection's protocol and its
+    cycle included."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         raise AssertionError("the lane's request reached the ASGI app")
@@ -366,10 +367,16 @@ def test_a_closed_connection_is_freed_without_the_cycle_collector() -> None:
 
     gc.collect()
     gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
     try:
-        gone = asyncio.run(scenario())
-        assert gone() is None
+        protocol = asyncio.run(scenario())
+        assert protocol() is None
+        gc.collect()
+        left = {type(o).__name__ for o in gc.garbage} & {"LaneCycle", "GatewayHttpProtocol"}
+        assert not left
     finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
         gc.enable()
 
 

@@ -86,6 +86,16 @@ class InferLane:
         return LaneCycle(protocol, self, match, protocol.url, keep_alive)
 
 
+class _Done:
+    """A finished cycle's `message_event`: nothing waits on it any more."""
+
+    def set(self) -> None:
+        pass
+
+
+_DONE = _Done()
+
+
 class LaneCycle:
     """One request on the lane. It stands in the protocol's `cycle` slot with the
     attributes uvicorn's protocol and ours read and write there (body, more_body,
@@ -128,8 +138,8 @@ class LaneCycle:
         self.body = bytearray()  # `+=` by the protocol's on_body, piece by piece
         self.more_body = True
         # The protocol calls `message_event.set()` on each piece of body, at its end and
-        # on a disconnect; the cycle is its own event (see `set`).
-        self.message_event = self
+        # on a disconnect; the cycle is its own event (see `set`) while it runs.
+        self.message_event: LaneCycle | _Done = self
         self.response_started = False
         self.response_complete = False
         self.disconnected = False
@@ -197,7 +207,11 @@ class LaneCycle:
             if counted and drain is not None:
                 drain.in_flight -= 1
             self._log(status, tenant, rid, started)
+            # Both references that would keep this cycle in a reference cycle (with its
+            # protocol, and with itself) go: it is freed by its count, not left to the
+            # rarely-run cyclic collector (cli/serve.py's _tune_gc).
             self.protocol = None
+            self.message_event = _DONE
 
     async def _send(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, rid: bytes
