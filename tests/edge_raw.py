@@ -32,26 +32,41 @@ def head(method: str, path: str, port: int, headers: dict[str, str] | None = Non
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def read_reply(sock: socket.socket, timeout_s: float = 30.0) -> Reply | None:
-    """One response, or None when the server closed the connection without one."""
-    sock.settimeout(timeout_s)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return None
-        data += chunk
-    raw_head, _, body = data.partition(b"\r\n\r\n")
+def _cut(data: bytes) -> tuple[Reply, bytes] | None:
+    """The first whole response in `data` and the bytes after it, or None if none is whole."""
+    raw_head, found, rest = data.partition(b"\r\n\r\n")
+    if not found:
+        return None
     lines = raw_head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
     headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
     length = int(headers.get("content-length", "0"))
-    while len(body) < length:
+    if len(rest) < length:
+        return None
+    return Reply(int(lines[0].split()[1]), headers, rest[:length]), rest[length:]
+
+
+def read_replies(sock: socket.socket, count: int, timeout_s: float = 30.0) -> list[Reply]:
+    """`count` responses (to pipelined requests: several may come in one read), or as many
+    as came before the server closed the connection."""
+    sock.settimeout(timeout_s)
+    replies: list[Reply] = []
+    data = b""
+    while len(replies) < count:
+        if (cut := _cut(data)) is not None:
+            reply, data = cut
+            replies.append(reply)
+            continue
         chunk = sock.recv(65536)
         if not chunk:
             break
-        body += chunk
-    return Reply(status, headers, body)
+        data += chunk
+    return replies
+
+
+def read_reply(sock: socket.socket, timeout_s: float = 30.0) -> Reply | None:
+    """One response, or None when the server closed the connection without one."""
+    replies = read_replies(sock, 1, timeout_s)
+    return replies[0] if replies else None
 
 
 def closed_by_server(sock: socket.socket, timeout_s: float) -> tuple[bool, float]:

@@ -23,7 +23,7 @@ from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import LANE_MAX_BODY, InferLane
 from infergate.server.infer_route import Reply
 from tests.edge_raw import Reply as RawReply
-from tests.edge_raw import closed_by_server, connect, read_reply
+from tests.edge_raw import closed_by_server, connect, read_replies, read_reply
 from tests.onnx_models import make_mlp
 from tests.polling import eventually
 from tests.server import ServerProcess
@@ -60,29 +60,11 @@ def _request(
 
 
 def _exchange(port: int, request: bytes, answers: int = 1) -> list[RawReply]:
-    """Send `request` (one or several, pipelined) and read `answers` replies: several may
-    arrive in one read, so they are cut from one buffer (edge_raw's reader keeps one)."""
-    replies: list[RawReply] = []
-    data = b""
+    """Send `request` (one or several, pipelined) and read `answers` replies."""
     with connect(port) as sock:
         sock.sendall(request)
-        while len(replies) < answers:
-            head, found, rest = data.partition(b"\r\n\r\n")
-            if found:
-                lines = head.decode("latin-1").split("\r\n")
-                headers = {
-                    k.strip().lower(): v.strip()
-                    for k, _, v in (x.partition(":") for x in lines[1:])
-                }
-                length = int(headers.get("content-length", "0"))
-                if len(rest) >= length:
-                    status = int(lines[0].split()[1])
-                    replies.append(RawReply(status, headers, rest[:length]))
-                    data = rest[length:]
-                    continue
-            chunk = sock.recv(65536)
-            assert chunk, f"the server closed the connection after {len(replies)} answers"
-            data += chunk
+        replies = read_replies(sock, answers)
+    assert len(replies) == answers, f"the server closed the connection after {len(replies)}"
     return replies
 
 
