@@ -157,6 +157,7 @@ async def _front(path: str, port: int) -> None:
     sock.bind(("127.0.0.1", port))
     sock.listen(1024)
     server = await loop.create_server(lambda: _Client(hop, waiting), sock=sock)
+    Path(path).with_name(f"front-{os.getpid()}.ready").touch()  # listening: counted in
     await server.serve_forever()
 
 
@@ -177,7 +178,11 @@ def _start_split(work: Path, models: Path, profile: Path, fronts: int) -> tuple[
     )
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, process, log)
-    time.sleep(1.0)  # every front listening, not only the first (a prototype's shortcut)
+    deadline = time.monotonic() + 60
+    while len(list(work.glob("front-*.ready"))) < fronts:  # every front takes connections
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError(f"the fronts did not all start:\n{log.read_text()}")
+        time.sleep(0.05)
     workers = orjson.loads((work / "split_workers.json").read_bytes())
     return process, Served(f"split-{fronts}", url, process.pid, workers)
 
