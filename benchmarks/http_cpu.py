@@ -1,7 +1,7 @@
 """The gateway's CPU per request over real HTTP, at the tiny model and concurrency 64.
 
     .venv/bin/python benchmarks/http_cpu.py [--quick] [--requests N] [--rounds R] [--json]
-        [--tree NAME=PATH ...] [--granian DIR]
+        [--tree NAME=PATH ...] [--fronts N] [--granian DIR]
 
 On a shared machine, requests/s measures the neighbours as much as the server; the CPU a
 request costs the server does not (much). So this starts a real `infergate serve` (uvicorn,
@@ -14,6 +14,9 @@ tiny c=64 workload. Each figure is the median of the rounds.
 
 `--tree NAME=PATH` (repeatable) runs the code of another checkout beside this one, measured
 in alternation, the order flipped each round: the way to measure a change on a busy host.
+`--fronts N` also serves this tree with `[server] fronts = N` (its HTTP in N front
+processes beside the engine's, server/fronts.py), measured in the same alternation; its
+gateway figure is the engine and its fronts together.
 `--bare` runs the HTTP servers alone, answering a fixed body: their own CPU per request.
 `--c1` measures a lone client instead (concurrency 1, the same model and body): its p50
 latency, and the server's own split of it from the model's Triton statistics (the time in
@@ -387,6 +390,9 @@ def main() -> None:
     parser.add_argument(
         "--c1", action="store_true", help="a lone client: p50 latency and the server's split"
     )
+    parser.add_argument(
+        "--fronts", type=int, default=0, help="also serve with [server] fronts = N (this tree)"
+    )
     parser.add_argument("--requests", type=int, default=40_000, help="per round and server")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=64)
@@ -407,6 +413,14 @@ def main() -> None:
         for name, tree in ({} if args.bare else trees).items():
             env = {"PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
             sp = ServerProcess(models, profile, work / f"{name}.log", env=env).start()
+            stops.append(sp.stop)
+            assert sp.process is not None
+            servers[name] = Served(name, sp.url, sp.process.pid, worker_pids(sp.url))
+        if args.fronts and not args.bare:  # this tree again, its HTTP in front processes
+            split = work / "profile-fronts.toml"
+            split.write_text(f"{PROFILE}\n[server]\nfronts = {args.fronts}\n")
+            name = f"fronts={args.fronts}"
+            sp = ServerProcess(models, split, work / "fronts.log").start()
             stops.append(sp.stop)
             assert sp.process is not None
             servers[name] = Served(name, sp.url, sp.process.pid, worker_pids(sp.url))
@@ -448,6 +462,8 @@ def main() -> None:
     for name, rows in list(cells.items())[1:]:  # round by round: the host drifts between
         ratios = [r[0] / f[0] for r, f in zip(rows, first, strict=True) if f[0]]
         report[name]["gateway_cpu_ratio_to_first"] = round(statistics.median(ratios), 3)
+        rates = [r[2] / f[2] for r, f in zip(rows, first, strict=True) if f[2]]
+        report[name]["requests_per_s_ratio_to_first"] = round(statistics.median(rates), 3)
     report["load_average"] = os.getloadavg()[0]
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
@@ -468,7 +484,8 @@ def main() -> None:
         if "gateway_cpu_ratio_to_first" in row:
             print(
                 f"  {'':10s} gateway CPU / {next(iter(cells))}'s, median of the rounds' "
-                f"ratios: {row['gateway_cpu_ratio_to_first']}"
+                f"ratios: {row['gateway_cpu_ratio_to_first']}; requests/s: "
+                f"{row['requests_per_s_ratio_to_first']}"
             )
 
 

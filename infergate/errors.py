@@ -42,6 +42,7 @@ Signals inside the engine (plain exceptions, never an HTTP answer):
   BrokenReply          a remote endpoint's answer broke off or was not HTTP
   StaleConnection      (BrokenReply) a kept-alive connection the endpoint had closed
   MetadataError        a remote model's metadata is not valid V2 metadata
+  FrontFailed          a front process ([server] fronts) exited before it listened
 
 Outside the server: `client.ClientError` (the HTTP client's), `tui.source.SourceError`
 (the dashboard's data source) and `server.http_protocol._Refused` (a connection refused
@@ -280,3 +281,7 @@ class StaleConnection(BrokenReply):
 
 class MetadataError(Exception):
     """A remote model's metadata is not valid V2 metadata."""
+
+
+class FrontFailed(Exception):
+    """A front process (`[server] fronts`) exited before it listened; its log says why."""

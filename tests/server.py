@@ -49,6 +49,7 @@ class ServerProcess:
         log: Path,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         # `cwd`: where the server runs, so that a relative `profile` is read as a user's
         # `infergate serve` in their project folder reads profiles/default.toml.
@@ -59,6 +60,7 @@ class ServerProcess:
         self.log = log
         self._env = {**os.environ, **(env or {})}
         self._cwd = cwd
+        self._args = args  # more of `infergate serve`'s options
         if cwd is not None:  # run elsewhere, it still imports this checkout (and tests/)
             paths = [str(REPO), self._env.get("PYTHONPATH", "")]
             self._env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -91,6 +93,7 @@ class ServerProcess:
                     str(self.profile),
                     "--port",
                     str(self.port),
+                    *self._args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,6 +1,8 @@
 """SIGTERM drains (issue 12): requests in flight finish, new ones get 503 JSON with
 Retry-After while they do, then the process exits; one still running when the drain time
-is up gets 503 JSON too, never a text/plain 500."""
+is up gets 503 JSON too, never a text/plain 500. Each runs in one process and with a front
+process (`[server] fronts`, server/fronts.py): one, so that a request on one connection is
+known to have reached it once another connection's is answered."""
 
 from __future__ import annotations
 
@@ -19,19 +21,24 @@ from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
 
-def _start(tmp_path: Path, drain_timeout_s: float) -> tuple[ServerProcess, Path]:
+def _start(tmp_path: Path, drain_timeout_s: float, fronts: int) -> tuple[ServerProcess, Path]:
     gates = tmp_path / "gates"
     gates.mkdir()
     models = tmp_path / "models"
     make_scripted(models / "held" / "1" / "model.scripted", ("hold",), gate_dir=gates)
     profile = tmp_path / "profile.toml"
-    profile.write_text(f"[server]\ndrain_timeout_s = {drain_timeout_s}\n")
+    profile.write_text(f"[server]\ndrain_timeout_s = {drain_timeout_s}\nfronts = {fronts}\n")
     return ServerProcess(models, profile, tmp_path / "server.log").start(), gates
 
 
-@pytest.fixture
-def held_server(tmp_path: Path) -> Iterator[tuple[ServerProcess, Path]]:
-    server, gates = _start(tmp_path, 60)
+FRONTS = pytest.mark.parametrize("fronts", [0, 1], ids=["one-process", "fronts"])
+
+
+@pytest.fixture(params=[0, 1], ids=["one-process", "fronts"])
+def held_server(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[ServerProcess, Path]]:
+    server, gates = _start(tmp_path, 60, request.param)
     yield server, gates
     (gates / "release-1").touch()
     server.stop()
@@ -61,7 +68,11 @@ def _first_refusal(server: ServerProcess) -> httpx.Response:
     """Poll until a new request is refused (the signal is handled asynchronously)."""
     deadline = time.monotonic() + 15
     while True:
-        r = httpx.post(f"{server.url}/v2/models/held/infer", json=scripted_inputs(), timeout=10)
+        # A request the model answers at once (hold 0): with fronts, the front's drain
+        # begins a moment after the engine's, and it is served until then.
+        r = httpx.post(
+            f"{server.url}/v2/models/held/infer", json=scripted_inputs(hold=0), timeout=10
+        )
         if r.status_code != 200:
             return r
         assert time.monotonic() < deadline, "new requests were still served"
@@ -119,8 +130,9 @@ def test_a_request_whose_body_is_still_arriving_is_waited_for(
     assert server.process.wait(timeout=60) is not None
 
 
-def test_a_request_past_the_drain_time_gets_a_503_json(tmp_path: Path) -> None:
-    server, gates = _start(tmp_path, 1)
+@FRONTS
+def test_a_request_past_the_drain_time_gets_a_503_json(tmp_path: Path, fronts: int) -> None:
+    server, gates = _start(tmp_path, 1, fronts)
     try:
         assert server.process is not None
         thread, answers = _hold(server)

@@ -290,7 +290,7 @@ def test_which_requests_take_the_lane(case: str) -> None:
         await send({"type": "http.response.body", "body": b"asgi"})
 
     async def scenario() -> bytes:
-        lane = InferLane(route)  # type: ignore[arg-type]  # a stand-in for InferRoute
+        lane = InferLane(route)  # a stand-in for InferRoute
         protocol, transport = _connected(lane, app)
         try:
             protocol.data_received(data)
@@ -315,7 +315,7 @@ def test_a_bug_on_the_lane_is_a_500_and_the_connection_closes() -> None:
         raise AssertionError("the lane's request reached the ASGI app")
 
     async def scenario() -> tuple[bytes, bool]:
-        lane = InferLane(_Route(fail=True))  # type: ignore[arg-type]  # a stand-in route
+        lane = InferLane(_Route(fail=True))  # a stand-in route
         protocol, transport = _connected(lane, app)
         try:
             protocol.data_received(_small())
@@ -340,7 +340,7 @@ def test_a_closed_connection_is_freed_without_the_cycle_collector() -> None:
         raise AssertionError("the lane's request reached the ASGI app")
 
     async def scenario() -> weakref.ref[Any]:
-        lane = InferLane(_Route())  # type: ignore[arg-type]  # a stand-in route
+        lane = InferLane(_Route())  # a stand-in route
         protocol, transport = _connected(lane, app)
         protocol.data_received(_small("Connection: close\r\n"))
         await eventually(lambda: transport.closed and not protocol.tasks, what="the answer")
@@ -391,7 +391,7 @@ def test_a_request_after_a_refused_body_is_not_cut_by_the_idle_timer() -> None:
     async def scenario() -> tuple[bool, bytes]:
         route = _RefuseThenHold()
         limits = ConnectionLimits(keep_alive_timeout_s=0.1)
-        protocol, transport = _connected(InferLane(route), app, limits)  # type: ignore[arg-type]
+        protocol, transport = _connected(InferLane(route), app, limits)
         first = _small(length=10)
         protocol.data_received(first[:-5])  # the head and half the body
         await eventually(lambda: transport.data.endswith(b"denied"), what="the refusal")

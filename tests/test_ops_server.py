@@ -54,7 +54,10 @@ class EnvServer:
         return self
 
     def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        # Whole lines only: the server may be writing the last one as this reads.
+        text = self.log.read_text()
+        whole = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGINT)

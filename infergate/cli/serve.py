@@ -110,7 +110,8 @@ def serve(
     bind_port = settings.port if port is None else port
     if not 1 <= bind_port <= 65535:
         fail(f"port {bind_port} is out of range: give one from 1 to 65535", EXIT_USAGE)
-    sock = _bind(bind, bind_port)  # before any worker starts: a clash leaves nothing behind
+    # Before any worker starts: a clash leaves nothing behind. Fronts share the port.
+    sock = _bind(bind, bind_port, shared=settings.fronts > 0)
     configure_logging(log_level, log_format, access_log)
 
     import uvicorn
@@ -134,6 +135,26 @@ def serve(
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         max_connections=connection_cap(settings.max_connections),
     )
+    if settings.fronts:
+        from infergate.server.fronts import serve_with_fronts
+
+        _tune_gc()
+        code = serve_with_fronts(
+            settings.fronts,
+            gateway.app,
+            gateway.route,
+            drain,
+            settings.drain_timeout_s,
+            sock,
+            listen_url(sock),
+            limits,
+            log_level,
+            log_format,
+            access_log,
+        )
+        if code:
+            raise typer.Exit(code)
+        return
     config = uvicorn.Config(
         gateway.app,
         host=bind,
@@ -178,11 +199,14 @@ def _announcing_server(
     return Announcing(config, drain, drain_timeout_s)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound here so that a port in use is one clear line."""
+def _bind(host: str, port: int, shared: bool = False) -> socket.socket:
+    """The listening socket, bound here so that a port in use is one clear line. `shared`
+    (front processes): the fronts bind the same port beside it (SO_REUSEPORT)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:

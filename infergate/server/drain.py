@@ -24,7 +24,7 @@ from infergate.server.errors import error_body
 log = logging.getLogger("infergate.server")
 
 # A long-lived stream (the dashboard's event feed) is not a request to wait for.
-_NOT_WAITED_FOR = ("/admin/events",)
+NOT_WAITED_FOR = ("/admin/events",)
 # Still answered while draining: the process is alive (a failing liveness probe would
 # have Kubernetes kill it mid-drain) and its metrics are still worth a scrape. Readiness
 # is not among them: it answers 503, so a load balancer stops sending first.
@@ -52,7 +52,7 @@ class Drain:
             if self.draining and scope["path"] not in _SERVED_WHILE_DRAINING:
                 await _shutting_down(send, NEW_REQUEST)
                 return
-            if scope["path"] in _NOT_WAITED_FOR or scope["path"] in _SERVED_WHILE_DRAINING:
+            if scope["path"] in NOT_WAITED_FOR or scope["path"] in _SERVED_WHILE_DRAINING:
                 await app(scope, receive, send)
                 return
             started = False

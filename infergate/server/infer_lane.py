@@ -22,15 +22,15 @@ import asyncio
 import logging
 import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from starlette.types import Message
+from starlette.types import Message, Receive
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from infergate.server.access_log import log, log_request, request_id
 from infergate.server.drain import NEW_REQUEST, OUT_OF_TIME, Drain, shutting_down
 from infergate.server.errors import error_body
-from infergate.server.infer_route import INFER_PATH, InferRoute
+from infergate.server.infer_route import INFER_PATH, Reply
 
 if TYPE_CHECKING:
     from infergate.server.http_protocol import GatewayHttpProtocol
@@ -51,10 +51,23 @@ def _internal_error_headers() -> list[tuple[bytes, bytes]]:
     ]
 
 
+class Answers(Protocol):
+    """What answers the lane's requests: `InferRoute` in the gateway, `ForwardRoute` in a
+    front process (server/front.py), which asks the engine's."""
+
+    async def reply(
+        self,
+        name: str,
+        version: str | None,
+        raw_headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+    ) -> Reply: ...
+
+
 class InferLane:
     """Answers the protocol's eligible infer requests (see the module docstring)."""
 
-    def __init__(self, route: InferRoute, drain: Drain | None = None) -> None:
+    def __init__(self, route: Answers, drain: Drain | None = None) -> None:
         self.route = route
         self.drain = drain
 

@@ -101,6 +101,13 @@ class ServerSection(Section):
     max_connections: int = setting(
         2048, "open connections; past it a new one gets 503 + Retry-After", ge=1
     )
+    fronts: int = setting(
+        0,
+        "front processes doing the HTTP side beside the engine's process, for more small "
+        "requests a second on several cores (0: one process does all)",
+        ge=0,
+        le=64,
+    )
 
 
 class BatchingSection(Section):

@@ -1,0 +1,251 @@
+"""A front process (`[server] fronts = N`): the HTTP side of the gateway, in front of the
+engine process, so that parsing, the edge limits and the socket writes of N fronts run
+beside the engine's loop instead of on it.
+
+Each front listens on the gateway's port (SO_REUSEPORT: the kernel spreads connections
+over the fronts) with the gateway's own protocol (server/http_protocol.py: the same
+limits, deadlines and one-write answers). A small infer request takes the infer lane
+(server/infer_lane.py) as in one process, its answer asked of the engine's
+`InferRoute.reply` over the link (`ForwardRoute`); the lane's access-log line and drain
+count are the front's. Every other request goes to the engine as it comes
+(`ForwardApp`: its head, then its body piece by piece) and runs through the engine's
+whole app there: access log, drain, routes, errors. The front holds no state of its own:
+one that dies is started again by the engine (server/fronts.py), and one whose engine
+is gone exits.
+
+The engine starts it as `python -m infergate.server.front CONFIG`, CONFIG being the JSON
+that `fronts.front_config` writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from infergate.server.decoding import Keeper
+from infergate.server.drain import NOT_WAITED_FOR, Drain, DrainingServer
+from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
+from infergate.server.infer_lane import InferLane
+from infergate.server.infer_route import Reply
+from infergate.server.link import LinkProtocol, Message
+
+log = logging.getLogger("infergate.server")
+
+_KEPT_NOTHING = Keeper()  # a forwarded answer holds nothing of the request's in this process
+
+
+class EngineLink:
+    """The front's end of the link: requests out, each answer to whoever waits for it."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._replies: dict[int, asyncio.Future[Message]] = {}
+        self._streams: dict[int, asyncio.Queue[Message]] = {}
+        self.link: LinkProtocol | None = None
+
+    async def connect(self, path: str, on_lost: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        _, self.link = await loop.create_unix_connection(
+            lambda: LinkProtocol(self._on_message, on_lost), path
+        )
+
+    def send(self, message: Message) -> None:
+        assert self.link is not None
+        self.link.send(message)
+
+    def _on_message(self, message: Message) -> None:
+        kind, rid = message[0], message[1]
+        if kind == "reply":
+            waiter = self._replies.pop(rid, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message)
+        else:  # "start" or "chunk" of a forwarded request's answer
+            stream = self._streams.get(rid)
+            if stream is not None:
+                stream.put_nowait(message)
+
+    async def ask(self, message: Callable[[int], Message]) -> Message:
+        """Send the message `message(rid)` and await the engine's reply to it."""
+        rid = next(self._ids)
+        waiter = asyncio.get_running_loop().create_future()
+        self._replies[rid] = waiter
+        try:
+            self.send(message(rid))
+            answer: Message = await waiter
+            return answer
+        finally:
+            self._replies.pop(rid, None)
+
+    def open_stream(self) -> tuple[int, asyncio.Queue[Message]]:
+        rid = next(self._ids)
+        stream: asyncio.Queue[Message] = asyncio.Queue()
+        self._streams[rid] = stream
+        return rid, stream
+
+    def close_stream(self, rid: int) -> None:
+        self._streams.pop(rid, None)
+
+
+class ForwardRoute:
+    """The infer lane's route in a front: the engine's `InferRoute.reply` answers."""
+
+    def __init__(self, engine: EngineLink) -> None:
+        self._engine = engine
+
+    async def reply(
+        self,
+        name: str,
+        version: str | None,
+        raw_headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+    ) -> Reply:
+        message = await receive()  # the lane's: the whole (small) body, or a disconnect
+        body = message.get("body", b"") if message["type"] == "http.request" else None
+        answer = await self._engine.ask(
+            lambda rid: ("infer", rid, name, version, raw_headers, body)
+        )
+        _, _, status, headers, content, tenant = answer
+        return Reply(status, headers, content, tenant, _KEPT_NOTHING)
+
+
+class ForwardApp:
+    """Every request the lane does not take: its head, then its body as it arrives, to the
+    engine, which runs it through its whole app; the answer comes back as it is sent."""
+
+    def __init__(self, engine: EngineLink, drain: Drain) -> None:
+        self._engine = engine
+        self._drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # no lifespan here (the engine's), and no websockets served
+        counted = scope["path"] not in NOT_WAITED_FOR  # the drain waits for it
+        rid, stream = self._engine.open_stream()
+        head = (
+            "http",
+            rid,
+            scope["method"],
+            scope["path"],
+            scope["raw_path"],
+            scope["query_string"],
+            scope["headers"],
+            scope["client"],
+            scope["http_version"],
+        )
+        self._engine.send(head)
+        if counted:
+            self._drain.in_flight += 1
+        pump = asyncio.create_task(self._pump(rid, receive))
+        finished = False
+        try:
+            while not finished:
+                message = await stream.get()
+                if message[0] == "start":
+                    await send(
+                        {"type": "http.response.start", "status": message[2], "headers": message[3]}
+                    )
+                else:
+                    _, _, body, more = message
+                    await send({"type": "http.response.body", "body": body, "more_body": more})
+                    finished = not more
+        finally:
+            pump.cancel()
+            self._engine.close_stream(rid)
+            if counted:
+                self._drain.in_flight -= 1
+            if not finished:  # cancelled (the drain ran out, the client left): stop there too
+                self._engine.send(("cancel", rid))
+
+    async def _pump(self, rid: int, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self._engine.send(("cancel", rid))
+                return
+            more = bool(message.get("more_body", False))
+            self._engine.send(("body", rid, message.get("body", b""), more))
+            if not more:
+                return
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket on the gateway's address that shares it with the other fronts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+class _FrontServer(DrainingServer):
+    """uvicorn with our drain, which joins the engine's link before it listens and tells
+    the engine once it does."""
+
+    def __init__(
+        self, config: uvicorn.Config, drain: Drain, settings: dict[str, Any], engine: EngineLink
+    ) -> None:
+        super().__init__(config, drain, float(settings["drain_timeout_s"]))
+        self.settings = settings
+        self.engine = engine
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.engine.connect(self.settings["link"], _engine_gone)
+        await super().startup(sockets)
+        if self.started:
+            self.engine.send(("listening", os.getpid()))
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        # What uvicorn has just cancelled (past the drain time) answers 503 as it ends
+        # (infer_lane.py); the engine's process awaits its lifespan here, a front nothing.
+        if self.server_state.tasks:
+            await asyncio.wait(list(self.server_state.tasks), timeout=1.0)
+
+
+def _engine_gone() -> None:
+    """The engine's end closed: it died (a stopping engine waits for its fronts). Nothing
+    here can answer any more, so the front goes too, at once."""
+    log.error("front %d: the engine is gone; exiting", os.getpid())
+    os._exit(1)
+
+
+def main(config_json: str) -> None:
+    from infergate import procname
+    from infergate.cli.logs import configure
+
+    settings = json.loads(config_json)
+    procname.set_name(b"ig-front")
+    configure(settings["log_level"], settings["log_format"], settings["access_log"])
+    drain = Drain()
+    limits = ConnectionLimits(**settings["limits"])
+    engine = EngineLink()
+    config = uvicorn.Config(
+        ForwardApp(engine, drain),
+        http=GatewayHttpProtocol.with_limits(limits, InferLane(ForwardRoute(engine), drain)),
+        log_level=settings["log_level"],
+        log_config=None,
+        lifespan="off",  # the engine's
+        proxy_headers=False,
+        server_header=False,
+        access_log=False,
+        timeout_keep_alive=max(1, int(settings["keep_alive_s"])),
+        timeout_graceful_shutdown=1,
+    )
+    server = _FrontServer(config, drain, settings, engine)
+    sock = listening_socket(settings["host"], settings["port"])
+    server.run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

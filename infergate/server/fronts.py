@@ -1,0 +1,410 @@
+"""The engine's side of `[server] fronts = N`: `infergate serve` as one engine process
+(the engine, its workers, the whole app) behind N front processes that do the HTTP
+(server/front.py).
+
+One gateway process is one event loop, and at thousands of small requests a second that
+loop is the limit while other cores idle: HTTP parsing, the edge limits and the socket
+writes are about half of its work per request. With fronts, that half runs in the
+fronts, and the engine's loop does the rest: it answers each front's requests from its
+link (`FrontLink`), the lane's through `InferRoute.reply` and every other one through the
+app, as uvicorn would run it. The engine starts the fronts once its lifespan has started
+(models loading), says where it listens once they all do, starts again one that dies
+(`Fronts`), and on SIGTERM drains: its app refuses new requests (503) as in one process,
+each front drains its own connections, and the engine stops once they have gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp, Message
+from uvicorn.lifespan.on import LifespanOn
+
+from infergate.errors import FrontFailed
+from infergate.server.drain import Drain
+from infergate.server.http_protocol import ConnectionLimits
+from infergate.server.infer_route import InferRoute
+from infergate.server.link import LinkProtocol
+from infergate.server.link import Message as LinkMessage
+
+log = logging.getLogger("infergate.server")
+
+_RESTART_MAX_S = 10.0  # the longest wait before a front that keeps dying is started again
+_STEADY_S = 30.0  # a front up this long has its restart delay reset
+
+
+class _Forwarded:
+    """One forwarded request's body, as its pieces arrive, for the app's `receive`."""
+
+    __slots__ = ("pieces", "gone", "_waiter")
+
+    def __init__(self) -> None:
+        self.pieces: deque[tuple[bytes, bool]] = deque()
+        self.gone = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def feed(self, body: bytes, more: bool) -> None:
+        self.pieces.append((body, more))
+        self._wake()
+
+    def leave(self) -> None:
+        self.gone = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def receive(self) -> Message:
+        while not self.pieces and not self.gone:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+            self._waiter = None
+        if self.pieces:
+            body, more = self.pieces.popleft()
+            return {"type": "http.request", "body": body, "more_body": more}
+        return {"type": "http.disconnect"}
+
+
+class FrontLink:
+    """One front's link, as the engine serves it."""
+
+    def __init__(self, fronts: Fronts) -> None:
+        self._fronts = fronts
+        self._app = fronts.app
+        self._route = fronts.route
+        self._server = fronts.server_address
+        self._forwarded: dict[int, _Forwarded] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.link = LinkProtocol(self._on_message, self._on_lost)
+
+    def _on_message(self, message: LinkMessage) -> None:
+        kind = message[0]
+        if kind == "infer":
+            self._start(self._infer(*message[1:]))
+        elif kind == "body":
+            forwarded = self._forwarded.get(message[1])
+            if forwarded is not None:
+                forwarded.feed(message[2], message[3])
+        elif kind == "http":
+            forwarded = self._forwarded[message[1]] = _Forwarded()
+            self._start(self._http(forwarded, *message[1:]))
+        elif kind == "cancel":
+            forwarded = self._forwarded.get(message[1])
+            if forwarded is not None:
+                forwarded.leave()
+        elif kind == "listening":
+            self._fronts.listening(message[1])
+
+    def _start(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_lost(self) -> None:
+        """The front is gone, and its connections with it: what it forwarded is left."""
+        for forwarded in self._forwarded.values():
+            forwarded.leave()
+
+    async def _infer(
+        self,
+        rid: int,
+        name: str,
+        version: str | None,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | None,
+    ) -> None:
+        async def receive() -> Message:
+            if body is None:  # the client left before its body was whole
+                return {"type": "http.disconnect"}
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        reply = await self._route.reply(name, version, headers, receive)
+        try:
+            self.link.send(("reply", rid, reply.status, reply.headers, reply.body, reply.tenant))
+        finally:
+            reply.keeper.free_buffers()
+        if reply.keeper.holding:
+            await reply.keeper.release()
+
+    async def _http(
+        self,
+        forwarded: _Forwarded,
+        rid: int,
+        method: str,
+        path: str,
+        raw_path: bytes,
+        query_string: bytes,
+        headers: list[tuple[bytes, bytes]],
+        client: tuple[str, int] | None,
+        http_version: str,
+    ) -> None:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": http_version,
+            "server": self._server,
+            "client": tuple(client) if client else None,
+            "scheme": "http",
+            "method": method,
+            "root_path": "",
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": query_string,
+            "headers": headers,
+            "state": {},
+        }
+        started = ended = False
+
+        async def send(message: Message) -> None:
+            nonlocal started, ended
+            if forwarded.gone:
+                return  # as uvicorn drops what is sent to a client that left
+            if message["type"] == "http.response.start":
+                started = True
+                response_headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
+                self.link.send(("start", rid, message["status"], response_headers))
+            elif message["type"] == "http.response.body":
+                more = bool(message.get("more_body", False))
+                ended = not more
+                self.link.send(("chunk", rid, bytes(message.get("body", b"")), more))
+
+        try:
+            await self._app(scope, forwarded.receive, send)
+        except Exception:
+            log.exception("%s %s failed in the engine", method, path)
+        finally:
+            self._forwarded.pop(rid, None)
+            if not ended:  # an app that did not finish its answer: the front must not hang
+                if not started:
+                    self.link.send(("start", rid, 500, [(b"content-type", b"text/plain")]))
+                self.link.send(
+                    ("chunk", rid, b"Internal Server Error" if not started else b"", False)
+                )
+
+
+def front_config(
+    link: str,
+    host: str,
+    port: int,
+    limits: ConnectionLimits,
+    drain_timeout_s: float,
+    log_level: str,
+    log_format: str,
+    access_log: bool,
+) -> str:
+    """What a front is started with (server/front.py's `main` reads it)."""
+    return json.dumps(
+        {
+            "link": link,
+            "host": host,
+            "port": port,
+            "limits": dataclasses.asdict(limits),
+            "keep_alive_s": limits.keep_alive_timeout_s,
+            "drain_timeout_s": drain_timeout_s,
+            "log_level": log_level,
+            "log_format": log_format,
+            "access_log": access_log,
+        }
+    )
+
+
+class Fronts:
+    """The front processes: started, watched, started again when one dies, stopped."""
+
+    def __init__(
+        self,
+        count: int,
+        app: ASGIApp,
+        route: InferRoute,
+        server_address: tuple[str, int],
+        config: str,
+        link_path: str,
+    ) -> None:
+        self.count = count
+        self.app = app
+        self.route = route
+        self.server_address = server_address
+        self._config = config
+        self._link_path = link_path
+        self._processes: list[asyncio.subprocess.Process | None] = [None] * count
+        self._listening: dict[int, asyncio.Future[None]] = {}
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    def listening(self, pid: int) -> None:
+        waiter = self._listening.pop(pid, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def start(self) -> None:
+        """Start every front and return once each listens (FrontFailed if one exits
+        first)."""
+        loop = asyncio.get_running_loop()
+        await loop.create_unix_server(lambda: FrontLink(self).link, self._link_path)
+        await asyncio.gather(*(self._spawn(i) for i in range(self.count)))
+        self._watchers = [loop.create_task(self._watch(i)) for i in range(self.count)]
+
+    async def _spawn(self, index: int) -> None:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "infergate.server.front",
+            self._config,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        self._processes[index] = process
+        listening = asyncio.get_running_loop().create_future()
+        self._listening[process.pid] = listening
+        exited = asyncio.ensure_future(process.wait())
+        await asyncio.wait({listening, exited}, return_when=asyncio.FIRST_COMPLETED)
+        if not listening.done():
+            self._listening.pop(process.pid, None)
+            raise FrontFailed(
+                f"front process {process.pid} exited ({process.returncode}) before it listened"
+            )
+        exited.cancel()
+
+    async def _watch(self, index: int) -> None:
+        delay = 0.5
+        while True:
+            process = self._processes[index]
+            assert process is not None
+            up_since = time.monotonic()
+            code = await process.wait()
+            if self._stopping:
+                return
+            if time.monotonic() - up_since > _STEADY_S:
+                delay = 0.5
+            log.warning(
+                "front process %d exited (%s); starting another in %g s",
+                process.pid,
+                code,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(_RESTART_MAX_S, delay * 2)
+            if self._stopping:
+                return
+            with contextlib.suppress(FrontFailed):
+                await self._spawn(index)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes if p is not None and p.returncode is None]
+
+    async def stop(self, timeout_s: float) -> None:
+        """SIGTERM each front (it drains its connections, server/drain.py) and wait for
+        them; past `timeout_s`, SIGKILL what is left."""
+        self._stopping = True
+        for watcher in self._watchers:
+            watcher.cancel()
+        alive = [p for p in self._processes if p is not None and p.returncode is None]
+        for process in alive:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        waiting = [asyncio.ensure_future(p.wait()) for p in alive]
+        if waiting:
+            _, late = await asyncio.wait(waiting, timeout=timeout_s)
+            if late:
+                self.kill()
+                await asyncio.wait(waiting)
+
+    def kill(self) -> None:
+        self._stopping = True
+        for process in self._processes:
+            if process is not None and process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+
+
+def serve_with_fronts(
+    count: int,
+    app: ASGIApp,
+    route: InferRoute,
+    drain: Drain,
+    drain_timeout_s: float,
+    sock: socket.socket,
+    url: str,
+    limits: ConnectionLimits,
+    log_level: str,
+    log_format: str,
+    access_log: bool,
+) -> int:
+    """Run the engine behind `count` fronts until a signal has drained it; the exit code.
+    `sock` holds the port (bound, never listening) until the gateway stops, so that no
+    other program takes it while a front is being started again."""
+    import uvloop
+
+    host, port = sock.getsockname()[:2]
+    folder = tempfile.mkdtemp(prefix="infergate-fronts-")  # mode 0700: only we reach the link
+    link_path = str(Path(folder) / "link.sock")
+    per_front = dataclasses.replace(limits, max_connections=max(1, limits.max_connections // count))
+    config = front_config(
+        link_path, host, port, per_front, drain_timeout_s, log_level, log_format, access_log
+    )
+    fronts = Fronts(count, app, route, (host, port), config, link_path)
+    caught: list[signal.Signals] = []
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, signals.put_nowait, sig)
+        lifespan = LifespanOn(
+            uvicorn.Config(app, lifespan="on", log_config=None, log_level=log_level)
+        )
+        await lifespan.startup()
+        if lifespan.should_exit:
+            return 1
+        try:
+            try:
+                await fronts.start()
+            except (FrontFailed, OSError) as exc:
+                log.error("%s; the gateway stops", exc)
+                fronts.kill()
+                return 1
+            log.info("listening on %s (%d front processes)", url, count)
+            sig = await signals.get()
+            caught.append(sig)
+            drain.begin(drain_timeout_s)
+            log.info(
+                "%s: draining the fronts' requests for up to %g s; new ones get 503",
+                signal.Signals(sig).name,
+                drain_timeout_s,
+            )
+            stopping = loop.create_task(fronts.stop(drain_timeout_s + 2))
+            second = loop.create_task(signals.get())
+            await asyncio.wait({stopping, second}, return_when=asyncio.FIRST_COMPLETED)
+            if not stopping.done():  # a second signal: stop now
+                fronts.kill()
+                await stopping
+            second.cancel()
+            return 0
+        finally:
+            await lifespan.shutdown()
+
+    try:
+        code = uvloop.run(main())
+    finally:
+        fronts.kill()
+        sock.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    for sig in caught:  # end the way the signal asked, as uvicorn does
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    return code

@@ -1,0 +1,182 @@
+"""`[server] fronts = N` (server/fronts.py, server/front.py): the engine behind N front
+processes answers as one process does, a front that dies is started again, and fronts
+do not outlive their engine. The drain through fronts is in test_edge_drain.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from infergate.loadgen import prepare
+from tests.onnx_models import make_mlp
+from tests.server import ServerProcess
+
+PROFILE = "[server]\nmax_request_mb = 0.02\nfronts = {fronts}\n"
+
+
+def _fronts_of(engine: int) -> set[int]:
+    """The engine's front processes (named ig-front, server/front.py)."""
+    found = set()
+    for task in Path(f"/proc/{engine}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                if Path(f"/proc/{child}/comm").read_text().strip() == "ig-front":
+                    found.add(int(child))
+            except FileNotFoundError:
+                pass
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _until(check: Any, what: str, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (got := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return got
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("fronts") / "models"
+    make_mlp(folder / "mlp" / "1" / "model.onnx", sizes=(4, 8, 3))
+    return folder
+
+
+def _serve(models: Path, folder: Path, fronts: int) -> ServerProcess:
+    profile = folder / f"profile-{fronts}.toml"
+    profile.write_text(PROFILE.format(fronts=fronts))
+    return ServerProcess(models, profile, folder / f"server-{fronts}.log", args=("--access-log",))
+
+
+@pytest.fixture(scope="module")
+def pair(models: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    folder = models.parent
+    one, split = _serve(models, folder, 0).start(), _serve(models, folder, 2).start()
+    yield one, split
+    split.stop()
+    one.stop()
+
+
+def _requests() -> list[tuple[str, str, dict[str, Any]]]:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    json_body, json_headers = prepare({"x": x}, binary=False)
+    binary_body, binary_headers = prepare({"x": x}, binary=True)
+    big = orjson.dumps(
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.0] * 4}],
+            "pad": "x" * 30_000,
+        }
+    )
+    infer = "/v2/models/mlp/infer"
+    return [
+        ("GET", "/v2/health/live", {}),
+        ("GET", "/v2/health/ready", {}),
+        ("GET", "/v2/models/mlp", {}),
+        ("GET", "/v2/models/mlp/ready", {}),
+        ("GET", "/v2/models/nope", {}),
+        ("POST", infer, {"content": json_body, "headers": json_headers}),  # the lane
+        ("POST", infer, {"content": iter([json_body]), "headers": json_headers}),  # chunked
+        ("POST", infer, {"content": binary_body, "headers": binary_headers}),
+        ("POST", infer, {"content": b"{not json", "headers": json_headers}),  # 400
+        (
+            "POST",
+            infer,
+            {"json": {"inputs": [{"name": "nope", "datatype": "FP32", "shape": [1], "data": [1]}]}},
+        ),
+        ("POST", infer, {"content": big}),  # over max_request_mb: 413 (the lane)
+        ("POST", infer, {"content": iter([big])}),  # and chunked
+        ("POST", "/v2/models/nope/infer", {"content": json_body}),
+    ]
+
+
+def _answer(server: ServerProcess, method: str, path: str, kw: dict[str, Any]) -> tuple[Any, ...]:
+    r = httpx.request(method, server.url + path, timeout=30, **kw)
+    assert r.headers.get("x-request-id"), (path, r.status_code)
+    return r.status_code, r.headers.get("content-type"), r.content
+
+
+def test_fronts_answer_every_request_as_one_process_does(
+    pair: tuple[ServerProcess, ServerProcess],
+) -> None:
+    one, split = pair
+    statuses = []
+    # Each server its own requests: a chunked body's iterator is read once.
+    for (method, path, kw), (_, _, again) in zip(_requests(), _requests(), strict=True):
+        answer = _answer(split, method, path, kw)
+        assert answer == _answer(one, method, path, again), path
+        statuses.append(answer[0])
+    assert statuses == [200, 200, 200, 200, 404, 200, 200, 200, 400, 400, 413, 413, 404]
+    # Both paths in: the lane's line is the front's, the rest the engine's; one log.
+    log = split.log.read_text()
+    assert "POST /v2/models/mlp/infer 200" in log
+    assert "GET /v2/models/mlp 200" in log
+    assert split.process is not None
+    _until(lambda: len(_fronts_of(split.process.pid)) == 2, "not 2 fronts")
+
+
+def test_the_engine_counts_what_the_fronts_pass_on(
+    pair: tuple[ServerProcess, ServerProcess],
+) -> None:
+    _, split = pair
+    before = httpx.get(f"{split.url}/v2/models/mlp/stats", timeout=10).json()
+    body, headers = prepare({"x": np.ones((1, 4), np.float32)}, binary=False)
+    for _ in range(5):
+        r = httpx.post(f"{split.url}/v2/models/mlp/infer", content=body, headers=headers)
+        assert r.status_code == 200
+    after = httpx.get(f"{split.url}/v2/models/mlp/stats", timeout=10).json()
+
+    def successes(doc: dict[str, Any]) -> int:
+        return int(doc["model_stats"][0]["inference_stats"]["success"]["count"])
+
+    assert successes(after) - successes(before) == 5
+    metrics = httpx.get(f"{split.url}/metrics", timeout=10).text
+    assert 'infergate_requests_total{model="mlp"' in metrics
+
+
+def test_a_front_that_dies_is_started_again(models: Path, tmp_path: Path) -> None:
+    server = _serve(models, tmp_path, 2).start()
+    try:
+        assert server.process is not None
+        engine = server.process.pid
+        first = _until(lambda: _fronts_of(engine) if len(_fronts_of(engine)) == 2 else None, "2")
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        _until(lambda: len(_fronts_of(engine) - {victim}) == 2, "no front was started again")
+        body, headers = prepare({"x": np.ones((1, 4), np.float32)}, binary=False)
+        for _ in range(20):  # over fresh connections, spread over both fronts
+            r = httpx.post(f"{server.url}/v2/models/mlp/infer", content=body, headers=headers)
+            assert r.status_code == 200
+        assert f"front process {victim} exited" in server.log.read_text()
+    finally:
+        server.stop()
+
+
+def test_the_fronts_go_when_their_engine_is_killed(models: Path, tmp_path: Path) -> None:
+    server = _serve(models, tmp_path, 2).start()
+    assert server.process is not None
+    try:
+        engine = server.process.pid
+        fronts = _until(lambda: _fronts_of(engine) if len(_fronts_of(engine)) == 2 else None, "2")
+        server.process.kill()  # SIGKILL: no drain, no word to the fronts
+        server.process.wait()
+        _until(lambda: not any(_alive(p) for p in fronts), "a front outlived its engine")
+        with pytest.raises(httpx.TransportError):  # nobody listens on the port any more
+            httpx.get(f"{server.url}/v2/health/live", timeout=5)
+    finally:
+        os.killpg(server.process.pid, signal.SIGKILL)  # its workers, if any are left
