@@ -190,7 +190,11 @@ async def drive(url: str, body: bytes, headers: dict[str, str], n: int, c: int) 
 
 
 def measure(server: Served, body: bytes, headers: dict[str, str], n: int, c: int) -> list[float]:
+    """CPU µs per request of the gateway's processes and of the workers, requests/s, and
+    the CPU µs of the process started alone (with fronts: the engine's, whose one loop
+    is then the limit where cores are to spare)."""
     gateway, workers = snapshot(server)
+    root = cpu_s(server.root)
     started = time.perf_counter()
     uvloop.run(drive(server.url, body, headers, n, c))
     wall = time.perf_counter() - started
@@ -199,6 +203,7 @@ def measure(server: Served, body: bytes, headers: dict[str, str], n: int, c: int
         (gateway_after - gateway) / n * 1e6,
         (workers_after - workers) / n * 1e6,
         n / wall,
+        (cpu_s(server.root) - root) / n * 1e6,
     ]
 
 
@@ -455,6 +460,7 @@ def main() -> None:
             "workers_cpu_us_per_request": round(statistics.median(r[1] for r in rows), 1),
             "requests_per_s": round(statistics.median(r[2] for r in rows)),
             "gateway_cpu_us_each_round": [round(r[0], 1) for r in rows],
+            "engine_process_cpu_us_per_request": round(statistics.median(r[3] for r in rows), 1),
         }
         for name, rows in cells.items()
     }
@@ -481,6 +487,11 @@ def main() -> None:
             f"{row['workers_cpu_us_per_request']:6.1f}  ({row['requests_per_s']} req/s; "
             f"rounds {row['gateway_cpu_us_each_round']})"
         )
+        if name.startswith("fronts="):
+            print(
+                f"  {'':10s} of which the engine's process "
+                f"{row['engine_process_cpu_us_per_request']}"
+            )
         if "gateway_cpu_ratio_to_first" in row:
             print(
                 f"  {'':10s} gateway CPU / {next(iter(cells))}'s, median of the rounds' "

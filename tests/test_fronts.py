@@ -4,8 +4,11 @@ do not outlive their engine. The drain through fronts is in test_edge_drain.py."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ import orjson
 import pytest
 
 from infergate.loadgen import prepare
+from infergate.server.drain import Drain
 from tests.onnx_models import make_mlp
 from tests.server import ServerProcess
 
@@ -180,3 +184,139 @@ def test_the_fronts_go_when_their_engine_is_killed(models: Path, tmp_path: Path)
             httpx.get(f"{server.url}/v2/health/live", timeout=5)
     finally:
         os.killpg(server.process.pid, signal.SIGKILL)  # its workers, if any are left
+
+
+def test_a_second_gateway_cannot_share_the_port(models: Path, tmp_path: Path) -> None:
+    """The fronts share the port with SO_REUSEPORT; another gateway must not join them."""
+    first = _serve(models, tmp_path, 1).start()
+    try:
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "infergate",
+                "serve",
+                "--models",
+                str(models),
+                "--profile",
+                str(tmp_path / "profile-1.toml"),
+                "--port",
+                str(first.port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 1
+        assert f"cannot listen on 127.0.0.1:{first.port}" in second.stderr
+    finally:
+        first.stop()
+
+
+class _FakeEngine:
+    """The front's link to the engine, recorded; the test plays the engine's answers."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, ...]] = []
+        self.stream: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+
+    def open_stream(self) -> tuple[int, asyncio.Queue[tuple[Any, ...]]]:
+        return 7, self.stream
+
+    def close_stream(self, rid: int) -> None:
+        pass
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        self.sent.append(message)
+
+    async def drained(self) -> None:
+        pass
+
+
+def _scope(path: str = "/admin/events") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [],
+        "client": ("127.0.0.1", 1),
+        "http_version": "1.1",
+    }
+
+
+async def _ignore(message: Any) -> None:
+    pass
+
+
+def test_a_client_that_leaves_a_stream_ends_it_in_the_engine() -> None:
+    """After its body, the front still watches the client: an event stream whose client
+    left is cancelled in the engine, and the front lets go of it."""
+    from infergate.server.front import ForwardApp
+
+    async def scenario() -> list[tuple[Any, ...]]:
+        engine = _FakeEngine()
+        left = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            if not left.is_set():
+                left.set()
+                return {"type": "http.request", "body": b"", "more_body": False}
+            return {"type": "http.disconnect"}
+
+        app = ForwardApp(engine, Drain(), 1000)  # type: ignore[arg-type]  # a fake link
+        await engine.stream.put(("start", 7, 200, []))
+        await engine.stream.put(("chunk", 7, b"event 1\n", True))
+        await asyncio.wait_for(app(_scope(), receive, _ignore), 5)
+        return engine.sent
+
+    sent = asyncio.run(scenario())
+    assert [m[0] for m in sent] == ["http", "body", "cancel", "cancel"]
+
+
+def test_a_body_over_the_limit_is_not_all_passed_on() -> None:
+    """The engine refuses more than max_request_mb (413) as it reads; the front stops
+    sending there and stops reading the client, so neither holds the rest."""
+    from infergate.server.front import ForwardApp
+
+    async def scenario() -> tuple[int, list[tuple[Any, ...]]]:
+        engine = _FakeEngine()
+        reads = 0
+
+        async def receive() -> dict[str, Any]:
+            nonlocal reads
+            reads += 1
+            return {"type": "http.request", "body": b"x" * 10_000, "more_body": True}
+
+        app = ForwardApp(engine, Drain(), 25_000)  # type: ignore[arg-type]  # a fake link
+        task = asyncio.ensure_future(app(_scope("/v2/models/m/infer"), receive, _ignore))
+        for _ in range(50):  # let the pump run as far as it would
+            await asyncio.sleep(0)
+        await engine.stream.put(("start", 7, 413, []))  # the engine, past its limit
+        await engine.stream.put(("chunk", 7, b"too large", False))
+        await asyncio.wait_for(task, 5)
+        return reads, engine.sent
+
+    reads, sent = asyncio.run(scenario())
+    assert sum(len(m[2]) for m in sent if m[0] == "body") == 30_000
+    assert reads == 3
+
+
+def test_an_answer_that_breaks_off_closes_the_connection() -> None:
+    from infergate.server.front import BrokenOff, ForwardApp
+
+    async def scenario() -> None:
+        engine = _FakeEngine()
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        app = ForwardApp(engine, Drain(), 1000)  # type: ignore[arg-type]  # a fake link
+        await engine.stream.put(("start", 7, 200, []))
+        await engine.stream.put(("chunk", 7, b"half", True))
+        await engine.stream.put(("abort", 7))
+        await app(_scope("/v2/models/m"), receive, _ignore)
+
+    with pytest.raises(BrokenOff):
+        asyncio.run(scenario())

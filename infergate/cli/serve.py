@@ -148,6 +148,7 @@ def serve(
             sock,
             listen_url(sock),
             limits,
+            int(settings.max_request_mb * 2**20),
             log_level,
             log_format,
             access_log,
@@ -201,12 +202,12 @@ def _announcing_server(
 
 def _bind(host: str, port: int, shared: bool = False) -> socket.socket:
     """The listening socket, bound here so that a port in use is one clear line. `shared`
-    (front processes): the fronts bind the same port beside it (SO_REUSEPORT)."""
+    (front processes): the fronts bind the same port beside it (SO_REUSEPORT), which is
+    set once it is bound, so that another program (another gateway with fronts too)
+    cannot share the port with us."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if shared:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -216,6 +217,8 @@ def _bind(host: str, port: int, shared: bool = False) -> socket.socket:
             "holds the port; stop it, or pass --port (or set INFERGATE_PORT)",
             EXIT_FAILURE,
         )
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.set_inheritable(True)
     return sock
 

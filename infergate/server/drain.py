@@ -31,15 +31,28 @@ NOT_WAITED_FOR = ("/admin/events",)
 _SERVED_WHILE_DRAINING = ("/v2/health/live", "/metrics")
 
 
+# With front processes (server/fronts.py), when a passed-on request reached its front
+# (time.monotonic(), the same clock in every process): it arrived before the drain began
+# and is served, as a request the one process had read is.
+ARRIVED_KEY = "infergate.arrived"
+
+
 class Drain:
     def __init__(self) -> None:
         self.draining = False
         self.in_flight = 0
         self.deadline = 0.0
+        self.began = 0.0
 
     def begin(self, timeout_s: float) -> None:
         self.draining = True
-        self.deadline = time.monotonic() + timeout_s
+        self.began = time.monotonic()
+        self.deadline = self.began + timeout_s
+
+    def refuses(self, arrived: float | None) -> bool:
+        """Whether a request that reached a front at `arrived` (None: here, now) is a new
+        one to refuse."""
+        return self.draining and (arrived is None or arrived >= self.began)
 
     def done(self) -> bool:
         return self.in_flight == 0 or time.monotonic() >= self.deadline
@@ -49,7 +62,7 @@ class Drain:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
-            if self.draining and scope["path"] not in _SERVED_WHILE_DRAINING:
+            if self.refuses(scope.get(ARRIVED_KEY)) and scope["path"] not in _SERVED_WHILE_DRAINING:
                 await _shutting_down(send, NEW_REQUEST)
                 return
             if scope["path"] in NOT_WAITED_FOR or scope["path"] in _SERVED_WHILE_DRAINING:

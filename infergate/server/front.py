@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -63,13 +64,17 @@ class EngineLink:
         assert self.link is not None
         self.link.send(message)
 
+    async def drained(self) -> None:
+        assert self.link is not None
+        await self.link.drained()
+
     def _on_message(self, message: Message) -> None:
         kind, rid = message[0], message[1]
         if kind == "reply":
             waiter = self._replies.pop(rid, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
-        else:  # "start" or "chunk" of a forwarded request's answer
+        else:  # "start", "chunk" or "abort" of a forwarded request's answer
             stream = self._streams.get(rid)
             if stream is not None:
                 stream.put_nowait(message)
@@ -109,22 +114,32 @@ class ForwardRoute:
         raw_headers: list[tuple[bytes, bytes]],
         receive: Receive,
     ) -> Reply:
+        arrived = time.monotonic()  # the lane starts this at the request's head
         message = await receive()  # the lane's: the whole (small) body, or a disconnect
         body = message.get("body", b"") if message["type"] == "http.request" else None
         answer = await self._engine.ask(
-            lambda rid: ("infer", rid, name, version, raw_headers, body)
+            lambda rid: ("infer", rid, name, version, raw_headers, body, arrived)
         )
         _, _, status, headers, content, tenant = answer
         return Reply(status, headers, content, tenant, _KEPT_NOTHING)
+
+
+class BrokenOff(Exception):
+    """The engine's answer broke off after it began: the connection is closed (uvicorn
+    does so when an app raises after its answer started), so that the client does not
+    take a cut answer for a whole one."""
 
 
 class ForwardApp:
     """Every request the lane does not take: its head, then its body as it arrives, to the
     engine, which runs it through its whole app; the answer comes back as it is sent."""
 
-    def __init__(self, engine: EngineLink, drain: Drain) -> None:
+    def __init__(self, engine: EngineLink, drain: Drain, max_body: int) -> None:
         self._engine = engine
         self._drain = drain
+        # More than this the engine refuses (413) once it has read it: what it is sent
+        # of a body stops there, so that it never holds more than one process would.
+        self._max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -141,15 +156,22 @@ class ForwardApp:
             scope["headers"],
             scope["client"],
             scope["http_version"],
+            time.monotonic(),  # its arrival, for the engine's drain
         )
         self._engine.send(head)
         if counted:
             self._drain.in_flight += 1
-        pump = asyncio.create_task(self._pump(rid, receive))
+        pump = asyncio.create_task(self._pump(rid, receive, stream))
         finished = False
         try:
             while not finished:
                 message = await stream.get()
+                if message[0] == "gone":  # the client left (the pump saw it)
+                    return
+                if message[0] == "abort":
+                    raise BrokenOff(
+                        f"{scope['method']} {scope['path']}: the engine's answer broke off"
+                    )
                 if message[0] == "start":
                     await send(
                         {"type": "http.response.start", "status": message[2], "headers": message[3]}
@@ -166,16 +188,27 @@ class ForwardApp:
             if not finished:  # cancelled (the drain ran out, the client left): stop there too
                 self._engine.send(("cancel", rid))
 
-    async def _pump(self, rid: int, receive: Receive) -> None:
-        while True:
+    async def _pump(self, rid: int, receive: Receive, stream: asyncio.Queue[Message]) -> None:
+        """The body to the engine, as fast as the link takes it; then, until the answer
+        ends (this is cancelled then), the client's leaving, which ends the request in
+        the engine too (an event stream's above all)."""
+        sent, more = 0, True
+        while more:
             message = await receive()
             if message["type"] == "http.disconnect":
-                self._engine.send(("cancel", rid))
-                return
+                break
+            body = message.get("body", b"")
             more = bool(message.get("more_body", False))
-            self._engine.send(("body", rid, message.get("body", b""), more))
-            if not more:
-                return
+            sent += len(body)
+            self._engine.send(("body", rid, body, more))
+            if sent > self._max_body:  # the engine answers 413 as it reads it
+                await asyncio.get_running_loop().create_future()  # the answer cancels this
+            await self._engine.drained()
+        else:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        self._engine.send(("cancel", rid))
+        stream.put_nowait(("gone", rid))
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -231,7 +264,7 @@ def main(config_json: str) -> None:
     limits = ConnectionLimits(**settings["limits"])
     engine = EngineLink()
     config = uvicorn.Config(
-        ForwardApp(engine, drain),
+        ForwardApp(engine, drain, int(settings["max_request_bytes"])),
         http=GatewayHttpProtocol.with_limits(limits, InferLane(ForwardRoute(engine), drain)),
         log_level=settings["log_level"],
         log_config=None,

@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message
 from uvicorn.lifespan.on import LifespanOn
 
 from infergate.errors import FrontFailed
-from infergate.server.drain import Drain
+from infergate.server.drain import ARRIVED_KEY, NEW_REQUEST, Drain, shutting_down
 from infergate.server.http_protocol import ConnectionLimits
 from infergate.server.infer_route import InferRoute
 from infergate.server.link import LinkProtocol
@@ -46,6 +46,8 @@ log = logging.getLogger("infergate.server")
 
 _RESTART_MAX_S = 10.0  # the longest wait before a front that keeps dying is started again
 _STEADY_S = 30.0  # a front up this long has its restart delay reset
+_LISTEN_TIMEOUT_S = 60.0  # a front not listening by then is killed (FrontFailed)
+_SECOND_SIGNAL_GRACE_S = 3.0  # after a second signal: the fronts' 503s, then SIGKILL
 
 
 class _Forwarded:
@@ -89,6 +91,7 @@ class FrontLink:
         self._app = fronts.app
         self._route = fronts.route
         self._server = fronts.server_address
+        self._drain = fronts.drain
         self._forwarded: dict[int, _Forwarded] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.link = LinkProtocol(self._on_message, self._on_lost)
@@ -128,7 +131,13 @@ class FrontLink:
         version: str | None,
         headers: list[tuple[bytes, bytes]],
         body: bytes | None,
+        arrived: float,
     ) -> None:
+        if self._drain.refuses(arrived):  # its front's drain had not begun yet
+            refused, content = shutting_down(NEW_REQUEST)
+            self.link.send(("reply", rid, 503, refused, content, "-"))
+            return
+
         async def receive() -> Message:
             if body is None:  # the client left before its body was whole
                 return {"type": "http.disconnect"}
@@ -153,6 +162,7 @@ class FrontLink:
         headers: list[tuple[bytes, bytes]],
         client: tuple[str, int] | None,
         http_version: str,
+        arrived: float,
     ) -> None:
         scope = {
             "type": "http",
@@ -168,6 +178,7 @@ class FrontLink:
             "query_string": query_string,
             "headers": headers,
             "state": {},
+            ARRIVED_KEY: arrived,
         }
         started = ended = False
 
@@ -183,6 +194,7 @@ class FrontLink:
                 more = bool(message.get("more_body", False))
                 ended = not more
                 self.link.send(("chunk", rid, bytes(message.get("body", b"")), more))
+                await self.link.drained()  # a front that does not keep up holds the app
 
         try:
             await self._app(scope, forwarded.receive, send)
@@ -190,12 +202,11 @@ class FrontLink:
             log.exception("%s %s failed in the engine", method, path)
         finally:
             self._forwarded.pop(rid, None)
-            if not ended:  # an app that did not finish its answer: the front must not hang
-                if not started:
-                    self.link.send(("start", rid, 500, [(b"content-type", b"text/plain")]))
-                self.link.send(
-                    ("chunk", rid, b"Internal Server Error" if not started else b"", False)
-                )
+            if not ended and not started:  # as uvicorn answers an app that failed
+                self.link.send(("start", rid, 500, [(b"content-type", b"text/plain")]))
+                self.link.send(("chunk", rid, b"Internal Server Error", False))
+            elif not ended:  # broke off mid-answer: the front closes the connection
+                self.link.send(("abort", rid))
 
 
 def front_config(
@@ -203,6 +214,7 @@ def front_config(
     host: str,
     port: int,
     limits: ConnectionLimits,
+    max_request_bytes: int,
     drain_timeout_s: float,
     log_level: str,
     log_format: str,
@@ -215,6 +227,7 @@ def front_config(
             "host": host,
             "port": port,
             "limits": dataclasses.asdict(limits),
+            "max_request_bytes": max_request_bytes,
             "keep_alive_s": limits.keep_alive_timeout_s,
             "drain_timeout_s": drain_timeout_s,
             "log_level": log_level,
@@ -232,6 +245,7 @@ class Fronts:
         count: int,
         app: ASGIApp,
         route: InferRoute,
+        drain: Drain,
         server_address: tuple[str, int],
         config: str,
         link_path: str,
@@ -239,6 +253,7 @@ class Fronts:
         self.count = count
         self.app = app
         self.route = route
+        self.drain = drain
         self.server_address = server_address
         self._config = config
         self._link_path = link_path
@@ -267,14 +282,23 @@ class Fronts:
             "infergate.server.front",
             self._config,
             stdin=asyncio.subprocess.DEVNULL,
+            # Its own session: a terminal's Ctrl-C reaches the engine alone, which drains
+            # and then asks the fronts to (a front's own SIGINT and then the engine's
+            # SIGTERM would be two signals to it: stop now).
+            start_new_session=True,
         )
         self._processes[index] = process
         listening = asyncio.get_running_loop().create_future()
         self._listening[process.pid] = listening
         exited = asyncio.ensure_future(process.wait())
-        await asyncio.wait({listening, exited}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {listening, exited}, timeout=_LISTEN_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+        )
         if not listening.done():
             self._listening.pop(process.pid, None)
+            if process.returncode is None:  # neither listening nor gone: stuck
+                process.kill()
+                await process.wait()
             raise FrontFailed(
                 f"front process {process.pid} exited ({process.returncode}) before it listened"
             )
@@ -301,8 +325,10 @@ class Fronts:
             delay = min(_RESTART_MAX_S, delay * 2)
             if self._stopping:
                 return
-            with contextlib.suppress(FrontFailed):
+            try:
                 await self._spawn(index)
+            except (FrontFailed, OSError) as exc:  # EAGAIN, EMFILE: try again, later
+                log.warning("front process could not be started: %s", exc)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._processes if p is not None and p.returncode is None]
@@ -314,15 +340,19 @@ class Fronts:
         for watcher in self._watchers:
             watcher.cancel()
         alive = [p for p in self._processes if p is not None and p.returncode is None]
-        for process in alive:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
+        self.send_signal(signal.SIGTERM)
         waiting = [asyncio.ensure_future(p.wait()) for p in alive]
         if waiting:
             _, late = await asyncio.wait(waiting, timeout=timeout_s)
             if late:
                 self.kill()
                 await asyncio.wait(waiting)
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        for process in self._processes:
+            if process is not None and process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(sig)
 
     def kill(self) -> None:
         self._stopping = True
@@ -341,6 +371,7 @@ def serve_with_fronts(
     sock: socket.socket,
     url: str,
     limits: ConnectionLimits,
+    max_request_bytes: int,
     log_level: str,
     log_format: str,
     access_log: bool,
@@ -355,9 +386,17 @@ def serve_with_fronts(
     link_path = str(Path(folder) / "link.sock")
     per_front = dataclasses.replace(limits, max_connections=max(1, limits.max_connections // count))
     config = front_config(
-        link_path, host, port, per_front, drain_timeout_s, log_level, log_format, access_log
+        link_path,
+        host,
+        port,
+        per_front,
+        max_request_bytes,
+        drain_timeout_s,
+        log_level,
+        log_format,
+        access_log,
     )
-    fronts = Fronts(count, app, route, (host, port), config, link_path)
+    fronts = Fronts(count, app, route, drain, (host, port), config, link_path)
     caught: list[signal.Signals] = []
 
     async def main() -> int:
@@ -390,7 +429,9 @@ def serve_with_fronts(
             stopping = loop.create_task(fronts.stop(drain_timeout_s + 2))
             second = loop.create_task(signals.get())
             await asyncio.wait({stopping, second}, return_when=asyncio.FIRST_COMPLETED)
-            if not stopping.done():  # a second signal: stop now
+            if not stopping.done():  # a second signal: stop now (the fronts answer 503)
+                fronts.send_signal(signal.SIGTERM)
+                await asyncio.wait({stopping}, timeout=_SECOND_SIGNAL_GRACE_S)
                 fronts.kill()
                 await stopping
             second.cancel()

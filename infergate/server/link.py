@@ -33,6 +33,7 @@ class LinkProtocol(asyncio.Protocol):
         self._pending: list[Message] = []
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self._writable: asyncio.Event | None = None  # set while the peer keeps up
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's: not a subclass
@@ -40,8 +41,26 @@ class LinkProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
+        self.resume_writing()  # nobody waits on a link that is gone
         if self._on_lost is not None:
             self._on_lost()
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.Event()
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None:
+            self._writable.set()
+
+    async def drained(self) -> None:
+        """Return once the peer has read what this end wrote (the transport's buffer is
+        below its high-water mark): what sends bodies awaits it, so that a slow or
+        stopped peer holds up their senders (the client's socket, the app) instead of
+        this end's memory."""
+        if self._writable is not None and not self._writable.is_set():
+            await self._writable.wait()
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
