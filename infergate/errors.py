@@ -43,6 +43,7 @@ Signals inside the engine (plain exceptions, never an HTTP answer):
   StaleConnection      (BrokenReply) a kept-alive connection the endpoint had closed
   MetadataError        a remote model's metadata is not valid V2 metadata
   FrontFailed          a front process ([server] fronts) exited before it listened
+  BrokenOff            the engine's answer to a front broke off: the connection closes
 
 Outside the server: `client.ClientError` (the HTTP client's), `tui.source.SourceError`
 (the dashboard's data source) and `server.http_protocol._Refused` (a connection refused
@@ -285,3 +286,8 @@ class MetadataError(Exception):
 
 class FrontFailed(Exception):
     """A front process (`[server] fronts`) exited before it listened; its log says why."""
+
+
+class BrokenOff(Exception):
+    """The engine's answer broke off after it began; the front closes the connection
+    (as uvicorn does when an app raises mid-answer), so no cut answer looks whole."""

@@ -304,7 +304,8 @@ def test_a_body_over_the_limit_is_not_all_passed_on() -> None:
 
 
 def test_an_answer_that_breaks_off_closes_the_connection() -> None:
-    from infergate.server.front import BrokenOff, ForwardApp
+    from infergate.errors import BrokenOff
+    from infergate.server.front import ForwardApp
 
     async def scenario() -> None:
         engine = _FakeEngine()

@@ -33,6 +33,7 @@ from typing import Any
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
+from infergate.errors import BrokenOff
 from infergate.server.decoding import Keeper
 from infergate.server.drain import NOT_WAITED_FOR, Drain, DrainingServer
 from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
@@ -122,12 +123,6 @@ class ForwardRoute:
         )
         _, _, status, headers, content, tenant = answer
         return Reply(status, headers, content, tenant, _KEPT_NOTHING)
-
-
-class BrokenOff(Exception):
-    """The engine's answer broke off after it began: the connection is closed (uvicorn
-    does so when an app raises after its answer started), so that the client does not
-    take a cut answer for a whole one."""
 
 
 class ForwardApp:
