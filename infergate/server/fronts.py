@@ -330,9 +330,6 @@ class Fronts:
             except (FrontFailed, OSError) as exc:  # EAGAIN, EMFILE: try again, later
                 log.warning("front process could not be started: %s", exc)
 
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._processes if p is not None and p.returncode is None]
-
     async def stop(self, timeout_s: float) -> None:
         """SIGTERM each front (it drains its connections, server/drain.py) and wait for
         them; past `timeout_s`, SIGKILL what is left."""

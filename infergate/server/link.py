@@ -32,14 +32,12 @@ class LinkProtocol(asyncio.Protocol):
         self._buf = bytearray()
         self._pending: list[Message] = []
         self.transport: asyncio.Transport | None = None
-        self.closed = False
         self._writable: asyncio.Event | None = None  # set while the peer keeps up
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's: not a subclass
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
         self.transport = None
         self.resume_writing()  # nobody waits on a link that is gone
         if self._on_lost is not None:
