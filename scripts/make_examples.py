@@ -5,7 +5,7 @@
 Byte for byte the same files on every run (so pinned SHA256s and signatures stay valid):
 a fixed PYTHONHASHSEED (the script re-runs itself with one: TorchScript and skl2onnx walk
 sets whose order follows it), one BLAS thread (a parallel sum's order changes the last bits
-of the weights), fixed seeds, the ONNX opset imports sorted, and the TorchScript archive's
+of the weights) and one BLAS kernel whatever the CPU (OPENBLAS_CORETYPE), fixed seeds, the ONNX opset imports sorted, and the TorchScript archive's
 random serialization id replaced by a hash of its contents.
 
 digits:  an MLP classifier trained on scikit-learn's bundled 8x8 digits data, as ONNX.
@@ -24,6 +24,10 @@ if os.environ.get("PYTHONHASHSEED") != "0":
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"  # before numpy loads its BLAS
+# OpenBLAS picks its kernels by CPU (Haswell, SkylakeX, Zen...), and they round differently:
+# trained on an AMD EPYC, the digits model's weights differed in their last bits from those
+# trained on an Intel Xeon. Its oldest x86-64 kernels run on every such CPU, the same way.
+os.environ["OPENBLAS_CORETYPE"] = "Prescott"
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
