@@ -17,7 +17,6 @@ from infergate.engine.lifecycle.registry import ModelRecord, Registry
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.placement.monitor import MemoryMonitor
 from infergate.engine.repository.watcher import RepositoryWatcher
-from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.scheduling.sequence_step import infer_in_sequence
 from infergate.engine.settings import LiveSettings
 from infergate.engine.snapshots import (
@@ -270,7 +269,7 @@ class Engine:
         admission = served.breaker.allow()
         if admission == "refused":
             raise served.circuit_open()
-        fair = Fairness(tenant.tenant.name, tenant.tenant.weight)
+        fair = tenant.tenant.fairness
         try:
             result, timing = await served.infer(
                 request.inputs,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from infergate.clock import Clock
 
 _MAX_SAMPLES = 512  # latencies kept per bucket; enough for a p99 of a second's traffic
+_MAX_CHAINS = 4096  # (model, tenant) pairs remembered: each request finds its series once
 
 
 @dataclass
@@ -23,13 +24,16 @@ class _Second:
 class _Series:
     def __init__(self, keep_s: int) -> None:
         self.seconds: deque[_Second] = deque(maxlen=keep_s)
+        self._last = _Second(-(1 << 62))  # the newest second (a placeholder until the first)
 
     def add(self, at: int, ok: bool, latency_s: float) -> None:
-        if not self.seconds or self.seconds[-1].at != at:
-            self.seconds.append(_Second(at))
-        bucket = self.seconds[-1]
+        bucket = self._last
+        if bucket.at != at:
+            bucket = self._last = _Second(at)
+            self.seconds.append(bucket)
         bucket.count += 1
-        bucket.errors += 0 if ok else 1
+        if not ok:
+            bucket.errors += 1
         if len(bucket.latencies) < _MAX_SAMPLES:
             bucket.latencies.append(latency_s)
 
@@ -72,6 +76,8 @@ class RequestStats:
         self._total = _Series(keep_s)
         self._models: dict[str, _Series] = {}
         self._tenants: dict[str, _Series] = {}
+        # (model, tenant) -> every series a request of theirs counts in, found once
+        self._chains: dict[tuple[str, str | None], tuple[_Series, ...]] = {}
 
     def record(
         self,
@@ -83,10 +89,20 @@ class RequestStats:
     ) -> None:
         """One finished request; `now` saves a clock read when the caller has one."""
         at = int(self._clock.now() if now is None else now)
-        self._total.add(at, ok, latency_s)
-        self._series(self._models, model).add(at, ok, latency_s)
+        chain = self._chains.get((model, tenant))
+        if chain is None:
+            chain = self._chain(model, tenant)
+        for series in chain:
+            series.add(at, ok, latency_s)
+
+    def _chain(self, model: str, tenant: str | None) -> tuple[_Series, ...]:
+        chain: tuple[_Series, ...] = (self._total, self._series(self._models, model))
         if tenant is not None:
-            self._series(self._tenants, tenant).add(at, ok, latency_s)
+            chain += (self._series(self._tenants, tenant),)
+        if len(self._chains) >= _MAX_CHAINS:  # labels are bounded, but not by this table
+            self._chains.clear()
+        self._chains[(model, tenant)] = chain
+        return chain
 
     def _series(self, by_name: dict[str, _Series], name: str) -> _Series:
         series = by_name.get(name)

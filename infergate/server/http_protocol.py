@@ -219,7 +219,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 self._answer_and_close(self._too_large_head())
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        # uvicorn 0.54's first three lines, copied (pinned <0.55: re-read them on an
+        # upgrade); its ASGI scope is built in on_headers_complete, and only for a request
+        # that takes the ASGI route: the infer lane never reads one, and building it (two
+        # dicts and a copy of the app state) was a share of every lane request's cost.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
         self._idle_at = None  # a request has begun: its head's deadline rules, not idling
         self._in_head = True
         self._head_bytes = self._header_bytes = 0
@@ -260,6 +266,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
             return
+        self.scope = {  # uvicorn 0.54's on_message_begin builds it so; see that method
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,  # type: ignore[typeddict-item]
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

@@ -51,6 +51,23 @@ def _internal_error_headers() -> list[tuple[bytes, bytes]]:
     ]
 
 
+class _ServerState(Protocol):
+    default_headers: list[tuple[bytes, bytes]]
+
+
+_rendered: tuple[object, bytes] = (None, b"")
+
+
+def _default_lines(state: _ServerState) -> bytes:
+    """The server's default header lines (Date), rendered once for each list uvicorn makes:
+    it makes a new one every second, and the lane answers thousands of requests a second."""
+    global _rendered
+    headers = state.default_headers
+    if _rendered[0] is not headers:
+        _rendered = (headers, b"".join(b"%s: %s\r\n" % pair for pair in headers))
+    return _rendered[1]
+
+
 class Answers(Protocol):
     """What answers the lane's requests: `InferRoute` in the gateway, `ForwardRoute` in a
     front process (server/front.py), which asks the engine's."""
@@ -239,9 +256,7 @@ class LaneCycle:
         if self.disconnected or transport.is_closing():
             self.response_complete = True
             return
-        parts: list[bytes] = [STATUS_LINE[status]]
-        for name, value in protocol.server_state.default_headers:  # Date
-            parts += (name, b": ", value, b"\r\n")
+        parts: list[bytes] = [STATUS_LINE[status], _default_lines(protocol.server_state)]
         closing = False
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")

@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from infergate.clock import Clock
 from infergate.engine.admission.limits import ConcurrencyLimit, TokenBucket, retry_seconds
+from infergate.engine.scheduling.queue import Fairness
 from infergate.errors import Forbidden, RateLimited, Unauthorized
 
 DEFAULT_TENANT = "default"
@@ -54,11 +55,14 @@ class Tenant:
     # default): may_use is asked three times a request.
     _allowed: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _everything: bool = field(init=False, repr=False, compare=False)
+    # Whose requests these are in a queue's fair sharing: the same for all of them.
+    fairness: Fairness = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         either = "|".join(f"(?:{fnmatch.translate(p)})" for p in self.models) or "(?!)"
         object.__setattr__(self, "_allowed", re.compile(either))
         object.__setattr__(self, "_everything", "*" in self.models)
+        object.__setattr__(self, "fairness", Fairness(self.name, self.weight))
 
     def may_use(self, model: str) -> bool:
         return self._everything or self._allowed.match(model) is not None

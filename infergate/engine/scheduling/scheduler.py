@@ -106,11 +106,14 @@ class Scheduler:
         it runs there only, and is never retried elsewhere (a sequence's request)."""
         now = self._clock.now()
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        jobs = self._jobs(inputs, key, outputs, cls, now, queue_deadline_s, timeout_s, future)
+        # Where and for whom it runs, given to its jobs before the queue tags them.
         pin = pinned_instance(session, self._instances) if instance is None else instance
-        for job in jobs:  # where and for whom it runs: set before the queue tags it
-            job.pin, job.fair = pin, fair or _ANONYMOUS
-            job.payload.bound = instance is not None
+        jobs = self._jobs(
+            inputs, key, outputs, cls, now, queue_deadline_s, timeout_s, future, pin, fair
+        )
+        if instance is not None:  # a sequence's: it runs on its instance or not at all
+            for job in jobs:
+                job.payload.bound = True
         self._admit(jobs, cls)
         self._ensure_running()
         inline = self._pump(own=jobs[0].payload.ticket, now=now)
@@ -143,6 +146,8 @@ class Scheduler:
         queue_deadline_s: float,
         timeout_s: float,
         future: asyncio.Future[Answer],
+        pin: int | None,
+        fair: Fairness | None,
     ) -> list[Job[Work]]:
         """The request as queue jobs: one, or a chunk of at most max_batch_size rows each."""
         batching = key is not None and self._queue.batching
@@ -164,7 +169,9 @@ class Scheduler:
                 now + queue_deadline_s,
                 rows if whole else rows_of(c),
                 key if batching else None,
-                group=group,
+                pin,
+                fair or _ANONYMOUS,
+                group,
             )
             for i, c in enumerate(chunks)
         ]
