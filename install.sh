@@ -77,4 +77,15 @@ if [[ " ${extras[*]} " == *" dev "* ]] && ! command -v redis-server >/dev/null 2
       "install it (sudo apt-get install -y redis-server)" >&2
   fi
 fi
+if [[ " ${extras[*]} " == *" dev "* ]] && ! command -v valgrind >/dev/null 2>&1; then
+  # benchmarks/instructions.py counts the gateway's instructions under valgrind's callgrind.
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "install.sh: installing valgrind (apt-get) for benchmarks/instructions.py"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind >/dev/null; }
+  else
+    echo "install.sh: valgrind is missing and benchmarks/instructions.py needs it;" \
+      "install it (sudo apt-get install -y valgrind)" >&2
+  fi
+fi
 echo "install.sh: done. Next: .venv/bin/infergate serve   (and .venv/bin/infergate doctor)"
