@@ -40,7 +40,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from http_cpu import drive, tiny_setup  # noqa: E402
 
-from tests.server import free_port  # noqa: E402
+from tests.server import free_port, wait_ready  # noqa: E402
 
 _TOTALS = re.compile(rb"^(?:summary|totals): (\d+)", re.M)
 
@@ -67,22 +66,6 @@ def _counts(url: str) -> tuple[int, int]:
 def _control(what: str, pid: int) -> None:
     """callgrind_control `what` (--zero, --dump) for the gateway under callgrind."""
     subprocess.run(["callgrind_control", what, str(pid)], check=True, capture_output=True)
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    # A look a second: each look is a request the gateway runs under valgrind too, and
-    # the start takes half a minute there; few looks keep the counts apart from them.
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the gateway exited under valgrind:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"the gateway was not ready under valgrind in 600 s:\n{log.read_text()}")
 
 
 def measure(tree: Path, requests: int, concurrency: int) -> dict[str, float]:
@@ -115,7 +98,9 @@ def measure(tree: Path, requests: int, concurrency: int) -> dict[str, float]:
                 command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         try:
-            _wait_ready(url, process, log)
+            # A look a second: each look is a request the gateway runs under valgrind too,
+            # and its start takes half a minute there.
+            wait_ready(url, process, log, timeout_s=600, poll_s=1.0)
             uvloop.run(drive(url, body, headers, max(200, requests // 5), concurrency))
             rows, batches = _counts(url)
             _control("--zero", process.pid)

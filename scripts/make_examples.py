@@ -5,8 +5,9 @@
 Byte for byte the same files on every run (so pinned SHA256s and signatures stay valid):
 a fixed PYTHONHASHSEED (the script re-runs itself with one: TorchScript and skl2onnx walk
 sets whose order follows it), one BLAS thread (a parallel sum's order changes the last bits
-of the weights) and one BLAS kernel whatever the CPU (OPENBLAS_CORETYPE), fixed seeds, the ONNX opset imports sorted, and the TorchScript archive's
-random serialization id replaced by a hash of its contents.
+of the weights) and one BLAS kernel whatever the CPU (OPENBLAS_CORETYPE), fixed seeds, the
+ONNX opset imports sorted, and the TorchScript archive's random serialization id replaced
+by a hash of its contents.
 
 digits:  an MLP classifier trained on scikit-learn's bundled 8x8 digits data, as ONNX.
 encoder: a small TorchScript encoder (8 features -> 4-d unit vector).

@@ -23,12 +23,16 @@ def free_port() -> int:
 
 
 def wait_ready(
-    url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 90.0
+    url: str,
+    process: subprocess.Popen[bytes],
+    log: Path,
+    timeout_s: float = 90.0,
+    poll_s: float = 0.05,
 ) -> None:
     """Until `GET {url}/v2/health/ready` answers 200: any V2 server (infergate, Triton) that
     `process` runs. RuntimeError with its log when it exits first or is not ready in time."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5) as client:
+    with httpx.Client(timeout=max(5.0, poll_s * 30)) as client:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{log.read_text()}")
@@ -37,7 +41,7 @@ def wait_ready(
                     return
             except httpx.TransportError:
                 pass
-            time.sleep(0.05)
+            time.sleep(poll_s)
     raise RuntimeError(f"server not ready in {timeout_s:.0f} s:\n{log.read_text()}")
 
 
