@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 LANE_MAX_BODY = 64 * 1024
 _LENGTH_DIGITS = 8  # more (zeros first) cannot be a length the lane takes
 _CLOSE = b"connection: close\r\n"
+_CLOSE_HEADER = (b"connection", b"close")
 _INTERNAL_BODY = error_body("internal error: the gateway could not answer this request")
 server_log = logging.getLogger("infergate.server")
 
@@ -213,7 +214,9 @@ class LaneCycle:
             )
             status, tenant = reply.status, reply.tenant
             try:
-                await self._send(status, reply.headers, reply.body, rid)
+                if self._paused():
+                    await self._writable()
+                self._write(status, reply.headers, reply.body, rid)  # no coroutine: usual case
             finally:
                 reply.keeper.free_buffers()
             if reply.keeper.holding:
@@ -236,7 +239,8 @@ class LaneCycle:
         finally:
             if counted and drain is not None:
                 drain.in_flight -= 1
-            self._log(status, tenant, rid, started)
+            if log.isEnabledFor(logging.INFO):
+                self._log(status, tenant, rid, started)
             # Both references that would keep this cycle in a reference cycle (with its
             # protocol, and with itself) go: it is freed by its count, not left to the
             # rarely-run cyclic collector (cli/serve.py's _tune_gc).
@@ -246,23 +250,37 @@ class LaneCycle:
     async def _send(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, rid: bytes
     ) -> None:
+        """`_write`, once the client has read what was written before (the rare answers:
+        refusals while draining, errors; the usual one is written in `run`)."""
+        if self._paused():
+            await self._writable()
+        self._write(status, headers, body, rid)
+
+    def _paused(self) -> bool:
+        """Whether the client reads slower than we answer (its socket buffer is full)."""
+        protocol = self.protocol
+        return protocol is not None and protocol.flow.write_paused and not self.disconnected
+
+    async def _writable(self) -> None:
+        assert self.protocol is not None, "sent after the run ended"
+        await self.protocol.flow.drain()
+
+    def _write(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, rid: bytes
+    ) -> None:
         """The whole response in one write, then the connection's next request."""
         protocol = self.protocol
         assert protocol is not None, "sent after the run ended"
-        if protocol.flow.write_paused and not self.disconnected:
-            await protocol.flow.drain()  # the client reads slower than we answer
         self.response_started = True
         transport = protocol.transport
         if self.disconnected or transport.is_closing():
             self.response_complete = True
             return
         parts: list[bytes] = [STATUS_LINE[status], _default_lines(protocol.server_state)]
-        closing = False
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")
-            closing = closing or (name == b"connection" and value == b"close")
         parts += (b"x-request-id: ", rid, b"\r\n")  # sane (access_log.request_id)
-        if closing:
+        if _CLOSE_HEADER in headers:
             self.keep_alive = False
         elif not self.keep_alive:
             parts.append(_CLOSE)
