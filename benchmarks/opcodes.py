@@ -1,6 +1,7 @@
 """Where a request's Python goes: the interpreter's opcodes per function, per request.
 
-    .venv/bin/python benchmarks/opcodes.py [--tree PATH] [--requests N] [--top K] [--json]
+    .venv/bin/python benchmarks/opcodes.py [--tree PATH] [--requests N] [--concurrency C]
+        [--top K] [--json]
 
 `benchmarks/instructions.py` says how many instructions a request costs, not where; a
 sampling profiler says where, but its samples follow the host's speed and the profiler's
@@ -64,7 +65,7 @@ def serve_traced(argv: list[str]) -> None:
     cli()
 
 
-def count(tree: Path, requests: int) -> list[tuple[int, str, str]]:
+def count(tree: Path, requests: int, concurrency: int) -> list[tuple[int, str, str]]:
     sys.path[:0] = [str(tree), str(ROOT / "benchmarks")]
     import uvloop
     from http_cpu import drive, tiny_setup
@@ -87,7 +88,7 @@ def count(tree: Path, requests: int) -> list[tuple[int, str, str]]:
         uvloop.run(drive(url, body, headers, 3_000, 64))  # warm up, untraced
         os.kill(process.pid, signal.SIGUSR1)
         time.sleep(0.5)  # the handler runs between two of the loop's steps
-        uvloop.run(drive(url, body, headers, requests, 64))
+        uvloop.run(drive(url, body, headers, requests, concurrency))
         os.kill(process.pid, signal.SIGUSR2)
         deadline = time.monotonic() + 30
         while not out.exists() and time.monotonic() < deadline:
@@ -113,9 +114,10 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to serve")
     parser.add_argument("--requests", type=int, default=3_000, help="traced")
     parser.add_argument("--top", type=int, default=40, help="functions to list")
+    parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = count(args.tree.resolve(), args.requests)
+    rows = count(args.tree.resolve(), args.requests, args.concurrency)
     per = args.requests
     total = sum(n for n, _, _ in rows)
     by_file: collections.Counter[str] = collections.Counter()
@@ -124,7 +126,10 @@ def main() -> None:
     if args.json:
         print(json.dumps({"opcodes_per_request": total / per, "functions": rows[: args.top]}))
         return
-    print(f"tiny MLP, JSON, c=64: {total / per:.0f} opcodes per request ({per} traced)")
+    print(
+        f"tiny MLP, JSON, c={args.concurrency}: {total / per:.0f} opcodes per request "
+        f"({per} traced)"
+    )
     for file, n in by_file.most_common(15):
         print(f"  {n / per:7.1f} {100 * n / total:5.1f}%  {file}")
     print("  by function:")

@@ -28,10 +28,8 @@ class OwnedArena:
 
     def __init__(self, size: int) -> None:
         self._shm = shared_memory.SharedMemory(create=True, size=max(size, ALIGN))
-
-    @property
-    def name(self) -> str:
-        return self._shm.name
+        # Read on every call to its worker; SharedMemory's property works it out each time.
+        self.name: str = self._shm.name
 
     @property
     def size(self) -> int:
