@@ -228,6 +228,31 @@ class JobQueue(Generic[T]):
                 fill_by = min(head.arrival + self.policy.max_delay_s, head.deadline)
                 if now < fill_by:
                     return fill_by
+        if self._size == 1 and not self._pinned:
+            # One job (a lone client's request): it is the whole batch, and the look above
+            # has said whether it waits to fill; nothing to sort or merge.
+            only = self._head()
+            if only is None:
+                return None
+            batch = [only]
+        else:
+            taken = self._take_merged(now, may_wait, instance)
+            if not isinstance(taken, list):
+                return taken
+            batch = taken
+        head = batch[0]
+        rank = head.cls.rank
+        self._vtime[rank] = max(self._vtime.get(rank, 0.0), head.tag)
+        for job in batch:
+            self._remove(job)
+            if job.group is not None:
+                job.group.started = True
+        return batch
+
+    def _take_merged(
+        self, now: float, may_wait: bool, instance: int | None
+    ) -> list[Job[T]] | float | None:
+        """`take`'s batch from a queue of several jobs, before they leave it."""
         live = (j for j in self._live() if j.pin is None or j.pin == instance)
         head = next(live, None)
         if head is None:
@@ -245,10 +270,4 @@ class JobQueue(Generic[T]):
             fill_by = min(head.arrival + self.policy.max_delay_s, head.deadline)
             if may_wait and rows < self.policy.max_batch_size and now < fill_by:
                 return fill_by
-        rank = head.cls.rank
-        self._vtime[rank] = max(self._vtime.get(rank, 0.0), head.tag)
-        for job in batch:
-            self._remove(job)
-            if job.group is not None:
-                job.group.started = True
         return batch
