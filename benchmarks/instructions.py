@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from http_cpu import drive, tiny_setup  # noqa: E402
 
-from tests.server import free_port, wait_ready  # noqa: E402
+from tests.server import ServerProcess  # noqa: E402
 
 _TOTALS = re.compile(rb"^(?:summary|totals): (\d+)", re.M)
 
@@ -73,46 +73,32 @@ def measure(tree: Path, requests: int, concurrency: int) -> dict[str, float]:
     here = os.getcwd()
     try:
         models, profile, body, headers = tiny_setup(work)  # (it moves into `work`)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        out, log = work / "callgrind.out", work / "gateway.log"
+        out = work / "callgrind.out"
         paths = os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])
-        env = {**os.environ, "PYTHONPATH": paths}
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            "-m",
-            "infergate",
-            "serve",
-            "--models",
-            str(models),
-            "--profile",
-            str(profile),
-            "--port",
-            str(port),
-        ]
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
+        server = ServerProcess(
+            models,
+            profile,
+            work / "gateway.log",
+            env={"PYTHONPATH": paths},
+            launcher=("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
+        )
         try:
-            # A look a second: each look is a request the gateway runs under valgrind too,
-            # and its start takes half a minute there.
-            wait_ready(url, process, log, timeout_s=600, poll_s=1.0)
+            server.start(timeout_s=600)  # about half a minute under valgrind
+            assert server.process is not None
+            url = server.url
             uvloop.run(drive(url, body, headers, max(200, requests // 5), concurrency))
             rows, batches = _counts(url)
-            _control("--zero", process.pid)
+            _control("--zero", server.process.pid)  # the start and warm-up not counted
             uvloop.run(drive(url, body, headers, requests, concurrency))
-            _control("--dump", process.pid)
+            _control("--dump", server.process.pid)
             rows_after, batches_after = _counts(url)  # after the dump: not counted
         finally:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            if server.process is not None:  # no drain: the dump is all that was wanted
+                os.killpg(server.process.pid, signal.SIGKILL)
+                server.process.wait()
         dumps = sorted(work.glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
         if not dumps:
-            raise RuntimeError(f"callgrind wrote no dump:\n{log.read_text()}")
+            raise RuntimeError(f"callgrind wrote no dump:\n{server.log.read_text()}")
         found = _TOTALS.search(dumps[-1].read_bytes())
         if found is None:
             raise RuntimeError(f"no totals in {dumps[-1]}")

@@ -23,16 +23,12 @@ def free_port() -> int:
 
 
 def wait_ready(
-    url: str,
-    process: subprocess.Popen[bytes],
-    log: Path,
-    timeout_s: float = 90.0,
-    poll_s: float = 0.05,
+    url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 90.0
 ) -> None:
     """Until `GET {url}/v2/health/ready` answers 200: any V2 server (infergate, Triton) that
     `process` runs. RuntimeError with its log when it exits first or is not ready in time."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=max(5.0, poll_s * 30)) as client:
+    with httpx.Client(timeout=5) as client:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{log.read_text()}")
@@ -41,7 +37,7 @@ def wait_ready(
                     return
             except httpx.TransportError:
                 pass
-            time.sleep(poll_s)
+            time.sleep(0.05)
     raise RuntimeError(f"server not ready in {timeout_s:.0f} s:\n{log.read_text()}")
 
 
@@ -54,6 +50,7 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         args: tuple[str, ...] = (),
+        launcher: tuple[str, ...] = (),
     ) -> None:
         # `cwd`: where the server runs, so that a relative `profile` is read as a user's
         # `infergate serve` in their project folder reads profiles/default.toml.
@@ -65,6 +62,7 @@ class ServerProcess:
         self._env = {**os.environ, **(env or {})}
         self._cwd = cwd
         self._args = args  # more of `infergate serve`'s options
+        self._launcher = launcher  # a command the server runs under (valgrind ...)
         if cwd is not None:  # run elsewhere, it still imports this checkout (and tests/)
             paths = [str(REPO), self._env.get("PYTHONPATH", "")]
             self._env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -87,6 +85,7 @@ class ServerProcess:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [
+                    *self._launcher,
                     sys.executable,
                     "-m",
                     "infergate",

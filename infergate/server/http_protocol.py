@@ -138,7 +138,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # as received: bounds what httptools buffers
         self._header_bytes = 0  # as parsed (line and headers): the limit itself
         self._refusal: bytes | None = None
-        self._max_header_bytes = self.limits.max_header_bytes  # asked once per header
         # Two deadlines, on loop.time(): the idle one (keep-alive: close quietly) and the
         # request's (head or body: 408, with `_late` saying what was late and its limit).
         self._idle_at: float | None = None
@@ -240,7 +239,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # Counted inline and uvicorn 0.54's three lines copied (pinned <0.55: re-read them
         # on an upgrade): a request has several headers, and a call per header costs.
         self._header_bytes += len(name) + len(value) + 4
-        if self._header_bytes > self._max_header_bytes:
+        if self._header_bytes > self.limits.max_header_bytes:
             self._count(0)
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":

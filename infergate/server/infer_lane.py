@@ -52,23 +52,6 @@ def _internal_error_headers() -> list[tuple[bytes, bytes]]:
     ]
 
 
-class _ServerState(Protocol):
-    default_headers: list[tuple[bytes, bytes]]
-
-
-_rendered: tuple[object, bytes] = (None, b"")
-
-
-def _default_lines(state: _ServerState) -> bytes:
-    """The server's default header lines (Date), rendered once for each list uvicorn makes:
-    it makes a new one every second, and the lane answers thousands of requests a second."""
-    global _rendered
-    headers = state.default_headers
-    if _rendered[0] is not headers:
-        _rendered = (headers, b"".join(b"%s: %s\r\n" % pair for pair in headers))
-    return _rendered[1]
-
-
 class Answers(Protocol):
     """What answers the lane's requests: `InferRoute` in the gateway, `ForwardRoute` in a
     front process (server/front.py), which asks the engine's."""
@@ -276,7 +259,9 @@ class LaneCycle:
         if self.disconnected or transport.is_closing():
             self.response_complete = True
             return
-        parts: list[bytes] = [STATUS_LINE[status], _default_lines(protocol.server_state)]
+        parts: list[bytes] = [STATUS_LINE[status]]
+        for name, value in protocol.server_state.default_headers:  # Date
+            parts += (name, b": ", value, b"\r\n")
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")
         parts += (b"x-request-id: ", rid, b"\r\n")  # sane (access_log.request_id)
@@ -292,6 +277,6 @@ class LaneCycle:
         protocol.on_response_complete()
 
     def _log(self, status: int, tenant: str, rid: bytes, started: float) -> None:
-        if log.isEnabledFor(logging.INFO):
-            path = self.url.partition(b"?")[0].decode("latin-1")
-            log_request("POST", path, status, time.perf_counter() - started, tenant, rid)
+        """The access log's line (`run` calls it only when the log is enabled for INFO)."""
+        path = self.url.partition(b"?")[0].decode("latin-1")
+        log_request("POST", path, status, time.perf_counter() - started, tenant, rid)

@@ -25,7 +25,7 @@ from infergate.errors import BadRequest, InfergateError
 from infergate.server.access_log import TENANT_KEY
 from infergate.server.body import read_body
 from infergate.server.codec import DecodedRequest, encode_response
-from infergate.server.compression import MIN_BYTES, compress_response
+from infergate.server.compression import compress_response
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
 from infergate.server.remote_pass import pass_through
@@ -178,8 +178,7 @@ class InferRoute:
         context.stats.record(
             model, status < 500, now - started, None if tenant == "-" else tenant, now
         )
-        if status == 200 and len(body) >= MIN_BYTES:  # (most answers are small: no call)
-            body = compress_response(raw_headers, headers, body, status)
+        body = compress_response(raw_headers, headers, body, status)
         headers.append((b"content-length", b"%d" % len(body)))
         return Reply(status, headers, body, tenant, keeper)
 

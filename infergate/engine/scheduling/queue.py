@@ -107,25 +107,16 @@ class JobQueue(Generic[T]):
         return depths
 
     def _push(self, job: Job[T]) -> None:
-        # Locals and comparisons rather than max(): this runs for every request.
-        job.seq = seq = next(self._seq)
-        rank, fair, rows, deadline = job.cls.rank, job.fair, job.rows, job.deadline
-        tenant = (rank, fair.tenant)
-        tag = self._vtime.get(rank, 0.0)
-        finish = self._finish.get(tenant, 0.0)
-        if finish > tag:
-            tag = finish
-        job.tag = tag
-        self._finish[tenant] = tag + (rows if rows > 1 else 1) / fair.weight
-        heap = self._heaps.get(rank)
-        if heap is None:
-            heap = self._heaps[rank] = []
-        heapq.heappush(heap, (tag, deadline, seq, job))
-        heapq.heappush(self._deadlines, (deadline, seq, job))
+        job.seq = next(self._seq)
+        rank = job.cls.rank
+        tenant = (rank, job.fair.tenant)
+        job.tag = max(self._vtime.get(rank, 0.0), self._finish.get(tenant, 0.0))
+        self._finish[tenant] = job.tag + max(job.rows, 1) / job.fair.weight
+        heapq.heappush(self._heaps.setdefault(rank, []), (job.tag, job.deadline, job.seq, job))
+        heapq.heappush(self._deadlines, (job.deadline, job.seq, job))
         self._size += 1
-        key = job.key
-        if key is not None:
-            self._key_rows[key] = self._key_rows.get(key, 0) + rows
+        if job.key is not None:
+            self._key_rows[job.key] = self._key_rows.get(job.key, 0) + job.rows
         if job.pin is not None:
             self._pinned += 1
 

@@ -7,8 +7,8 @@ blocking join), and how from the fork server's report on the process's sentinel.
 the sentinel alone: it also reads ready when the fork server dies, worker alive or not.
 
 The pipe is read without blocking, whatever the loop (uvloop makes the fd non-blocking
-anyway): `_Frames` reads what is there and cuts multiprocessing's frames out of it, so a
-reply of any size arrives in pieces without stalling the loop or being taken for EOF.
+anyway): `frames.Frames` reads what is there and cuts multiprocessing's frames out of it,
+so a reply of any size arrives in pieces without stalling the loop or being taken for EOF.
 
 A call is sent synchronously (`begin`) and awaited separately (`wait`), and whoever sends
 it may pass `on_reply`, which runs inside the pipe reader the moment the reply is read,
@@ -23,15 +23,14 @@ import contextlib
 import errno
 import itertools
 import logging
-import mmap
 import os
 import signal
-import struct
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from infergate.engine.workers import forking, starting
+from infergate.engine.workers.frames import Frames, send_frame
 from infergate.engine.workers.messages import (
     InferCall,
     InferDone,
@@ -58,67 +57,11 @@ from infergate.tensors import Array, from_wire
 
 log = logging.getLogger("infergate.workers")
 INITIAL_ARENA = 1 << 20
-_READ = 1 << 20  # bytes asked of the pipe per read
-_HEAD = struct.Struct("!i")
 _LINGER_S = 5.0  # a worker whose pipe closed but which has not exited is killed after this
 # A healthy fork server forks a worker, or reports a dead one's exit, within milliseconds;
 # one that has not in this long is hung and is killed (starting.kill_hung).
 _FORK_ANSWER_S = 5.0
 _FORK_REPORT_S = 3.0
-
-
-class _Frames:
-    """multiprocessing.Connection's framing (a "!i" length, or -1 then a "!Q" length,
-    then the bytes), read from a non-blocking fd as the bytes come."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._buf = bytearray()
-        # Read into one buffer kept for the pipe's life: os.read(fd, 1 MiB) allocates (and
-        # the allocator maps and unmaps) 1 MiB per reply, 30 µs of a tiny request's 180.
-        # An anonymous mapping, not a bytearray (which zero-fills all of it): only the
-        # pages reads reach are ever resident, one for a small reply.
-        self._chunk = mmap.mmap(-1, _READ)
-        self._view = memoryview(self._chunk)
-
-    def read(self) -> tuple[list[bytes], bool]:
-        """The whole frames that arrived, and whether the other end closed."""
-        eof = False
-        while True:
-            try:
-                n = os.readv(self._fd, [self._chunk])
-            except BlockingIOError:
-                break
-            if not n:
-                eof = True
-                break
-            if not self._buf and n < _READ and n >= 4:
-                (size,) = _HEAD.unpack_from(self._chunk)
-                if size + 4 == n:  # one whole frame, as a reply nearly always is
-                    return [bytes(self._view[4:n])], False
-            self._buf += self._view[:n]
-            if n < _READ:
-                break  # drained; the loop calls again when more comes
-        return self._cut(), eof
-
-    def _cut(self) -> list[bytes]:
-        buf, pos, frames = self._buf, 0, []
-        with memoryview(buf) as view:
-            while len(buf) - pos >= 4:
-                (size,) = struct.unpack_from("!i", buf, pos)
-                head = 4
-                if size == -1:
-                    if len(buf) - pos < 12:
-                        break
-                    (size,) = struct.unpack_from("!Q", buf, pos + 4)
-                    head = 12
-                if len(buf) - pos - head < size:
-                    break
-                frames.append(bytes(view[pos + head : pos + head + size]))
-                pos += head + size
-        if pos:
-            del buf[:pos]
-        return frames
 
 
 class WorkerHandle:
@@ -132,7 +75,7 @@ class WorkerHandle:
         self._in: OwnedArena | None = None
         self._out: OwnedArena | None = None
         self._conn: Connection | None = None
-        self._frames: _Frames | None = None
+        self._frames: Frames | None = None
         self._process: BaseProcess | None = None
         self._pid: int | None = None
         self._pidfd: int | None = None
@@ -206,7 +149,7 @@ class WorkerHandle:
         self._open_pidfd()
         fd = self._conn.fileno()
         os.set_blocking(fd, False)
-        self._frames = _Frames(fd)
+        self._frames = Frames(fd)
         self._loop.add_reader(fd, self._on_readable)
 
     def _discard(self) -> None:
@@ -438,7 +381,7 @@ class WorkerHandle:
         )
         future: asyncio.Future[dict[str, Array]] = self._loop.create_future()
         self._pending[call.id] = _Call(future, on_reply)
-        _send_frame(self._conn.fileno(), encode(call))
+        send_frame(self._conn.fileno(), encode(call))
         return future
 
     async def wait(
@@ -480,15 +423,6 @@ class WorkerHandle:
                 "Hint: raise timeout_ms in model.toml if the model is legitimately slow"
             )
         return future.result()
-
-
-def _send_frame(fd: int, payload: bytes) -> None:
-    """`Connection.send_bytes` for a call, written straight to the pipe: the same frame
-    (a "!i" length, then the bytes; a call is a few hundred bytes) without the five Python
-    frames multiprocessing goes through per send, on every batch's way to its worker."""
-    frame = _HEAD.pack(len(payload)) + payload
-    while frame:
-        frame = frame[os.write(fd, frame) :]
 
 
 class _Call:
