@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from infergate.engine.workers import forking, starting
 from tests.conftest import write_profile
@@ -256,3 +258,52 @@ def test_a_stopped_gateway_leaves_no_worker_or_fork_server_behind(tmp_path: Path
         server.process.wait(timeout=30)
         left = [p for p in family if p.is_running()]  # a zombie too: nobody reaped it
         assert not left, [(p.pid, p.name()) for p in left]
+
+
+def without_pidfds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel before Linux 5.3, which has no pidfd_open (ENOSYS)."""
+
+    def pidfd_open(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", pidfd_open)
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfds", "no-pidfds"])
+async def test_stopping_reaps_the_fork_server_and_kills_one_that_does_not_exit(
+    pidfds: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's stop reaps its fork server, with or without pidfds (kernels before
+    5.3 have none): one that exits when asked, and one that never does (stopped), which
+    is killed once the grace time is up."""
+    if not pidfds:
+        without_pidfds(monkeypatch)
+    for stopped in (False, True):
+        await asyncio.wait_for(starting.ready(), 30)
+        pid = starting.server_pid()
+        assert pid is not None
+        if stopped:
+            os.kill(pid, signal.SIGSTOP)
+        await asyncio.wait_for(starting.stop(grace_s=0.2), 30)
+        assert starting.server_pid() is None
+        with pytest.raises(ChildProcessError):  # reaped: not a zombie left to PID 1
+            os.waitpid(pid, os.WNOHANG)
+
+
+async def test_a_hung_fork_server_is_killed_without_pidfds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the kernel has no pidfds, a hung fork server is killed by its pid (still this
+    process's unreaped child, so it names no other process)."""
+    without_pidfds(monkeypatch)
+    await asyncio.wait_for(starting.ready(), 30)
+    pid = starting.server_pid()
+    assert pid is not None
+    try:
+        with hung(pid):
+            starting.kill_hung(pid, "a test")
+            wait_until(lambda: starting.server_pid() is None, what="the fork server to die")
+    finally:
+        await asyncio.wait_for(starting.stop(), 30)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

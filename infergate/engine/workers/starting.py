@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import multiprocessing
 import os
@@ -69,6 +70,7 @@ _lifeline: tuple[Connection, Connection] | None = None
 _warmed_pid: int | None = None  # the fork server `ready()` last warmed
 _warming: asyncio.Task[None] | None = None
 _killed: set[int] = set()  # fork servers `kill_hung` killed (a pid each: a few at most)
+_EXIT_POLL_S = 0.01  # how often `stop` looks for the fork server's exit without a pidfd
 
 
 def context() -> ForkServerContext:
@@ -103,7 +105,7 @@ def kill_hung(pid: int | None, why: str) -> None:
     if pid is None:
         return
     try:
-        pidfd = os.pidfd_open(pid)
+        pidfd = open_pidfd(pid)
     except ProcessLookupError:
         return  # reaped already
     try:
@@ -111,9 +113,50 @@ def kill_hung(pid: int | None, why: str) -> None:
             return  # gone already, or a new one runs
         log.warning("the fork server (pid %d) is hung: %s; killing it, a new one starts", pid, why)
         _killed.add(pid)
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        _kill(pid, pidfd)
     finally:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd for child `pid`; None where the kernel has none (before Linux 5.3: ENOSYS),
+    and then the pid itself is used: the fork server is this process's child, so until it
+    is reaped its pid names no other process."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            raise  # ProcessLookupError among them: the caller's to handle
+        return None
+
+
+def _kill(pid: int, pidfd: int | None) -> None:
+    if pidfd is None:
+        os.kill(pid, signal.SIGKILL)
+    else:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+
+async def _exit_of(pid: int, pidfd: int | None) -> None:
+    """Return once child `pid` has exited, leaving it unreaped: its pidfd reads ready
+    then; without one, the pid is polled (only on kernels without pidfds)."""
+    if pidfd is None:
+        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            await asyncio.sleep(_EXIT_POLL_S)
+        return
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def on_exit() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(pidfd, on_exit)
+    try:
+        await exited
+    finally:
+        loop.remove_reader(pidfd)
 
 
 def is_gone(pid: int | None) -> bool:
@@ -235,28 +278,19 @@ async def stop(grace_s: float = 5.0) -> None:
     server, pid = _server(), server_pid()
     if pid is None:
         return
-    pidfd = os.pidfd_open(pid)  # its child, unreaped: the pid is still this process's
+    pidfd = open_pidfd(pid)  # its child, unreaped: the pid is still this process's
     try:
         os.close(server._forkserver_alive_fd)  # what multiprocessing's own _stop does
         server._forkserver_alive_fd = None
         server._forkserver_pid = None
         _warmed_pid = None
-        loop = asyncio.get_running_loop()
-        exited: asyncio.Future[None] = loop.create_future()
-
-        def on_exit() -> None:  # the pidfd reads ready once the process has exited
-            if not exited.done():
-                exited.set_result(None)
-
-        loop.add_reader(pidfd, on_exit)
         try:
-            await asyncio.wait_for(exited, grace_s)
+            await asyncio.wait_for(_exit_of(pid, pidfd), grace_s)
         except TimeoutError:
             log.warning("the fork server did not exit within %.0f s; killing it", grace_s)
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            await exited
-        finally:
-            loop.remove_reader(pidfd)
+            _kill(pid, pidfd)
+            await _exit_of(pid, pidfd)
         os.waitpid(pid, 0)  # it has exited: does not block
     finally:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
