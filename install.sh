@@ -29,7 +29,16 @@ if [ "$gpu" = auto ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >
   echo "install.sh: nvidia-smi answers; adding the gpu extra (onnxruntime-gpu, nvidia-ml-py)"
 fi
 
-python=${PYTHON:-python3}
+# The interpreter: python3's version, in its fastest build on this machine (the gateway's
+# request path is pure Python: scripts/choose_python.py says why and how it is chosen).
+# PYTHON=/path/to/python overrides it; a .venv made before is kept.
+if [ -n "${PYTHON:-}" ]; then
+  python=$PYTHON
+elif [ -x .venv/bin/python ]; then
+  python=.venv/bin/python  # already made: kept (rm -r .venv, then run this again, to choose anew)
+else
+  python=$(python3 scripts/choose_python.py) || python=python3
+fi
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
   echo "install.sh: infergate needs Python 3.10 or newer; set PYTHON=/path/to/python3.11" >&2
   exit 1
