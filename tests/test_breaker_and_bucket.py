@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.admission.breaker import Breaker, BreakerPolicy
+from infergate.engine.admission.breaker import SAMPLES, Breaker, BreakerPolicy
 from infergate.engine.admission.limits import ConcurrencyLimit, TokenBucket
 
 POLICY = BreakerPolicy(
@@ -95,6 +95,49 @@ def test_p99_latency_opens_it() -> None:
     feed(breaker, clock, ok=True, latency=0.5)
     assert breaker.state == "open"
     assert "p99 latency 500 ms (limit 100 ms)" in breaker.reason
+
+
+def busy_second(breaker: Breaker, clock: FakeClock, n: int, slow: int) -> None:
+    """A bucket of `n` requests (far more than a bucket's sample), `slow` of them spread
+    evenly at 500 ms, the rest at 10 ms; then the bucket's evaluation."""
+    every = n // slow if slow else n + 1
+    for i in range(n):
+        breaker.record(
+            "normal", True, 0.5 if slow and i % every == 0 and i // every < slow else 0.01
+        )
+    clock.advance(1.0)
+
+
+@pytest.mark.parametrize(("slow", "opens"), [(199, False), (200, True)])
+def test_the_p99_verdict_is_exact_past_the_sample(slow: int, opens: bool) -> None:
+    """20,000 requests a bucket: the p99 is above the limit when 1% of them (200) are,
+    not when 199 are, as with every latency sorted, though a bucket keeps a sample."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    busy_second(breaker, clock, 20_000, slow)
+    busy_second(breaker, clock, 20_000, slow)
+    assert breaker.state == ("open" if opens else "closed")
+    if opens:
+        assert "p99 latency" in breaker.reason
+        assert "(limit 100 ms)" in breaker.reason or "of 40000 slower" in breaker.reason
+
+
+def test_the_window_holds_a_bounded_sample_whatever_the_traffic() -> None:
+    """Every request counts, but a bucket keeps at most SAMPLES latencies (all of them
+    were kept, and sorted at each evaluation: 700,000 at 12,000 requests/s), and the p99
+    shown from them is close to the true one."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for _ in range(3):
+        for i in range(30_000):  # 0 to 99.99 ms, evenly: the true p99 is 99 ms
+            breaker.record("normal", True, (i * 7919 % 30_000) / 300_000)
+        clock.advance(1.0)
+    total, failed, p99 = breaker.window_stats()
+    assert (total, failed) == (90_000, 0)
+    assert p99 is not None
+    assert p99 == pytest.approx(0.099, abs=0.002)
+    assert all(len(b.latencies) <= SAMPLES for b in breaker._buckets)
+    assert breaker.state == "closed"  # no latency above the 100 ms limit
 
 
 def test_half_open_probes_close_it_and_reset_the_backoff() -> None:
