@@ -307,3 +307,9 @@ async def test_a_hung_fork_server_is_killed_without_pidfds(
         await asyncio.wait_for(starting.stop(), 30)
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+    # The killed one was reaped by stop(), not by multiprocessing, which still named it:
+    # a later engine in this process must still get a fork server (it failed every
+    # worker start with ChildProcessError).
+    await asyncio.wait_for(starting.ready(), 30)
+    assert starting.server_pid() not in (None, pid)
+    await asyncio.wait_for(starting.stop(), 30)

@@ -119,6 +119,17 @@ def kill_hung(pid: int | None, why: str) -> None:
             os.close(pidfd)
 
 
+def _forget(server: Any) -> None:
+    """Forget a fork server reaped here, as multiprocessing forgets one it reaped itself:
+    its `ensure_running` would otherwise wait for the pid, no longer this process's child,
+    and raise ChildProcessError at every later worker start in this process."""
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+    server._forkserver_address = None
+    server._forkserver_alive_fd = None
+    server._forkserver_pid = None
+
+
 def open_pidfd(pid: int) -> int | None:
     """A pidfd for child `pid`; None where the kernel has none (before Linux 5.3: ENOSYS),
     and then the pid itself is used: the fork server is this process's child, so until it
@@ -272,10 +283,13 @@ async def stop(grace_s: float = 5.0) -> None:
     and every worker it forked has exited (each holds that pipe too); killed if it has not
     within `grace_s`. Without this it outlived the gateway, an orphan of PID 1."""
     global _warmed_pid
+    server = _server()
     for killed in _killed:  # reaped by the next start, unless there is none
         with contextlib.suppress(ChildProcessError):
-            os.waitpid(killed, os.WNOHANG)
-    server, pid = _server(), server_pid()
+            reaped, _ = os.waitpid(killed, os.WNOHANG)
+            if reaped and killed == server._forkserver_pid:
+                _forget(server)
+    pid = server_pid()
     if pid is None:
         return
     pidfd = open_pidfd(pid)  # its child, unreaped: the pid is still this process's
