@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
@@ -90,6 +91,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The repository's models, shared by the files of SERVER_FILES (below: one xdist
+    worker runs them all, so one starts this server); a file that uses it goes there."""
     folder = tmp_path_factory.mktemp("server")
     proc = ServerProcess(repository, write_profile(folder), folder / "server.log").start()
     yield proc
@@ -160,19 +163,29 @@ def _parallel(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
 
 
-# Files that share one session server and nothing else needs: one xdist worker runs them
-# all (one work unit), so one worker starts that server, not each of the four.
-ONE_WORKER = dict.fromkeys(
-    (
-        "test_triton_config.py",
-        "test_triton_readiness.py",
-        "test_triton_responses.py",
-        "test_triton_shm.py",
-        "test_triton_stats.py",
-        "test_triton_strings.py",
-    ),
-    "triton_server",
+# Files that share one session server and nothing else needs: one xdist worker runs each
+# group (one work unit), so one worker starts that server, not each of the four.
+SERVER_FILES = (  # conftest's `server`: 2.5 s of CPU a start (five ONNX model workers)
+    "test_dashboard.py",
+    "test_v2_api.py",
+    "test_observability.py",
+    "test_cli.py",
+    "test_ops_readme.py",
+    "test_bad_inputs.py",
+    "test_http_protocol.py",
 )
+TRITON_FILES = (  # conftest's `triton_server`
+    "test_triton_config.py",
+    "test_triton_readiness.py",
+    "test_triton_responses.py",
+    "test_triton_shm.py",
+    "test_triton_stats.py",
+    "test_triton_strings.py",
+)
+ONE_WORKER = {
+    **dict.fromkeys(SERVER_FILES, "server"),
+    **dict.fromkeys(TRITON_FILES, "triton_server"),
+}
 
 
 # The files that take longest (several servers each, and waits for breakers, restarts,
@@ -180,55 +193,58 @@ ONE_WORKER = dict.fromkeys(
 # (INFERGATE_TEST_CPU=1 prints them). pytest-xdist's loadscope hands out whole files in
 # collection order (pytest_xdist_make_scheduler below): one of these handed out last would
 # run alone at the end while the other workers sit idle.
-LONGEST_FIRST = (  # by their share of a full run's test time (--durations=0), largest first
+LONGEST_FIRST = (  # by their wall seconds in full parallel runs (INFERGATE_TEST_CPU=1)
+    *SERVER_FILES,  # one unit of work, the longest: the dashboard alone is the longest file
     "test_cluster_limits.py",
+    "test_ops_examples.py",
+    "test_edge_drain.py",
+    "test_fork_server.py",
     "test_cluster_outage.py",
-    "test_workers.py",
-    "test_dashboard.py",
+    "test_cli_unix.py",
     "test_tenants.py",
     "test_reload.py",
     "test_models_profile.py",
-    "test_fork_server.py",
-    "test_models_watcher.py",
-    "test_ops_examples.py",
     "test_bench.py",
-    "test_remote.py",
-    "test_edge_drain.py",
-    "test_cluster_drain.py",
-    "test_edge_connections.py",
-    "test_cli_unix.py",
-    *ONE_WORKER,  # one unit of work: the six take about as long as that together
-    "test_devices.py",
-    "test_v2_api.py",
+    "test_models_watcher.py",
     "test_edge_requests.py",
+    "test_fronts.py",
+    "test_remote.py",
+    "test_cluster_drain.py",
     "test_models_faults.py",
-    "test_observability.py",
-    "test_triton_perf_analyzer.py",
+    "test_edge_connections.py",
     "test_start_imports.py",
-    "test_queue_properties.py",
-    "test_engine_hardening.py",
-    "test_edge_decoding.py",
+    "test_devices.py",
     "test_repository_api.py",
-    "test_bench_triton_peer.py",
     "test_models_verified_store.py",
-    "test_cli.py",
-    "test_scheduler.py",
-    "test_models_warmup.py",
-    "test_edge_admin.py",
-    "test_engine_cancel.py",
-    "test_gateway.py",
-    "test_sequences_triton.py",
-    "test_runtime_missing.py",
-    "test_bad_inputs.py",
+    "test_private_models.py",
+    *TRITON_FILES,  # one unit of work: the six take about as long as that together
     "test_ops_server.py",
-    "test_remote_imports.py",
+    "test_workers.py",
+    "test_queue_properties.py",
+    "test_infer_lane.py",
+    "test_edge_decoding.py",
+    "test_engine_hardening.py",
+    "test_triton_perf_analyzer.py",
+    "test_choose_python.py",
+    "test_bench_triton_peer.py",
+    "test_scheduler.py",
+    "test_edge_admin.py",
+    "test_sequences_triton.py",
+    "test_tenant_allow_list.py",
     "test_scripted_runtime.py",
+    "test_runtime_missing.py",
+    "test_models_warmup.py",
+    "test_remote_imports.py",
+    "test_gateway.py",
+    "test_engine_cancel.py",
+    "test_kubernetes_manifests.py",
+    "test_errors_tree.py",
 )
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """loadscope, with the ONE_WORKER files as one scope, and the scopes handed out in
+    """loadscope, a file a scope and each ONE_WORKER group one, the scopes handed out in
     collection order (LONGEST_FIRST): xdist's default reorders them by their number of
     tests, which hands out a long file of few tests last."""
     if config.getvalue("dist") != "loadscope":
@@ -237,8 +253,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class Scopes(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
+            # The file, whatever its test ids hold: xdist's own splits at the last "::",
+            # and test_ops_server's [::1-json-[::1]] went to a worker of its own.
             path = nodeid.split("::", 1)[0]
-            return ONE_WORKER.get(path.rsplit("/", 1)[-1]) or str(super()._split_scope(nodeid))
+            return ONE_WORKER.get(path.rsplit("/", 1)[-1], path)
 
     config.option.loadscopereorder = False
     return Scopes(config, log)
@@ -261,6 +279,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if serial:
         config.hook.pytest_deselected(items=serial)
         items[:] = [item for item in items if not item.get_closest_marker("serial")]
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The serial pass (`pytest -m serial`) imports only the test files that can hold a
+    test marked serial: one whose text never says `serial` has none, and importing the
+    other seventy files (and what they import) took a few seconds of that pass."""
+    if config.getoption("markexpr") != "serial" or _parallel(config):
+        return None
+    name = collection_path.name
+    if collection_path.suffix == ".py" and name.startswith("test_"):
+        return b"serial" not in collection_path.read_bytes() or None
+    return None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection built (every test module and what it imports: hundreds of
+    thousands of objects) lives to the end of the run: out of the cyclic collector's
+    walks (gc.freeze), as cli/serve.py's _tune_gc does for the gateway. Each full walk of
+    a pytest process took 0.1 to 0.3 s, and the Textual tests make one every few seconds;
+    what the tests themselves allocate is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_terminal_summary(

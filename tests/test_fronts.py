@@ -68,13 +68,37 @@ def _serve(models: Path, folder: Path, fronts: int) -> ServerProcess:
     return ServerProcess(models, profile, folder / f"server-{fronts}.log", args=("--access-log",))
 
 
+def _start_with_fronts(server: ServerProcess) -> ServerProcess:
+    """`server` (with fronts) started, back once every front listens. Ready is answered by
+    the first front that listens; one killed before it listens fails the gateway's start
+    (FrontFailed), which no test here is about: on a busy machine the second front often
+    listened first, and the front a test killed had not yet. The gateway says when all do."""
+    logged = server.log.stat().st_size if server.log.exists() else 0
+    server.start()
+    _until(lambda: b"front processes)" in server.log.read_bytes()[logged:], "fronts listening")
+    return server
+
+
 @pytest.fixture(scope="module")
 def pair(models: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """The same models in one process and behind 2 fronts, for the whole file (a gateway
+    with fronts costs a few seconds of CPU to start): the tests that kill one of split's
+    fronts, or its engine, take it through `split`."""
     folder = models.parent
-    one, split = _serve(models, folder, 0).start(), _serve(models, folder, 2).start()
+    one, split = _serve(models, folder, 0).start(), _start_with_fronts(_serve(models, folder, 2))
     yield one, split
     split.stop()
     one.stop()
+
+
+@pytest.fixture
+def split(pair: tuple[ServerProcess, ServerProcess]) -> ServerProcess:
+    """pair's gateway behind 2 fronts, running with both listening: started again if a
+    test before killed its engine (the last test to use it here does)."""
+    server = pair[1]
+    if server.process is None or server.process.poll() is not None:
+        _start_with_fronts(server)
+    return server
 
 
 def _requests() -> list[tuple[str, str, dict[str, Any]]]:
@@ -153,26 +177,49 @@ def test_the_engine_counts_what_the_fronts_pass_on(
     assert 'infergate_requests_total{model="mlp"' in metrics
 
 
-def test_a_front_that_dies_is_started_again(models: Path, tmp_path: Path) -> None:
-    server = _serve(models, tmp_path, 2).start()
-    try:
-        assert server.process is not None
-        engine = server.process.pid
-        first = _until(lambda: _fronts_of(engine) if len(_fronts_of(engine)) == 2 else None, "2")
-        victim = min(first)
-        os.kill(victim, signal.SIGKILL)
-        _until(lambda: len(_fronts_of(engine) - {victim}) == 2, "no front was started again")
-        body, headers = prepare({"x": np.ones((1, 4), np.float32)}, binary=False)
-        for _ in range(20):  # over fresh connections, spread over both fronts
-            r = httpx.post(f"{server.url}/v2/models/mlp/infer", content=body, headers=headers)
-            assert r.status_code == 200
-        assert f"front process {victim} exited" in server.log.read_text()
-    finally:
-        server.stop()
+def test_a_front_that_dies_is_started_again(split: ServerProcess) -> None:
+    server = split
+    assert server.process is not None
+    engine = server.process.pid
+    first = _until(lambda: _fronts_of(engine) if len(_fronts_of(engine)) == 2 else None, "2")
+    victim = min(first)
+    os.kill(victim, signal.SIGKILL)
+    _until(lambda: len(_fronts_of(engine) - {victim}) == 2, "no front was started again")
+    body, headers = prepare({"x": np.ones((1, 4), np.float32)}, binary=False)
+    for _ in range(20):  # over fresh connections, spread over both fronts
+        r = httpx.post(f"{server.url}/v2/models/mlp/infer", content=body, headers=headers)
+        assert r.status_code == 200
+    assert f"front process {victim} exited" in server.log.read_text()
 
 
-def test_the_fronts_go_when_their_engine_is_killed(models: Path, tmp_path: Path) -> None:
-    server = _serve(models, tmp_path, 2).start()
+def test_a_second_gateway_cannot_share_the_port(split: ServerProcess, tmp_path: Path) -> None:
+    """The fronts share the port with SO_REUSEPORT; another gateway must not join them."""
+    profile = tmp_path / "profile-1.toml"  # the second one, behind a front of its own
+    profile.write_text(PROFILE.format(fronts=1))
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infergate",
+            "serve",
+            "--models",
+            str(split.models),
+            "--profile",
+            str(profile),
+            "--port",
+            str(split.port),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{split.port}" in second.stderr
+
+
+def test_the_fronts_go_when_their_engine_is_killed(split: ServerProcess) -> None:
+    """The last test of the file to use `split`: nothing starts it again after."""
+    server = split
     assert server.process is not None
     try:
         engine = server.process.pid
@@ -184,33 +231,6 @@ def test_the_fronts_go_when_their_engine_is_killed(models: Path, tmp_path: Path)
             httpx.get(f"{server.url}/v2/health/live", timeout=5)
     finally:
         os.killpg(server.process.pid, signal.SIGKILL)  # its workers, if any are left
-
-
-def test_a_second_gateway_cannot_share_the_port(models: Path, tmp_path: Path) -> None:
-    """The fronts share the port with SO_REUSEPORT; another gateway must not join them."""
-    first = _serve(models, tmp_path, 1).start()
-    try:
-        second = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "infergate",
-                "serve",
-                "--models",
-                str(models),
-                "--profile",
-                str(tmp_path / "profile-1.toml"),
-                "--port",
-                str(first.port),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert second.returncode == 1
-        assert f"cannot listen on 127.0.0.1:{first.port}" in second.stderr
-    finally:
-        first.stop()
 
 
 class _FakeEngine:
