@@ -48,6 +48,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 if TYPE_CHECKING:  # (at run time the lane comes with its class: no engine import here)
     from infergate.server.infer_lane import InferLane
 
+_LANE_TASK = "infer-lane"  # the name of each lane request's task
+
 
 class _HeadWithBody:
     """A transport that sends a response head together with the write after it."""
@@ -262,7 +264,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             cycle = lane.cycle(self, match, keep_alive)
             self.cycle = cycle  # type: ignore[assignment]  # it has what uvicorn's protocol uses
             # One of the server's tasks, as uvicorn's own cycle: waited for on shutdown.
-            task = self.loop.create_task(cycle.run())
+            # Named: an unnamed task formats a name ("Task-123") of its own (Python 3.11).
+            task = asyncio.Task(cycle.run(), loop=self.loop, name=_LANE_TASK)
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
             return

@@ -76,7 +76,10 @@ class InferLane:
         """The infer path's match for a request to `url` this lane may take (its method,
         Expect and Upgrade are the protocol's to check), else None."""
         path, _, _ = url.partition(b"?")
-        if b"%" in path or b"#" in path:  # escapes: the ASGI route decodes them
+        # Escapes: the ASGI route decodes them. find(), not `in`: bytes' `in` first tries
+        # its operand as an integer, and builds and drops a TypeError each time (about
+        # 1,800 instructions, twice a request).
+        if path.find(b"%") >= 0 or path.find(b"#") >= 0:
             return None
         length = None
         for name, value in headers:
