@@ -83,6 +83,9 @@ def test_outputs_binary_per_output_and_by_default() -> None:
         ([1e39, 1.5], "FP32", "out of range for FP32"),  # the float fast path's one check
         ([1.5, -1e39], "FP32", "out of range for FP32"),
         ([70000.0, 1.5], "FP16", "out of range for FP16"),
+        ([1.5, "x"], "FP32", "non-numeric values"),  # past the float path: a string
+        ([1.5, [2.0]], "FP32", "ragged"),
+        ([1.5, {}], "FP64", "non-numeric values"),
         ([1, "x"], "BYTES", "element 0 is 1, not a string"),
     ],
 )
@@ -93,6 +96,26 @@ def test_json_data_checks(data: list[object], datatype: str, message: str) -> No
     )
     with pytest.raises(BadRequest, match=message):
         decode_request(body, None)
+
+
+_BIGGEST_PRINTED = {"FP16": 65504.0, "FP32": 3.4028235e38, "FP64": 1.7976931348623157e308}
+
+
+@pytest.mark.parametrize("datatype", list(_BIGGEST_PRINTED))
+def test_json_numbers_become_the_float_type_exactly(datatype: str) -> None:
+    """Floats, ints and true/false mixed, rounded to the tensor's type as numpy rounds
+    them; the largest finite value, as it prints, is in range."""
+    dtype = V2_TO_NUMPY[datatype]
+    data = [0.1, 2, True, -1e-7, 1 / 3, 123456.789 if datatype != "FP16" else 1234.5]
+    data.append(_BIGGEST_PRINTED[datatype])  # FP32's is above the float32 max as a double
+    body = b'{"inputs":[{"name":"x","datatype":"%s","shape":[%d],"data":%s}]}' % (
+        datatype.encode(),
+        len(data),
+        orjson.dumps(data),
+    )
+    got = decode_request(body, None).inputs["x"]
+    assert got.dtype == dtype
+    assert got.tobytes() == np.array(data, dtype=np.float64).astype(dtype).tobytes()
 
 
 def test_binary_output_bytes_are_little_endian_and_row_major_whatever_the_array() -> None:
