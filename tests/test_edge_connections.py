@@ -23,9 +23,9 @@ from tests.server import ServerProcess
 TIGHT = """
 [server]
 max_header_kb = 4
-header_timeout_s = 1
-body_timeout_s = 1
-keep_alive_timeout_s = 1
+header_timeout_s = 0.5
+body_timeout_s = 0.5
+keep_alive_timeout_s = 0.5
 """
 CAPPED = """
 [server]
