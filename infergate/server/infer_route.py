@@ -9,6 +9,7 @@ stays in FastAPI, which this app falls back to.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from typing import Any, NamedTuple
@@ -174,13 +175,18 @@ class InferRoute:
         allowed = state is None or state.tenant.may_use(name)
         model = name if allowed and self._engine.registry.has(name) else "unknown"
         now = context.clock.now()
-        context.metrics.request_done(model, tenant, status, now - started)
-        context.stats.record(
-            model, status < 500, now - started, None if tenant == "-" else tenant, now
-        )
+        # Counted right after this task's step, once the caller has written the answer: a
+        # lone client's next request does not wait for the counting (call_soon runs it
+        # before the loop reads another request, so a scrape that follows sees it).
+        asyncio.get_running_loop().call_soon(self._count, model, tenant, status, now - started, now)
         body = compress_response(raw_headers, headers, body, status)
         headers.append((b"content-length", b"%d" % len(body)))
         return Reply(status, headers, body, tenant, keeper)
+
+    def _count(self, model: str, tenant: str, status: int, seconds: float, now: float) -> None:
+        context = self._engine.context
+        context.metrics.request_done(model, tenant, status, seconds)
+        context.stats.record(model, status < 500, seconds, None if tenant == "-" else tenant, now)
 
     async def _answer(
         self,

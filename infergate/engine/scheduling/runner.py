@@ -170,18 +170,25 @@ class BatchRunner:
                 w.ticket.fail(ModelExecutionError(str(exc)))
             return
         batch.instance.batches += 1
-        size = sum(batch.rows)
-        self._stats.batch_done(size, compute_s)
-        self._metrics.child(self._metrics.batch_size, self.name).observe(size)
-        self._metrics.child(self._metrics.compute_seconds, self.name).observe(compute_s)
-        queue_seconds = self._metrics.queue_seconds
         for job, work, piece in zip(jobs, works, pieces, strict=True):
-            queue_s = batch.started - job.arrival
-            self._metrics.child(queue_seconds, self.name, job.cls.name).observe(queue_s)
             wanted = work.ticket.outputs
             if tuple(piece) != wanted:  # others in the batch asked for more, or in another order
                 piece = {n: piece[n] for n in wanted}
-            work.ticket.part_done(work.index, piece, queue_s, compute_s)
+            work.ticket.part_done(work.index, piece, batch.started - job.arrival, compute_s)
+        # Counted after the callers' answers are written (call_soon runs after the task
+        # steps that part_done woke, or after this one when a caller awaits inline): a
+        # lone client's answer does not wait for the batch's metrics.
+        asyncio.get_running_loop().call_soon(self._count, batch, compute_s)
+
+    def _count(self, batch: Batch, compute_s: float) -> None:
+        size = sum(batch.rows)
+        self._stats.batch_done(size, compute_s)
+        metrics, name = self._metrics, self.name
+        metrics.child(metrics.batch_size, name).observe(size)
+        metrics.child(metrics.compute_seconds, name).observe(compute_s)
+        queue_seconds, started = metrics.queue_seconds, batch.started
+        for job in batch.jobs:
+            metrics.child(queue_seconds, name, job.cls.name).observe(started - job.arrival)
 
     def _retry_or_fail(self, jobs: list[Job[Work]], failed: Instance, exc: WorkerFailed) -> None:
         """Inference is idempotent: work on a worker that died gets one more try, on a
