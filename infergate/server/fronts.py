@@ -94,12 +94,15 @@ class FrontLink:
         self._drain = fronts.drain
         self._forwarded: dict[int, _Forwarded] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._infers: set[asyncio.Task[None]] = set()  # of those, the infer requests'
         self.link = LinkProtocol(self._on_message, self._on_lost)
 
     def _on_message(self, message: LinkMessage) -> None:
         kind = message[0]
         if kind == "infer":
-            self._start(self._infer(*message[1:]))
+            task = self._start(self._infer(*message[1:]))
+            self._infers.add(task)
+            task.add_done_callback(self._infers.discard)
         elif kind == "body":
             forwarded = self._forwarded.get(message[1])
             if forwarded is not None:
@@ -114,15 +117,21 @@ class FrontLink:
         elif kind == "listening":
             self._fronts.listening(message[1])
 
-    def _start(self, work: Any) -> None:
+    def _start(self, work: Any) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _on_lost(self) -> None:
-        """The front is gone, and its connections with it: what it forwarded is left."""
+        """The front is gone, and its connections with it: what it forwarded is left, and
+        its infer requests are cancelled, as the drain cancels them in one process (their
+        answers have nowhere to go, and a worker's call no request awaits is cut short
+        when the engine stops)."""
         for forwarded in self._forwarded.values():
             forwarded.leave()
+        for task in self._infers:
+            task.cancel()
 
     async def _infer(
         self,

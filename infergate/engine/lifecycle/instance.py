@@ -241,10 +241,11 @@ class Instance:
         self.state, self.reason = "failed", reason
         self._settled.set()
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop the worker: it finishes its call in flight, if any, within `grace_s`."""
         self._stopping = True
         if self.handle is not None:
-            await self.handle.stop()
+            await self.handle.stop(grace_s)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -36,6 +36,9 @@ from infergate.engine.workers.messages import Ready, WorkerSpec
 from infergate.errors import CircuitOpen, InfergateError
 from infergate.tensors import Array
 
+STOP_GRACE_S = 5.0  # a worker's time to finish a call a request still awaits
+ABANDONED_GRACE_S = 0.5  # ... and one no request awaits (an idle worker exits at once)
+
 
 def queue_policy(defaults: QueuePolicy, overrides: BatchingOverrides) -> QueuePolicy:
     """The profile's batching, with model.toml's [batching] on top."""
@@ -139,7 +142,11 @@ class ServedVersion:
         await self.scheduler.stop()
         if self.sequences is not None:
             self.sequences.stop()
-        await asyncio.gather(*(i.stop() for i in self.instances))
+        # A call in flight gets the usual grace while a request still awaits it (an unload
+        # whose drain ran out); with none left (the gateway stopping after its drain time,
+        # which answered them 503), its answer has no one to go to: it is cut short.
+        grace = STOP_GRACE_S if self.in_flight else ABANDONED_GRACE_S
+        await asyncio.gather(*(i.stop(grace) for i in self.instances))
         self._reservations.release()
 
     @property

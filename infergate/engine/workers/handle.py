@@ -347,7 +347,10 @@ class WorkerHandle:
         try:
             await asyncio.wait_for(asyncio.shield(self.exited), grace_s)
         except TimeoutError:
-            self.kill(f"it did not stop within {grace_s:.0f} s")
+            why = f"it did not stop within {grace_s:g} s"
+            model, pid = self.spec.model, self.pid
+            log.warning("model %s: worker pid %s killed at stop: %s", model, pid, why)
+            self.kill(why)
             await self.exited
 
     def begin(
