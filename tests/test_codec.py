@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import orjson
 import pytest
@@ -116,6 +119,45 @@ def test_json_numbers_become_the_float_type_exactly(datatype: str) -> None:
     got = decode_request(body, None).inputs["x"]
     assert got.dtype == dtype
     assert got.tobytes() == np.array(data, dtype=np.float64).astype(dtype).tobytes()
+
+
+# Per float type: the largest magnitude still in range (it rounds to the type's largest
+# value) and the least one refused (it rounds to infinity).
+_EDGES = {
+    "FP16": (65519.99, 65520.0, 65504.0),  # and the type's largest value
+    "FP32": (3.4028235677973362e38, 3.4028235677973366e38, 3.4028234663852886e38),
+}
+
+
+@pytest.mark.parametrize("datatype", list(_EDGES))
+@pytest.mark.parametrize(
+    "layout",
+    [
+        lambda x: ([x, 1.0], [2]),  # flat, a float first (struct packs it)
+        lambda x: ([1, x], [2]),  # an int first (numpy reads it)
+        lambda x: ([[1.0, x]], [1, 2]),  # nested
+        lambda x: ([-x, 1.0], [2]),
+    ],
+    ids=["flat", "int-first", "nested", "negative"],
+)
+def test_one_range_rule_for_floats_whatever_the_layout(
+    datatype: str, layout: Callable[[float], tuple[list[Any], list[int]]]
+) -> None:
+    inside, outside, largest = _EDGES[datatype]
+    for value, in_range in ((inside, True), (outside, False)):
+        data, shape = layout(value)
+        body = b'{"inputs":[{"name":"x","datatype":"%s","shape":%s,"data":%s}]}' % (
+            datatype.encode(),
+            orjson.dumps(shape),
+            orjson.dumps(data),
+        )
+        if in_range:
+            got = decode_request(body, None).inputs["x"]
+            assert np.isfinite(got).all()
+            assert float(np.abs(got).max()) == largest
+        else:
+            with pytest.raises(BadRequest, match=f"out of range for {datatype}"):
+                decode_request(body, None)
 
 
 def test_binary_output_bytes_are_little_endian_and_row_major_whatever_the_array() -> None:

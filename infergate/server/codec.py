@@ -82,8 +82,14 @@ def _shape(name: str, value: Any) -> tuple[int, ...]:
 # sizes, which (unlike native "@") refuse a number out of the type's range.
 _PACK = {np.dtype(np.float16): "e", np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 
-# Each float dtype narrower than the float64 JSON numbers parse to, and its largest value.
-_FLOAT_MAX = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32)}
+# Each float dtype narrower than the float64 JSON numbers parse to: its largest value (for
+# the message) and the least magnitude that rounds to infinity in it, from which a number
+# is refused; one that rounds to the largest value is in range (struct's packing, the
+# fast path above, draws the same line).
+_FLOAT_LIMITS = {
+    np.dtype(np.float16): (65504.0, 65520.0),
+    np.dtype(np.float32): (float(np.finfo(np.float32).max), 2.0**128 * (1 - 2.0**-25)),
+}
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Array:
@@ -132,9 +138,9 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     if raw.dtype.kind == "f" and dtype.kind == "f" and count:
         # The usual request (JSON numbers into a float tensor): one range check, not the
         # general path's eight (this runs for every input of every JSON request).
-        biggest = _FLOAT_MAX.get(dtype)
-        if biggest is not None and np.abs(raw).max() > biggest:  # NaN compares false
-            raise BadRequest(f"input {name!r}: values out of range for {datatype} (±{biggest:g})")
+        limits = _FLOAT_LIMITS.get(dtype)
+        if limits is not None and np.abs(raw).max() >= limits[1]:  # NaN compares false
+            raise BadRequest(f"input {name!r}: values out of range for {datatype} (±{limits[0]:g})")
         return raw.astype(dtype, copy=False).reshape(shape)
     if raw.size and raw.dtype.kind not in "biuf":
         raise BadRequest(
@@ -156,10 +162,11 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
             )
     if raw.size and dtype.kind == "b" and raw.dtype.kind != "b":
         raise BadRequest(f"input {name!r} is BOOL; send true/false values")
-    if raw.size and dtype.kind == "f" and dtype.itemsize < raw.dtype.itemsize:
-        biggest = float(np.finfo(dtype).max)  # type: ignore[type-var]  # a float dtype here
-        if raw.max() > biggest or raw.min() < -biggest:  # NaN compares false: it passes
-            raise BadRequest(f"input {name!r}: values out of range for {datatype} (±{biggest:g})")
+    shown, limit = _FLOAT_LIMITS.get(dtype, (0.0, 0.0))
+    narrower = limit and dtype.itemsize < raw.dtype.itemsize
+    # NaN compares false: it passes
+    if raw.size and narrower and (raw.max() >= limit or raw.min() <= -limit):
+        raise BadRequest(f"input {name!r}: values out of range for {datatype} (±{shown:g})")
     return raw.astype(dtype, copy=False).reshape(shape)
 
 

@@ -177,7 +177,8 @@ class InferRoute:
         now = context.clock.now()
         # Counted right after this task's step, once the caller has written the answer: a
         # lone client's next request does not wait for the counting (call_soon runs it
-        # before the loop reads another request, so a scrape that follows sees it).
+        # before the task of any request read after it takes a step, so a scrape that
+        # follows, on any connection, sees it).
         asyncio.get_running_loop().call_soon(self._count, model, tenant, status, now - started, now)
         body = compress_response(raw_headers, headers, body, status)
         headers.append((b"content-length", b"%d" % len(body)))
