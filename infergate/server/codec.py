@@ -138,9 +138,7 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     if raw.dtype.kind == "f" and dtype.kind == "f" and count:
         # The usual request (JSON numbers into a float tensor): one range check, not the
         # general path's eight (this runs for every input of every JSON request).
-        limits = _FLOAT_LIMITS.get(dtype)
-        if limits is not None and np.abs(raw).max() >= limits[1]:  # NaN compares false
-            raise BadRequest(f"input {name!r}: values out of range for {datatype} (±{limits[0]:g})")
+        _check_float_range(name, datatype, raw)
         return raw.astype(dtype, copy=False).reshape(shape)
     if raw.size and raw.dtype.kind not in "biuf":
         raise BadRequest(
@@ -162,12 +160,18 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
             )
     if raw.size and dtype.kind == "b" and raw.dtype.kind != "b":
         raise BadRequest(f"input {name!r} is BOOL; send true/false values")
-    shown, limit = _FLOAT_LIMITS.get(dtype, (0.0, 0.0))
-    narrower = limit and dtype.itemsize < raw.dtype.itemsize
-    # NaN compares false: it passes
-    if raw.size and narrower and (raw.max() >= limit or raw.min() <= -limit):
-        raise BadRequest(f"input {name!r}: values out of range for {datatype} (±{shown:g})")
+    if raw.size:  # integers into a narrow float type
+        _check_float_range(name, datatype, raw)
     return raw.astype(dtype, copy=False).reshape(shape)
+
+
+def _check_float_range(name: str, datatype: str, raw: Array) -> None:
+    """400 when a number of `raw` (not empty) would round to infinity in `datatype`, one
+    of _FLOAT_LIMITS' narrow float types; other types take any number. NaN passes (it
+    compares false), and max/min, not abs(): abs of int64's least value is negative."""
+    limits = _FLOAT_LIMITS.get(numpy_dtype(datatype))
+    if limits is not None and (raw.max() >= limits[1] or raw.min() <= -limits[1]):
+        raise BadRequest(f"input {name!r}: values out of range for {datatype} (±{limits[0]:g})")
 
 
 _PENDING = np.empty(0, dtype=object)
