@@ -4,7 +4,7 @@ repository's load and unload."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -239,15 +239,17 @@ class Engine:
         assert self.context.shared_limits is not None
         await self.context.shared_limits.release(ticket)
 
-    async def infer_admitted(
+    def infer_admitted(
         self, request: InferenceRequest, tenant: TenantState
-    ) -> InferenceResult:
-        """`infer` for a caller that already holds an admission from `admit`."""
+    ) -> Coroutine[Any, Any, InferenceResult]:
+        """`infer` for a caller that already holds an admission from `admit`: the
+        coroutine to await. A plain function, not a coroutine of its own: every await
+        level is paid again at each suspension and resumption of a request's task."""
         served = self.version(request.model, request.version, tenant.tenant.may_use)
         if request.sequence is not None or served.sequences is not None:
             run = partial(self._run, served, tenant=tenant)
-            return await infer_in_sequence(served, request, run, tenant.tenant.name)
-        return await self._run(served, request, tenant)
+            return infer_in_sequence(served, request, run, tenant.tenant.name)
+        return self._run(served, request, tenant)
 
     async def _run(
         self, served: ServedVersion, request: InferenceRequest, tenant: TenantState

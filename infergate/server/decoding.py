@@ -315,6 +315,11 @@ class BodyDecoder:
         self._pool: ProcessPoolExecutor | None = None
         self._io: ThreadPoolExecutor | None = None
 
+    def inline(self, body: Body) -> bool:
+        """Whether `decode` decodes `body` on the spot (its caller may then call
+        `codec.decode_request` itself, without a coroutine)."""
+        return len(body) <= self._inline_max
+
     async def decode(
         self, body: Body, header_length: str | None, keeper: Keeper | None = None
     ) -> DecodedRequest:

@@ -265,7 +265,7 @@ class ServedVersion:
         clock, stats = self._context.clock, self.scheduler.stats
         started = clock.now()
         try:
-            result = await self.scheduler.submit(
+            result = await self.scheduler.enqueue(
                 inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair, instance
             )
         except InfergateError:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Hashable
+from collections.abc import Awaitable, Hashable
 from functools import partial
 
 from infergate.clock import Clock
@@ -65,6 +65,7 @@ class Scheduler:
         )
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop  # the loop `_task` runs on
         self._fill_by: float | None = None  # when a filling batch must go
         self._sleep_until: float | None = None  # when the loop looks again by itself
         self._batches: set[asyncio.Task[None]] = set()  # awaited by no caller: kept alive here
@@ -74,9 +75,14 @@ class Scheduler:
     def depth_by_class(self) -> dict[str, int]:
         return self._queue.depth_by_class()
 
-    def _ensure_running(self) -> None:
+    def _ensure_running(self) -> asyncio.AbstractEventLoop:
+        """Start the scheduler's loop if it is not running; the event loop it runs on.
+        Kept rather than asked for: in Python 3.11 `asyncio.get_running_loop()` is a
+        getpid() system call each time (a fork check), and this runs for every request."""
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name=f"scheduler:{self.name}")
+            self._loop = asyncio.get_running_loop()
+            self._task = self._loop.create_task(self._run(), name=f"scheduler:{self.name}")
+        return self._loop
 
     async def stop(self) -> None:
         self._runner.stopped = True  # a batch failing from now on is answered, not requeued
@@ -100,12 +106,33 @@ class Scheduler:
         fair: Fairness | None = None,
         instance: int | None = None,
     ) -> Answer:
-        """Queue a request and await its outputs. Requests with an equal, non-None `key`
-        may run in one batch; None runs alone. `queue_deadline_s` bounds its wait to
-        start, `timeout_s` its execution (past it the worker is killed). With `instance`
-        it runs there only, and is never retried elsewhere (a sequence's request)."""
+        """Queue a request and await its outputs (`enqueue`, awaited)."""
+        return await self.enqueue(
+            inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair, instance
+        )
+
+    def enqueue(
+        self,
+        inputs: dict[str, Array],
+        key: Hashable,
+        outputs: tuple[str, ...],
+        cls: PriorityClass,
+        queue_deadline_s: float,
+        timeout_s: float,
+        session: str | None = None,
+        fair: Fairness | None = None,
+        instance: int | None = None,
+    ) -> Awaitable[Answer]:
+        """Queue a request now; await what this returns for its outputs. Requests with an
+        equal, non-None `key` may run in one batch; None runs alone. `queue_deadline_s`
+        bounds its wait to start, `timeout_s` its execution (past it the worker is killed).
+        With `instance` it runs there only, and is never retried elsewhere (a sequence's
+        request). What it returns is the request's own future when it queued, which its
+        caller's task awaits directly: no coroutine level of the scheduler's own on the
+        way (each level costs at every suspension and resumption)."""
         now = self._clock.now()
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        loop = self._ensure_running()
+        future: asyncio.Future[Answer] = loop.create_future()
         # Where and for whom it runs, given to its jobs before the queue tags them.
         pin = pinned_instance(session, self._instances) if instance is None else instance
         jobs = self._jobs(
@@ -115,19 +142,22 @@ class Scheduler:
             for job in jobs:
                 job.payload.bound = True
         self._admit(jobs, cls)
-        self._ensure_running()
         inline = self._pump(own=jobs[0].payload.ticket, now=now)
         if inline is not None:
-            # The request's own batch is awaited in its own coroutine: no task hop.
-            try:
-                await self._runner.finish(inline)
-            except asyncio.CancelledError:
-                # The caller gave up; the worker still runs the batch, so someone must
-                # await its reply before the instance takes another.
-                self._keep(inline)
-                raise
-        elif self._sleep_until is None or self._due(jobs[0].deadline) < self._sleep_until:
+            return self._own_batch(inline, future)
+        if self._sleep_until is None or self._due(jobs[0].deadline) < self._sleep_until:
             self._wake.set()  # the loop must look again sooner than it planned
+        return future
+
+    async def _own_batch(self, batch: Batch, future: asyncio.Future[Answer]) -> Answer:
+        """A request's own batch, awaited in its caller's task: no task hop."""
+        try:
+            await self._runner.finish(batch)
+        except asyncio.CancelledError:
+            # The caller gave up; the worker still runs the batch, so someone must await
+            # its reply before the instance takes another.
+            self._keep(batch)
+            raise
         return await future
 
     def _due(self, deadline: float) -> float:
