@@ -206,10 +206,14 @@ class _Route:
         self.fail = fail
 
     async def reply(
-        self, name: str, version: str | None, headers: list[tuple[bytes, bytes]], receive: Any
+        self,
+        name: str,
+        version: str | None,
+        headers: list[tuple[bytes, bytes]],
+        receive: Any,
+        whole: bytes | None = None,
     ) -> Reply:
-        message = await receive()
-        self.bodies.append(message["body"])
+        self.bodies.append((await receive())["body"] if whole is None else whole)
         if self.fail:
             raise RuntimeError("a bug")
         return Reply(200, [(b"content-length", b"4")], b"lane", "-", Keeper())
@@ -371,7 +375,12 @@ class _RefuseThenHold:
         self.release = asyncio.Event()
 
     async def reply(
-        self, name: str, version: str | None, headers: list[tuple[bytes, bytes]], receive: Any
+        self,
+        name: str,
+        version: str | None,
+        headers: list[tuple[bytes, bytes]],
+        receive: Any,
+        whole: bytes | None = None,
     ) -> Reply:
         self.calls += 1
         if self.calls == 1:

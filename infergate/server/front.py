@@ -114,10 +114,13 @@ class ForwardRoute:
         version: str | None,
         raw_headers: list[tuple[bytes, bytes]],
         receive: Receive,
+        whole: bytes | None = None,
     ) -> Reply:
         arrived = time.monotonic()  # the lane starts this at the request's head
-        message = await receive()  # the lane's: the whole (small) body, or a disconnect
-        body = message.get("body", b"") if message["type"] == "http.request" else None
+        body = whole
+        if body is None:  # the lane's receive: the whole (small) body, or a disconnect
+            message = await receive()
+            body = message.get("body", b"") if message["type"] == "http.request" else None
         answer = await self._engine.ask(
             lambda rid: ("infer", rid, name, version, raw_headers, body, arrived)
         )

@@ -152,7 +152,7 @@ class FrontLink:
                 return {"type": "http.disconnect"}
             return {"type": "http.request", "body": body, "more_body": False}
 
-        reply = await self._route.reply(name, version, headers, receive)
+        reply = await self._route.reply(name, version, headers, receive, body)
         try:
             self.link.send(("reply", rid, reply.status, reply.headers, reply.body, reply.tenant))
         finally:

@@ -62,6 +62,7 @@ class Answers(Protocol):
         version: str | None,
         raw_headers: list[tuple[bytes, bytes]],
         receive: Receive,
+        whole: bytes | None = None,
     ) -> Reply: ...
 
 
@@ -195,8 +196,11 @@ class LaneCycle:
                 return
             if drain is not None:
                 drain.in_flight += 1
+            # Usually the whole body came with the head: handed over as it is, without
+            # a receive message (the route still reads it, when it must be inflated).
+            whole = None if self.more_body or self.disconnected else bytes(self.body)
             reply = await self.lane.route.reply(
-                self.name, self.version, self.headers, self._receive
+                self.name, self.version, self.headers, self._receive, whole
             )
             status, tenant = reply.status, reply.tenant
             try:

@@ -25,7 +25,7 @@ from infergate.engine.triton.classification import classify_outputs
 from infergate.errors import BadRequest, InfergateError
 from infergate.server.access_log import TENANT_KEY
 from infergate.server.body import read_body
-from infergate.server.codec import DecodedRequest, decode_request, encode_response
+from infergate.server.codec import Body, DecodedRequest, decode_request, encode_response
 from infergate.server.compression import compress_response
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
@@ -150,10 +150,13 @@ class InferRoute:
         version: str | None,
         raw_headers: list[tuple[bytes, bytes]],
         receive: Receive,
+        whole: bytes | None = None,
     ) -> Reply:
         """The whole answer to one infer request, errors included, counted in the metrics
         and statistics; the caller sends it, then lets go of `Reply.keeper`. Called by the
-        ASGI route above and by the HTTP protocol's lane (server/infer_lane.py)."""
+        ASGI route above and by the HTTP protocol's lane (server/infer_lane.py). `whole`:
+        the body as it came, when the caller holds all of it already (the lane,
+        usually); else, and whenever it must be inflated, it is read from `receive`."""
         tenant = "-"
         context = self._engine.context
         started = context.clock.now()
@@ -164,7 +167,9 @@ class InferRoute:
             state = context.tenants.authenticate(api_key(headers_in))
             tenant = state.tenant.name
             status = 200
-            headers, body = await self._answer(name, version, headers_in, receive, state, keeper)
+            headers, body = await self._answer(
+                name, version, headers_in, receive, whole, state, keeper
+            )
         except InfergateError as exc:
             status, headers, body = exc.status, error_headers(exc.retry_after_s), error_body(exc)
         except Exception as exc:  # a bug must not take the connection down silently
@@ -205,6 +210,7 @@ class InferRoute:
         version: str | None,
         headers: dict[bytes, bytes],
         receive: Receive,
+        whole: bytes | None,
         tenant: TenantState,
         keeper: Keeper,
     ) -> tuple[list[tuple[bytes, bytes]], bytes]:
@@ -223,7 +229,15 @@ class InferRoute:
         if ticket is None:
             self._engine.admit(tenant, name)
         try:
-            body = await read_body(headers, receive, self._limit)
+            body: Body
+            if (
+                whole is not None
+                and len(whole) <= self._limit
+                and b"content-encoding" not in headers
+            ):
+                body = whole  # here already, and nothing to inflate: read_body's answer
+            else:
+                body = await read_body(headers, receive, self._limit)
             length = header_text(headers, HEADER_LENGTH)
             if isinstance(served, RemoteServedVersion):
                 if len(body) > INLINE_MAX_BYTES:  # its mapping is let go of off the loop
