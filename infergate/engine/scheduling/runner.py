@@ -66,6 +66,9 @@ class BatchRunner:
         self._stats = stats
         self._on_free = on_free  # an instance freed up: the scheduler looks again
         self._current_cpu = current_cpu
+        # The event loop batches run on, set by the scheduler when its loop starts (kept:
+        # in Python 3.11 asking asyncio for it is a getpid() system call).
+        self.loop: asyncio.AbstractEventLoop
 
     def free(self) -> list[Instance]:
         """The instances that may take a batch now (busy first: a set lookup, where `ready`
@@ -178,7 +181,7 @@ class BatchRunner:
         # Counted after the callers' answers are written (call_soon runs after the task
         # steps that part_done woke, or after this one when a caller awaits inline): a
         # lone client's answer does not wait for the batch's metrics.
-        asyncio.get_running_loop().call_soon(self._count, batch, compute_s)
+        self.loop.call_soon(self._count, batch, compute_s)
 
     def _count(self, batch: Batch, compute_s: float) -> None:
         size = sum(batch.rows)

@@ -63,7 +63,7 @@ class Scheduler:
         self._runner = BatchRunner(
             name, instances, self._queue, clock, metrics, self.stats, self._instance_freed
         )
-        self._wake = asyncio.Event()
+        self._alarm = _Alarm()  # rung when the loop must look again before it planned
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop  # the loop `_task` runs on
         self._fill_by: float | None = None  # when a filling batch must go
@@ -82,6 +82,7 @@ class Scheduler:
         if self._task is None or self._task.done():
             self._loop = asyncio.get_running_loop()
             self._task = self._loop.create_task(self._run(), name=f"scheduler:{self.name}")
+            self._runner.loop = self._loop
         return self._loop
 
     async def stop(self) -> None:
@@ -146,7 +147,7 @@ class Scheduler:
         if inline is not None:
             return self._own_batch(inline, future)
         if self._sleep_until is None or self._due(jobs[0].deadline) < self._sleep_until:
-            self._wake.set()  # the loop must look again sooner than it planned
+            self._alarm.ring()  # the loop must look again sooner than it planned
         return future
 
     async def _own_batch(self, batch: Batch, future: asyncio.Future[Answer]) -> Answer:
@@ -265,17 +266,16 @@ class Scheduler:
                 # only the loop's idle poll notices one that comes back from a restart.
                 self._sleep_until = None
                 return
-        self._wake.set()  # the loop plans its next look again
+        self._alarm.ring()  # the loop plans its next look again
 
     async def _run(self) -> None:
         while True:
-            self._wake.clear()
+            self._alarm.reset()
             self._pump()
             now = self._clock.now()
             timeout = self._sleep_for(now, self._fill_by, bool(self._runner.free()))
             self._sleep_until = None if timeout is None else now + timeout
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            await self._alarm.sleep(self._loop, timeout)
 
     def _sleep_for(self, now: float, wake_at: float | None, any_free: bool) -> float | None:
         times = [t for t in (wake_at, self._queue.next_deadline()) if t is not None]
@@ -290,3 +290,40 @@ class Scheduler:
         self._metrics.shed.labels(self.name, job.cls.name, "deadline").inc()
         waited, patience = now - job.arrival, job.deadline - job.arrival
         job.payload.ticket.fail(refusals.expired(self.name, job.cls, waited, patience))
+
+
+class _Alarm:
+    """The scheduler loop's sleep: until rung, or until a time has passed. A future and a
+    timer: `asyncio.wait_for(event.wait(), timeout)` made a task, a waiter future and a
+    timer for every sleep, and asked for the running loop (in Python 3.11 a getpid()
+    system call) twice; the loop sleeps about once a batch under load."""
+
+    __slots__ = ("_rung", "_waiter")
+
+    def __init__(self) -> None:
+        self._rung = False  # rung since the last reset: the next sleep returns at once
+        self._waiter: asyncio.Future[None] | None = None
+
+    def ring(self) -> None:
+        self._rung = True
+        _wake(self._waiter)
+
+    def reset(self) -> None:
+        self._rung = False
+
+    async def sleep(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
+        if self._rung:
+            return
+        waiter = self._waiter = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
