@@ -143,8 +143,8 @@ class BatchRunner:
         timeout = max(w.ticket.timeout_s for w in works)
         left = max(0.0, batch.started + timeout - self._clock.now())
         try:
-            # Shielded: a caller that gives up must not cancel the batch's own reply.
-            outputs = await batch.handle.wait(asyncio.shield(batch.future), left, timeout)
+            # A caller that gives up does not cancel the batch's own reply (see `wait`).
+            outputs = await batch.handle.wait(batch.future, left, timeout)
         except asyncio.CancelledError:
             if batch.future.done():
                 self._release(batch)

@@ -191,9 +191,11 @@ class WorkerHandle:
                 return  # it timed out; the worker is being killed
             if not call.future.done():
                 try:
-                    call.future.set_result(self._outputs(message))
+                    outputs = self._outputs(message)
                 except ModelExecutionError as exc:
-                    call.future.set_exception(exc)
+                    call.fail(exc)
+                else:
+                    call.succeed(outputs)
             if call.on_reply is not None:
                 try:
                     call.on_reply()
@@ -290,7 +292,7 @@ class WorkerHandle:
         )
         for call in self._pending.values():
             if not call.future.done():
-                call.future.set_exception(error)
+                call.fail(error)
         self._pending.clear()
         for arena in (self._in, self._out):
             if arena is not None:
@@ -387,17 +389,35 @@ class WorkerHandle:
         send_frame(self._conn.fileno(), encode(call))
         return future
 
+    def _mirror(self, call: asyncio.Future[dict[str, Array]]) -> asyncio.Future[dict[str, Array]]:
+        """A future settled with `call` (one from `begin`) when its reply is read: `call`
+        itself once it is settled, else a new mirror on its pending call (replacing any
+        earlier one: a caller that gave up no longer awaits it)."""
+        if call.done():
+            return call
+        for pending in self._pending.values():  # at most one call is in flight
+            if pending.future is call:
+                pending.mirror = self._loop.create_future()
+                return pending.mirror
+        return asyncio.shield(call)  # not this worker's call: settled only through it
+
     async def wait(
         self,
-        future: asyncio.Future[dict[str, Array]],
+        call: asyncio.Future[dict[str, Array]],
         timeout_s: float,
         limit_s: float | None = None,
     ) -> dict[str, Array]:
-        """The outputs of a call `begin` sent; a call past `timeout_s` kills the worker.
-        `limit_s`: the execution timeout to name (the call may have started earlier).
+        """The outputs of a call `begin` sent (its future); a call past `timeout_s` kills
+        the worker. `limit_s`: the execution timeout to name (the call may have started
+        earlier). A caller that gives up (its task is cancelled) leaves the call's own
+        future alone: another may still await it.
 
         A timer and a plain await, not asyncio.wait_for, which adds a waiter future and a
-        turn of the event loop between the reply and its caller."""
+        turn of the event loop between the reply and its caller; and the caller awaits a
+        mirror of the call's future that the reply settles at the same moment, not
+        `asyncio.shield(call)`, which settles its own future a turn later (a lone
+        request's reply waited two turns of the loop to reach its caller, now one)."""
+        future = self._mirror(call)
         if not future.done():
             expired = False
 
@@ -429,10 +449,22 @@ class WorkerHandle:
 
 
 class _Call:
-    __slots__ = ("future", "on_reply")
+    __slots__ = ("future", "on_reply", "mirror")
 
     def __init__(
         self, future: asyncio.Future[dict[str, Array]], on_reply: Callable[[], None] | None
     ) -> None:
         self.future = future
         self.on_reply = on_reply
+        self.mirror: asyncio.Future[dict[str, Array]] | None = None  # what `wait` awaits
+
+    def succeed(self, outputs: dict[str, Array]) -> None:
+        self.future.set_result(outputs)
+        if self.mirror is not None and not self.mirror.done():
+            self.mirror.set_result(outputs)
+
+    def fail(self, error: BaseException) -> None:
+        self.future.set_exception(error)
+        if self.mirror is not None and not self.mirror.done():
+            self.mirror.set_exception(error)
+            self.future.exception()  # read where its mirror is awaited: never "unretrieved"
