@@ -113,14 +113,12 @@ class FakeWorker:
         timeout_s: float,
         limit_s: float | None = None,
     ) -> dict[str, Array]:
-        # The scheduler may hand over a shield of the call's future (a caller that gives up
-        # must not cancel the batch): then it is the newest call not yet waited for.
-        waited = [c for c in self.calls if c.future is future] or [
-            c for c in reversed(self.calls) if c.timeout_s is None
-        ][:1]
-        for call in waited:
-            call.timeout_s = timeout_s
-        return await future
+        # The call's own future, as the real handle takes it; a caller that gives up must
+        # not cancel it (the real handle awaits a mirror of it), so this awaits a shield.
+        for call in self.calls:
+            if call.future is future:
+                call.timeout_s = timeout_s
+        return await asyncio.shield(future)
 
     def end(self, reason: str, over_memory: bool = False) -> None:
         """The worker dies (crash, SIGKILL): its calls fail, as the real handle's do."""
