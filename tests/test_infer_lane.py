@@ -205,6 +205,9 @@ class _Route:
         self.bodies: list[bytes] = []
         self.fail = fail
 
+    def answer_now(self, *args: Any) -> None:
+        return None  # every request through `reply`, which this stand-in answers
+
     async def reply(
         self,
         name: str,
@@ -373,6 +376,9 @@ class _RefuseThenHold:
     def __init__(self) -> None:
         self.calls = 0
         self.release = asyncio.Event()
+
+    def answer_now(self, *args: Any) -> None:
+        return None  # every request through `reply`, which this stand-in answers
 
     async def reply(
         self,

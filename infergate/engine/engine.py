@@ -4,12 +4,13 @@ repository's load and unload."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
+from infergate.engine.admission.breaker import Admission
 from infergate.engine.admission.tenants import TenantState
 from infergate.engine.context import EngineContext
 from infergate.engine.inference import InferenceRequest, InferenceResult
@@ -243,17 +244,68 @@ class Engine:
         self, request: InferenceRequest, tenant: TenantState
     ) -> Coroutine[Any, Any, InferenceResult]:
         """`infer` for a caller that already holds an admission from `admit`: the
-        coroutine to await. A plain function, not a coroutine of its own: every await
-        level is paid again at each suspension and resumption of a request's task."""
-        served = self.version(request.model, request.version, tenant.tenant.may_use)
+        coroutine to await (`begin_admitted`, then `finish` with what it awaited). A plain
+        function, not a coroutine of its own: every await level is paid again at each
+        suspension and resumption of a request's task."""
+        return self._awaited(self.begin_admitted(request, tenant))
+
+    def begin_admitted(
+        self,
+        request: InferenceRequest,
+        tenant: TenantState,
+        served: ServedVersion | None = None,
+    ) -> InferenceResult | Running:
+        """`infer_admitted` without awaiting, for a caller that cannot await (the infer
+        lane, server/infer_lane.py): the result at once (a batch of zero rows), or the
+        request queued; `finish` gives its result from what `Running.waiting` gave. A
+        refusal (404, 503, the breaker, a full queue) is raised here. `served`: the version
+        the request names, when the caller has looked it up already."""
+        if served is None:
+            served = self.version(request.model, request.version, tenant.tenant.may_use)
         if request.sequence is not None or served.sequences is not None:
             run = partial(self._run, served, tenant=tenant)
-            return infer_in_sequence(served, request, run, tenant.tenant.name)
-        return self._run(served, request, tenant)
+            return Running(infer_in_sequence(served, request, run, tenant.tenant.name))
+        return self._start_run(served, request, tenant)
+
+    def finish(
+        self, running: Running, outcome: Any, error: BaseException | None
+    ) -> InferenceResult:
+        """The result of a request `begin_admitted` queued, from what its `waiting` returned
+        (`outcome`) or raised (`error`, raised again here once it is counted)."""
+        served = running.served
+        if served is None:  # a sequence's step: its coroutine gave the result itself
+            if error is not None:
+                raise error
+            return cast(InferenceResult, outcome)
+        served.end(running.started, outcome, error)
+        if error is not None:
+            if isinstance(error, Exception):
+                served.breaker_failed(running.admission, error)
+            raise error
+        result, timing = outcome
+        # Its execution time (the longest batch it ran in), not its queue wait: other
+        # tenants' traffic is not the model's doing, nor is the size of a chunked request.
+        served.breaker.record(running.admission, True, timing.slowest_s)
+        return InferenceResult(served.name, served.version, result)
+
+    async def _awaited(self, running: InferenceResult | Running) -> InferenceResult:
+        if isinstance(running, InferenceResult):
+            return running
+        try:
+            outcome = await running.waiting
+        except BaseException as exc:
+            self.finish(running, None, exc)
+            raise  # (finish raised it already)
+        return self.finish(running, outcome, None)
 
     async def _run(
         self, served: ServedVersion, request: InferenceRequest, tenant: TenantState
     ) -> InferenceResult:
+        return await self._awaited(self._start_run(served, request, tenant))
+
+    def _start_run(
+        self, served: ServedVersion, request: InferenceRequest, tenant: TenantState
+    ) -> InferenceResult | Running:
         if not served.ready:
             raise served.not_ready_error()
         key = served.check_inputs(request.inputs)
@@ -271,9 +323,8 @@ class Engine:
         admission = served.breaker.allow()
         if admission == "refused":
             raise served.circuit_open()
-        fair = tenant.tenant.fairness
         try:
-            result, timing = await served.infer(
+            waiting, started = served.begin(
                 request.inputs,
                 key,
                 outputs,
@@ -281,16 +332,22 @@ class Engine:
                 queue_deadline,
                 served.config.timeout_s,
                 request.session,
-                fair,
+                tenant.tenant.fairness,
                 request.instance,
             )
         except Exception as exc:
             served.breaker_failed(admission, exc)
             raise
-        # Its execution time (the longest batch it ran in), not its queue wait: other
-        # tenants' traffic is not the model's doing, nor is the size of a chunked request.
-        served.breaker.record(admission, True, timing.slowest_s)
-        return InferenceResult(served.name, served.version, result)
+        return Running(waiting, served, admission, started)
+
+
+class Running(NamedTuple):
+    """A request `Engine.begin_admitted` queued: what to await, and what `Engine.finish` needs."""
+
+    waiting: Awaitable[Any]
+    served: ServedVersion | None = None  # None: `waiting` gives the InferenceResult itself
+    admission: Admission = "normal"
+    started: float = 0.0
 
 
 def is_empty_batch(inputs: dict[str, Array]) -> bool:

@@ -127,6 +127,17 @@ class ForwardRoute:
         _, _, status, headers, content, tenant = answer
         return Reply(status, headers, content, tenant, _KEPT_NOTHING)
 
+    def answer_now(
+        self,
+        name: str,
+        version: str | None,
+        raw_headers: list[tuple[bytes, bytes]],
+        whole: bytes,
+        respond: Callable[[Reply | None], None],
+    ) -> None:
+        """Never: the engine answers, through `reply`."""
+        return None
+
 
 class ForwardApp:
     """Every request the lane does not take: its head, then its body as it arrives, to the

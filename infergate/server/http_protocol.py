@@ -48,8 +48,6 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 if TYPE_CHECKING:  # (at run time the lane comes with its class: no engine import here)
     from infergate.server.infer_lane import InferLane
 
-_LANE_TASK = "infer-lane"  # the name of each lane request's task
-
 
 class _HeadWithBody:
     """A transport that sends a response head together with the write after it."""
@@ -263,11 +261,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
             cycle = lane.cycle(self, match, keep_alive)
             self.cycle = cycle  # type: ignore[assignment]  # it has what uvicorn's protocol uses
-            # One of the server's tasks, as uvicorn's own cycle: waited for on shutdown.
-            # Named: an unnamed task formats a name ("Task-123") of its own (Python 3.11).
-            task = asyncio.Task(cycle.run(), loop=self.loop, name=_LANE_TASK)
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
+            # Started once this data is parsed (its body, usually); what it waits on is
+            # one of the server's tasks, as uvicorn's own cycle: waited for on shutdown.
+            self.loop.call_soon(cycle.start)
             return
         self.scope = {  # uvicorn 0.54's on_message_begin builds it so; see that method
             "type": "http",

@@ -22,7 +22,8 @@ import asyncio
 import logging
 import re
 import time
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import Message, Receive
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
@@ -40,6 +41,9 @@ LANE_MAX_BODY = 64 * 1024
 _LENGTH_DIGITS = 8  # more (zeros first) cannot be a length the lane takes
 _CLOSE = b"connection: close\r\n"
 _CLOSE_HEADER = (b"connection", b"close")
+# The name of a lane request's task: an unnamed task formats a name ("Task-123") of its
+# own (Python 3.11).
+_LANE_TASK = "infer-lane"
 _INTERNAL_BODY = error_body("internal error: the gateway could not answer this request")
 server_log = logging.getLogger("infergate.server")
 
@@ -64,6 +68,15 @@ class Answers(Protocol):
         receive: Receive,
         whole: bytes | None = None,
     ) -> Reply: ...
+
+    def answer_now(
+        self,
+        name: str,
+        version: str | None,
+        raw_headers: list[tuple[bytes, bytes]],
+        whole: bytes,
+        respond: Callable[[Reply | None], None],
+    ) -> Reply | asyncio.Future[Any] | None: ...
 
 
 class InferLane:
@@ -135,6 +148,9 @@ class LaneCycle:
         "response_complete",
         "disconnected",
         "_waiter",
+        "_rid",
+        "_started",
+        "_waiting",
     )
 
     def __init__(
@@ -162,6 +178,74 @@ class LaneCycle:
         self.response_complete = False
         self.disconnected = False
         self._waiter: asyncio.Future[None] | None = None
+        self._rid = b""
+        self._started = 0.0
+        self._waiting: asyncio.Future[Any] | None = None  # what `answer_now` waits on
+
+    def start(self) -> None:
+        """Answer the request; the protocol calls this right after the data that held its
+        head (by then usually its whole body too). The usual request is answered without
+        a task of its own (`InferRoute.answer_now`): a task and the await chain down to
+        the scheduler's future cost about a tenth of the gateway's CPU a small request
+        (`benchmarks/http_cpu.py`). Anything else runs `run` in a task, as before."""
+        protocol = self.protocol
+        assert protocol is not None, "started after the run ended"
+        drain = self.lane.drain
+        if not (self.more_body or self.disconnected) and (drain is None or not drain.draining):
+            self._started = time.perf_counter()
+            self._rid = request_id(self.headers)
+            answer = self.lane.route.answer_now(
+                self.name, self.version, self.headers, bytes(self.body), self._respond
+            )
+            if answer is not None:
+                if drain is not None:
+                    drain.in_flight += 1
+                if isinstance(answer, Reply):
+                    self._respond(answer)
+                else:  # the drain's end cancels it as it cancels the server's tasks
+                    self._waiting = answer
+                    protocol.tasks.add(answer)  # type: ignore[arg-type]
+                return
+        task = asyncio.Task(self.run(), loop=protocol.loop, name=_LANE_TASK)
+        task.add_done_callback(protocol.tasks.discard)
+        protocol.tasks.add(task)
+
+    def _respond(self, reply: Reply | None) -> None:
+        """`answer_now`'s answer, written (None: cancelled, the gateway is stopping)."""
+        protocol = self.protocol
+        if protocol is not None and self._waiting is not None:
+            protocol.tasks.discard(self._waiting)
+        self._waiting = None
+        if reply is None:
+            status, tenant = 503, "-"
+            headers, body = shutting_down(OUT_OF_TIME)
+        else:
+            status, tenant, headers, body = reply.status, reply.tenant, reply.headers, reply.body
+        if self._paused():  # the client reads slower than we answer: wait in a task
+            assert protocol is not None
+            task = asyncio.Task(
+                self._send_late(status, headers, body, tenant), loop=protocol.loop, name=_LANE_TASK
+            )
+            task.add_done_callback(protocol.tasks.discard)
+            protocol.tasks.add(task)
+            return
+        try:
+            self._write(status, headers, body, self._rid)
+        except Exception:  # a bug: the connection goes, the gateway serves on
+            server_log.exception("infer %s failed outside its route", self.name)
+            status = 500
+            if self.protocol is not None:
+                self.protocol.transport.close()
+        finally:
+            self._end(True, status, tenant, self._rid, self._started)
+
+    async def _send_late(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, tenant: str
+    ) -> None:
+        try:
+            await self._send(status, headers, body, self._rid)
+        finally:
+            self._end(True, status, tenant, self._rid, self._started)
 
     def set(self) -> None:
         """Wake `_receive` if it waits for the rest of the body (or for nothing more)."""
@@ -227,15 +311,20 @@ class LaneCycle:
             else:
                 await self._send(500, _internal_error_headers(), _INTERNAL_BODY, rid)
         finally:
-            if counted and drain is not None:
-                drain.in_flight -= 1
-            if log.isEnabledFor(logging.INFO):
-                self._log(status, tenant, rid, started)
-            # Both references that would keep this cycle in a reference cycle (with its
-            # protocol, and with itself) go: it is freed by its count, not left to the
-            # rarely-run cyclic collector (cli/serve.py's _tune_gc).
-            self.protocol = None
-            self.message_event = _DONE
+            self._end(counted, status, tenant, rid, started)
+
+    def _end(self, counted: bool, status: int, tenant: str, rid: bytes, started: float) -> None:
+        """What every request's end does, however it was answered."""
+        drain = self.lane.drain
+        if counted and drain is not None:
+            drain.in_flight -= 1
+        if log.isEnabledFor(logging.INFO):
+            self._log(status, tenant, rid, started)
+        # Both references that would keep this cycle in a reference cycle (with its
+        # protocol, and with itself) go: it is freed by its count, not left to the
+        # rarely-run cyclic collector (cli/serve.py's _tune_gc).
+        self.protocol = None
+        self.message_event = _DONE
 
     async def _send(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, rid: bytes

@@ -12,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any, NamedTuple
+from collections.abc import Callable, Coroutine
+from functools import partial
+from typing import Any, NamedTuple, cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infergate.engine.admission.tenants import TenantState
-from infergate.engine.engine import Engine
-from infergate.engine.inference import InferenceRequest
+from infergate.engine.engine import Engine, Running
+from infergate.engine.inference import InferenceRequest, InferenceResult
+from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.served import RemoteServedVersion
 from infergate.engine.scheduling.sequences import sequence_params
 from infergate.engine.triton.classification import classify_outputs
@@ -157,7 +160,6 @@ class InferRoute:
         ASGI route above and by the HTTP protocol's lane (server/infer_lane.py). `whole`:
         the body as it came, when the caller holds all of it already (the lane,
         usually); else, and whenever it must be inflated, it is read from `receive`."""
-        tenant = "-"
         context = self._engine.context
         started = context.clock.now()
         keeper = Keeper()
@@ -165,23 +167,134 @@ class InferRoute:
         try:
             headers_in = dict(raw_headers)
             state = context.tenants.authenticate(api_key(headers_in))
-            tenant = state.tenant.name
             status = 200
             headers, body = await self._answer(
                 name, version, headers_in, receive, whole, state, keeper
             )
-        except InfergateError as exc:
-            status, headers, body = exc.status, error_headers(exc.retry_after_s), error_body(exc)
-        except Exception as exc:  # a bug must not take the connection down silently
-            log.exception("infer %s failed", name)
-            status, headers = 500, error_headers(None)
-            body = error_body(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
+        except Exception as exc:
+            status, headers, body = self._failed(name, exc)
+        return self._reply(name, state, status, headers, body, started, raw_headers, keeper)
+
+    def answer_now(
+        self,
+        name: str,
+        version: str | None,
+        raw_headers: list[tuple[bytes, bytes]],
+        whole: bytes,
+        respond: Callable[[Reply | None], None],
+    ) -> Reply | asyncio.Future[Any] | None:
+        """`reply` without a coroutine, for the lane's usual request (`whole`: its body,
+        all here): a task and the await chain down to the scheduler's future were about a
+        tenth of the gateway's CPU a small request. None when the request needs `reply`
+        instead, and nothing has been done then: limits kept in Redis, a body to inflate
+        or too large to decode on the loop, a remote model. Else the Reply when it is
+        answered at once (a refusal, an error, a batch of zero rows), or the future its
+        answer waits on: `respond` gets the Reply when that is done, or None when it
+        was cancelled (the gateway is stopping). The same checks, limits, counting and
+        answers as `reply`, from the same functions."""
+        context = self._engine.context
+        if (
+            context.shared_limits is not None
+            or len(whole) > self._limit
+            or not self._decoder.inline(whole)
+        ):
+            return None
+        headers_in = dict(raw_headers)
+        if b"content-encoding" in headers_in:
+            return None
+        started = context.clock.now()
+        state: TenantState | None = None
+        try:
+            state = context.tenants.authenticate(api_key(headers_in))
+            served, number = self._served(name, version, state)
+            if isinstance(served, RemoteServedVersion):
+                return None
+            self._engine.admit(state, name)
+            try:
+                decoded = decode_request(whole, header_text(headers_in, HEADER_LENGTH))
+                running = self._engine.begin_admitted(
+                    inference_request(name, number, decoded), state, served
+                )
+            except BaseException:
+                self._engine.leave(state)
+                raise
+            if isinstance(running, Running):
+                settle = partial(
+                    self._settled, name, running, decoded, served, state, started, raw_headers
+                )
+                waiting = running.waiting
+                if isinstance(waiting, asyncio.Future):  # queued: the usual case under load
+                    waiting.add_done_callback(partial(_settle_future, settle, respond))
+                    return waiting
+                # Its own batch (or a sequence's step), awaited in a task that answers it as
+                # soon as it is done: no further turn of the loop for a lone client.
+                coroutine = cast(Coroutine[Any, Any, Any], waiting)
+                return self._loop().create_task(
+                    _settle_after(coroutine, settle, respond), name="infer-now"
+                )
+            self._engine.leave(state)
+            status = 200
+            headers, body = self._encoded(running, decoded, served)
+        except Exception as exc:
+            status, headers, body = self._failed(name, exc)
+        return self._reply(name, state, status, headers, body, started, raw_headers, Keeper())
+
+    def _settled(
+        self,
+        name: str,
+        running: Running,
+        decoded: DecodedRequest,
+        served: ServedVersion,
+        state: TenantState,
+        started: float,
+        raw_headers: list[tuple[bytes, bytes]],
+        outcome: Any,
+        error: BaseException | None,
+    ) -> Reply | None:
+        """The answer to an `answer_now` request whose wait is over, from what it gave
+        (`outcome`) or raised (`error`), counted; None when it was cancelled (the gateway
+        is stopping: the lane answers 503, and nothing is counted)."""
+        try:
+            try:
+                result = self._engine.finish(running, outcome, error)
+            finally:
+                self._engine.leave(state)
+            status = 200
+            headers, body = self._encoded(result, decoded, served)
+        except asyncio.CancelledError:
+            return None
+        except Exception as exc:
+            status, headers, body = self._failed(name, exc)
+        return self._reply(name, state, status, headers, body, started, raw_headers, Keeper())
+
+    def _failed(self, name: str, exc: Exception) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The answer to a request that raised: its error, or 500 for a bug (which must
+        not take the connection down silently)."""
+        if isinstance(exc, InfergateError):
+            return exc.status, error_headers(exc.retry_after_s), error_body(exc)
+        log.error("infer %s failed", name, exc_info=exc)
+        body = error_body(InfergateError(f"internal error: {type(exc).__name__}: {exc}"))
+        return 500, error_headers(None), body
+
+    def _reply(
+        self,
+        name: str,
+        state: TenantState | None,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        started: float,
+        raw_headers: list[tuple[bytes, bytes]],
+        keeper: Keeper,
+    ) -> Reply:
+        """The answer as sent, counted."""
+        tenant = "-" if state is None else state.tenant.name
         # Bounded labels, and none that tells a tenant (through the open /metrics) whether
         # a model it may not use exists.
         allowed = state is None or state.tenant.may_use(name)
         model = name if allowed and self._engine.registry.has(name) else "unknown"
-        now = context.clock.now()
-        # Counted right after this task's step, once the caller has written the answer: a
+        now = self._engine.context.clock.now()
+        # Counted right after this step, once the caller has written the answer: a
         # lone client's next request does not wait for the counting (call_soon runs it
         # before the task of any request read after it takes a step, so a scrape that
         # follows, on any connection, sees it).
@@ -214,13 +327,7 @@ class InferRoute:
         tenant: TenantState,
         keeper: Keeper,
     ) -> tuple[list[tuple[bytes, bytes]], bytes]:
-        # The allow-list (403) before anything about the model (404, 424, 503), which
-        # comes before the rate and concurrency limits (429); all before the body.
-        self._engine.check_allowed(tenant, name)
-        number = version_number(version)
-        served = self._engine.version(name, number, tenant.tenant.may_use)
-        if not served.ready:
-            raise served.not_ready_error()
+        served, number = self._served(name, version, tenant)
         # Admission (rate, concurrency) before the body: a refused request is answered
         # without waiting for its upload or decoding it. With [cluster] the limits live
         # in Redis (a round trip); without, the check stays synchronous.
@@ -269,6 +376,28 @@ class InferRoute:
                 self._engine.leave(tenant)
             else:
                 await self._engine.leave_shared(ticket)
+        return self._encoded(result, decoded, served)
+
+    def _served(
+        self, name: str, version: str | None, tenant: TenantState
+    ) -> tuple[ServedVersion | RemoteServedVersion, int | None]:
+        """The version a request names, ready to serve it, and its number."""
+        # The allow-list (403) before anything about the model (404, 424, 503), which
+        # comes before the rate and concurrency limits (429); all before the body.
+        self._engine.check_allowed(tenant, name)
+        number = version_number(version)
+        served = self._engine.version(name, number, tenant.tenant.may_use)
+        if not served.ready:
+            raise served.not_ready_error()
+        return served, number
+
+    def _encoded(
+        self,
+        result: InferenceResult,
+        decoded: DecodedRequest,
+        served: ServedVersion | RemoteServedVersion,
+    ) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """The response's headers and body for a result."""
         outputs = result.outputs
         if decoded.output_parameters:  # classification asked for (rare)
             outputs = classify_outputs(
@@ -278,6 +407,35 @@ class InferRoute:
         if json_length is None:
             return [_JSON], content
         return [_BINARY, (b"inference-header-content-length", b"%d" % json_length)], content
+
+
+Settle = Callable[[Any, BaseException | None], Reply | None]
+
+
+def _settle_future(
+    settle: Settle, respond: Callable[[Reply | None], None], future: asyncio.Future[Any]
+) -> None:
+    """`answer_now`'s done callback on the scheduler's future."""
+    if future.cancelled():
+        respond(settle(None, asyncio.CancelledError()))
+        return
+    error = future.exception()
+    respond(settle(None if error is not None else future.result(), error))
+
+
+async def _settle_after(
+    waiting: Coroutine[Any, Any, Any], settle: Settle, respond: Callable[[Reply | None], None]
+) -> None:
+    """`answer_now`'s task for a request it must await (its own batch, a sequence's step)."""
+    try:
+        outcome = await waiting
+    except asyncio.CancelledError as exc:  # the drain's end: answered 503 by the lane
+        respond(settle(None, exc))
+        raise
+    except Exception as exc:
+        respond(settle(None, exc))
+        return
+    respond(settle(outcome, None))
 
 
 def inference_request(name: str, number: int | None, decoded: DecodedRequest) -> InferenceRequest:

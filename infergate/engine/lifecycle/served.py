@@ -5,7 +5,7 @@ those concerns lives in a module of its own; this class holds them for one versi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Awaitable, Hashable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -261,18 +261,50 @@ class ServedVersion:
         instance: int | None = None,
     ) -> Answer:
         """Run checked inputs (`key` from check_inputs); only on `instance` when given."""
-        self.requests.enter()
-        clock, stats = self._context.clock, self.scheduler.stats
-        started = clock.now()
+        waiting, started = self.begin(
+            inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair, instance
+        )
         try:
-            result = await self.scheduler.enqueue(
+            answer = await waiting
+        except BaseException as exc:
+            self.end(started, None, exc)
+            raise
+        self.end(started, answer, None)
+        return answer
+
+    def begin(
+        self,
+        inputs: dict[str, Array],
+        key: Hashable,
+        outputs: tuple[str, ...],
+        cls: PriorityClass,
+        queue_deadline_s: float,
+        timeout_s: float,
+        session: str | None = None,
+        fair: Fairness | None = None,
+        instance: int | None = None,
+    ) -> tuple[Awaitable[Answer], float]:
+        """`infer` without awaiting: the request queued, what to await for its answer, and
+        when it began; its caller hands the outcome to `end`, whatever it is (a refusal
+        raised here is counted here)."""
+        self.requests.enter()
+        started = self._context.clock.now()
+        try:
+            waiting = self.scheduler.enqueue(
                 inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair, instance
             )
-        except InfergateError:
-            stats.request_failed(clock.now() - started)
+        except BaseException as exc:
+            self.end(started, None, exc)
             raise
-        else:
-            stats.request_done(clock.now() - started, result[1].queue_s, result[1].compute_s)
-            return result
-        finally:
-            self.requests.leave()
+        return waiting, started
+
+    def end(self, started: float, answer: Answer | None, error: BaseException | None) -> None:
+        """Count a request `begin` queued, answered or failed (a cancelled one is not
+        counted in the statistics), and let go of its place among those in flight."""
+        clock, stats = self._context.clock, self.scheduler.stats
+        if error is None:
+            assert answer is not None
+            stats.request_done(clock.now() - started, answer[1].queue_s, answer[1].compute_s)
+        elif isinstance(error, InfergateError):
+            stats.request_failed(clock.now() - started)
+        self.requests.leave()

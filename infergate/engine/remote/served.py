@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Hashable
+from collections.abc import Awaitable, Hashable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -26,7 +26,7 @@ from infergate.engine.remote.metrics import remote_metrics
 from infergate.engine.repository.spec import ModelEntry, ModelVersionFile, TensorSpec
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness
-from infergate.engine.scheduling.tickets import Timing
+from infergate.engine.scheduling.tickets import Answer, Timing
 from infergate.errors import InfergateError, MetadataError, ModelExecutionError
 from infergate.tensors import V2_TO_NUMPY, Array
 
@@ -241,6 +241,26 @@ class RemoteServedVersion(ServedVersion):
         else:
             stats.request_failed(took)
         return reply
+
+    def begin(
+        self,
+        inputs: dict[str, Array],
+        key: Hashable,
+        outputs: tuple[str, ...],
+        cls: PriorityClass,
+        queue_deadline_s: float,
+        timeout_s: float,
+        session: str | None = None,
+        fair: Fairness | None = None,
+        instance: int | None = None,
+    ) -> tuple[Awaitable[Answer], float]:
+        """The request goes upstream (`infer`), not into a local queue."""
+        waiting = self.infer(inputs, key, outputs, cls, queue_deadline_s, timeout_s)
+        return waiting, self._context.clock.now()
+
+    def end(self, started: float, answer: Answer | None, error: BaseException | None) -> None:
+        """Nothing: `forward` counted the request and held its place among those in
+        flight."""
 
     async def infer(
         self,
