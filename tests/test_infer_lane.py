@@ -201,11 +201,14 @@ def test_a_connection_asked_to_close_is_closed_after_the_answer(
 
 
 class _Route:
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, fail_now: bool = False) -> None:
         self.bodies: list[bytes] = []
         self.fail = fail
+        self.fail_now = fail_now
 
     def answer_now(self, *args: Any) -> None:
+        if self.fail_now:
+            raise RuntimeError("a bug in the task-free way")
         return None  # every request through `reply`, which this stand-in answers
 
     async def reply(
@@ -315,14 +318,17 @@ def test_which_requests_take_the_lane(case: str) -> None:
         assert len(route.bodies[0]) == int(data.split(b"Content-Length: ")[1].split(b"\r\n")[0])
 
 
-def test_a_bug_on_the_lane_is_a_500_and_the_connection_closes() -> None:
-    """What uvicorn's cycle does for an exception in the app, in the gateway's JSON."""
+@pytest.mark.parametrize("where", ["reply", "answer_now"])
+def test_a_bug_on_the_lane_is_a_500_and_the_connection_closes(where: str) -> None:
+    """What uvicorn's cycle does for an exception in the app, in the gateway's JSON: in
+    the route's task, or in the way without one (`answer_now`)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         raise AssertionError("the lane's request reached the ASGI app")
 
     async def scenario() -> tuple[bytes, bool]:
-        lane = InferLane(_Route(fail=True))  # a stand-in route
+        route = _Route(fail=where == "reply", fail_now=where == "answer_now")
+        lane = InferLane(route)  # a stand-in route
         protocol, transport = _connected(lane, app)
         try:
             protocol.data_received(_small())

@@ -267,26 +267,29 @@ class Engine:
             return Running(infer_in_sequence(served, request, run, tenant.tenant.name))
         return self._start_run(served, request, tenant)
 
-    def finish(
-        self, running: Running, outcome: Any, error: BaseException | None
-    ) -> InferenceResult:
-        """The result of a request `begin_admitted` queued, from what its `waiting` returned
-        (`outcome`) or raised (`error`, raised again here once it is counted)."""
+    def finish(self, running: Running, outcome: Any) -> InferenceResult:
+        """The result of a request `begin_admitted` queued, from what its `waiting`
+        returned (`outcome`), counted."""
         served = running.served
         if served is None:  # a sequence's step: its coroutine gave the result itself
-            if error is not None:
-                raise error
             return cast(InferenceResult, outcome)
-        served.end(running.started, outcome, error)
-        if error is not None:
-            if isinstance(error, Exception):
-                served.breaker_failed(running.admission, error)
-            raise error
+        served.end(running.started, outcome, None)
         result, timing = outcome
         # Its execution time (the longest batch it ran in), not its queue wait: other
         # tenants' traffic is not the model's doing, nor is the size of a chunked request.
         served.breaker.record(running.admission, True, timing.slowest_s)
         return InferenceResult(served.name, served.version, result)
+
+    def fail(self, running: Running, error: BaseException) -> None:
+        """Count a request `begin_admitted` queued whose `waiting` raised `error` (its
+        caller raises or answers it: not raised here, where its traceback would hold
+        this frame and the request's tensors in a reference cycle)."""
+        served = running.served
+        if served is None:  # a sequence's step counted itself
+            return
+        served.end(running.started, None, error)
+        if isinstance(error, Exception):
+            served.breaker_failed(running.admission, error)
 
     async def _awaited(self, running: InferenceResult | Running) -> InferenceResult:
         if isinstance(running, InferenceResult):
@@ -294,9 +297,9 @@ class Engine:
         try:
             outcome = await running.waiting
         except BaseException as exc:
-            self.finish(running, None, exc)
-            raise  # (finish raised it already)
-        return self.finish(running, outcome, None)
+            self.fail(running, exc)
+            raise
+        return self.finish(running, outcome)
 
     async def _run(
         self, served: ServedVersion, request: InferenceRequest, tenant: TenantState

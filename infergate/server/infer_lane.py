@@ -29,6 +29,7 @@ from starlette.types import Message, Receive
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from infergate.server.access_log import log, log_request, request_id
+from infergate.server.decoding import Keeper
 from infergate.server.drain import NEW_REQUEST, OUT_OF_TIME, Drain, shutting_down
 from infergate.server.errors import error_body
 from infergate.server.infer_route import INFER_PATH, Reply
@@ -194,9 +195,13 @@ class LaneCycle:
         if not (self.more_body or self.disconnected) and (drain is None or not drain.draining):
             self._started = time.perf_counter()
             self._rid = request_id(self.headers)
-            answer = self.lane.route.answer_now(
-                self.name, self.version, self.headers, bytes(self.body), self._respond
-            )
+            try:
+                answer = self.lane.route.answer_now(
+                    self.name, self.version, self.headers, bytes(self.body), self._respond
+                )
+            except Exception:  # a bug: answered 500 (as `run` does), never left hanging
+                server_log.exception("infer %s failed outside its route", self.name)
+                answer = Reply(500, _internal_error_headers(), _INTERNAL_BODY, "-", Keeper())
             if answer is not None:
                 if drain is not None:
                     drain.in_flight += 1
@@ -244,6 +249,11 @@ class LaneCycle:
     ) -> None:
         try:
             await self._send(status, headers, body, self._rid)
+        except Exception:  # a bug: the connection goes, the gateway serves on
+            server_log.exception("infer %s failed outside its route", self.name)
+            status = 500
+            if self.protocol is not None:
+                self.protocol.transport.close()
         finally:
             self._end(True, status, tenant, self._rid, self._started)
 

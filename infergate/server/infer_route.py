@@ -253,18 +253,25 @@ class InferRoute:
     ) -> Reply | None:
         """The answer to an `answer_now` request whose wait is over, from what it gave
         (`outcome`) or raised (`error`), counted; None when it was cancelled (the gateway
-        is stopping: the lane answers 503, and nothing is counted)."""
-        try:
+        is stopping: the lane answers 503, and nothing is counted). An error is answered,
+        never raised here (its traceback would hold this frame, and the request's
+        tensors, in a reference cycle)."""
+        if error is not None:
+            self._engine.fail(running, error)
+            self._engine.leave(state)
+            if not isinstance(error, Exception):  # cancelled
+                return None
+            status, headers, body = self._failed(name, error)
+        else:
             try:
-                result = self._engine.finish(running, outcome, error)
-            finally:
-                self._engine.leave(state)
-            status = 200
-            headers, body = self._encoded(result, decoded, served)
-        except asyncio.CancelledError:
-            return None
-        except Exception as exc:
-            status, headers, body = self._failed(name, exc)
+                try:
+                    result = self._engine.finish(running, outcome)
+                finally:
+                    self._engine.leave(state)
+                status = 200
+                headers, body = self._encoded(result, decoded, served)
+            except Exception as exc:
+                status, headers, body = self._failed(name, exc)
         return self._reply(name, state, status, headers, body, started, raw_headers, Keeper())
 
     def _failed(self, name: str, exc: Exception) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -417,10 +424,10 @@ def _settle_future(
 ) -> None:
     """`answer_now`'s done callback on the scheduler's future."""
     if future.cancelled():
-        respond(settle(None, asyncio.CancelledError()))
+        _answer(settle, respond, None, asyncio.CancelledError())
         return
     error = future.exception()
-    respond(settle(None if error is not None else future.result(), error))
+    _answer(settle, respond, None if error is not None else future.result(), error)
 
 
 async def _settle_after(
@@ -430,12 +437,28 @@ async def _settle_after(
     try:
         outcome = await waiting
     except asyncio.CancelledError as exc:  # the drain's end: answered 503 by the lane
-        respond(settle(None, exc))
+        _answer(settle, respond, None, exc)
         raise
     except Exception as exc:
-        respond(settle(None, exc))
+        _answer(settle, respond, None, exc)
         return
-    respond(settle(outcome, None))
+    _answer(settle, respond, outcome, None)
+
+
+def _answer(
+    settle: Settle, respond: Callable[[Reply | None], None], outcome: Any, error: Any
+) -> None:
+    """`respond(settle(...))`, where a bug answers 500 and closes the connection (as the
+    lane's task does) instead of leaving the client without an answer."""
+    try:
+        reply = settle(outcome, error)
+    except Exception:
+        log.exception("infer failed after its wait")
+        body = error_body(InfergateError("internal error: the gateway could not answer"))
+        headers = [*error_headers(None), (b"connection", b"close")]
+        headers.append((b"content-length", b"%d" % len(body)))
+        reply = Reply(500, headers, body, "-", Keeper())
+    respond(reply)
 
 
 def inference_request(name: str, number: int | None, decoded: DecodedRequest) -> InferenceRequest:
