@@ -323,7 +323,7 @@ class BodyDecoder:
     async def decode(
         self, body: Body, header_length: str | None, keeper: Keeper | None = None
     ) -> DecodedRequest:
-        if len(body) <= self._inline_max:
+        if self.inline(body):
             return decode_request(body, header_length)
         if keeper is not None:
             keeper.keep_buffer(body)  # the request's own reference goes first

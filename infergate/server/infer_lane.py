@@ -29,10 +29,8 @@ from starlette.types import Message, Receive
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from infergate.server.access_log import log, log_request, request_id
-from infergate.server.decoding import Keeper
 from infergate.server.drain import NEW_REQUEST, OUT_OF_TIME, Drain, shutting_down
-from infergate.server.errors import error_body
-from infergate.server.infer_route import INFER_PATH, Reply
+from infergate.server.infer_route import INFER_PATH, Reply, internal_error
 
 if TYPE_CHECKING:
     from infergate.server.http_protocol import GatewayHttpProtocol
@@ -45,16 +43,7 @@ _CLOSE_HEADER = (b"connection", b"close")
 # The name of a lane request's task: an unnamed task formats a name ("Task-123") of its
 # own (Python 3.11).
 _LANE_TASK = "infer-lane"
-_INTERNAL_BODY = error_body("internal error: the gateway could not answer this request")
 server_log = logging.getLogger("infergate.server")
-
-
-def _internal_error_headers() -> list[tuple[bytes, bytes]]:
-    return [
-        (b"content-type", b"application/json"),
-        (b"content-length", b"%d" % len(_INTERNAL_BODY)),
-        (b"connection", b"close"),
-    ]
 
 
 class Answers(Protocol):
@@ -201,7 +190,7 @@ class LaneCycle:
                 )
             except Exception:  # a bug: answered 500 (as `run` does), never left hanging
                 server_log.exception("infer %s failed outside its route", self.name)
-                answer = Reply(500, _internal_error_headers(), _INTERNAL_BODY, "-", Keeper())
+                answer = internal_error()
             if answer is not None:
                 if drain is not None:
                     drain.in_flight += 1
@@ -319,7 +308,8 @@ class LaneCycle:
                 if self.protocol is not None:
                     self.protocol.transport.close()
             else:
-                await self._send(500, _internal_error_headers(), _INTERNAL_BODY, rid)
+                internal = internal_error()
+                await self._send(500, internal.headers, internal.body, rid)
         finally:
             self._end(counted, status, tenant, rid, started)
 

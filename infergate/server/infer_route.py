@@ -193,14 +193,12 @@ class InferRoute:
         was cancelled (the gateway is stopping). The same checks, limits, counting and
         answers as `reply`, from the same functions."""
         context = self._engine.context
+        headers_in = dict(raw_headers)
         if (
             context.shared_limits is not None
-            or len(whole) > self._limit
+            or not self._as_read(whole, headers_in)
             or not self._decoder.inline(whole)
         ):
-            return None
-        headers_in = dict(raw_headers)
-        if b"content-encoding" in headers_in:
             return None
         started = context.clock.now()
         state: TenantState | None = None
@@ -344,12 +342,8 @@ class InferRoute:
             self._engine.admit(tenant, name)
         try:
             body: Body
-            if (
-                whole is not None
-                and len(whole) <= self._limit
-                and b"content-encoding" not in headers
-            ):
-                body = whole  # here already, and nothing to inflate: read_body's answer
+            if whole is not None and self._as_read(whole, headers):
+                body = whole
             else:
                 body = await read_body(headers, receive, self._limit)
             length = header_text(headers, HEADER_LENGTH)
@@ -384,6 +378,11 @@ class InferRoute:
             else:
                 await self._engine.leave_shared(ticket)
         return self._encoded(result, decoded, served)
+
+    def _as_read(self, whole: bytes, headers: dict[bytes, bytes]) -> bool:
+        """Whether a whole body, here already, is what `read_body` would read: nothing
+        to inflate, within the limit (else read_body gives its 400 or 413)."""
+        return len(whole) <= self._limit and b"content-encoding" not in headers
 
     def _served(
         self, name: str, version: str | None, tenant: TenantState
@@ -454,11 +453,22 @@ def _answer(
         reply = settle(outcome, error)
     except Exception:
         log.exception("infer failed after its wait")
-        body = error_body(InfergateError("internal error: the gateway could not answer"))
-        headers = [*error_headers(None), (b"connection", b"close")]
-        headers.append((b"content-length", b"%d" % len(body)))
-        reply = Reply(500, headers, body, "-", Keeper())
+        reply = internal_error()
     respond(reply)
+
+
+_INTERNAL_BODY = error_body("internal error: the gateway could not answer this request")
+
+
+def internal_error() -> Reply:
+    """The answer to a bug outside the route's own error handling: a 500, after which
+    the connection closes (as uvicorn's cycle does for an exception in the app)."""
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(_INTERNAL_BODY)),
+        (b"connection", b"close"),
+    ]
+    return Reply(500, headers, _INTERNAL_BODY, "-", Keeper())
 
 
 def inference_request(name: str, number: int | None, decoded: DecodedRequest) -> InferenceRequest:

@@ -248,30 +248,6 @@ class ServedVersion:
 
     # -- requests ------------------------------------------------------------------------
 
-    async def infer(
-        self,
-        inputs: dict[str, Array],
-        key: Hashable,
-        outputs: tuple[str, ...],
-        cls: PriorityClass,
-        queue_deadline_s: float,
-        timeout_s: float,
-        session: str | None = None,
-        fair: Fairness | None = None,
-        instance: int | None = None,
-    ) -> Answer:
-        """Run checked inputs (`key` from check_inputs); only on `instance` when given."""
-        waiting, started = self.begin(
-            inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair, instance
-        )
-        try:
-            answer = await waiting
-        except BaseException as exc:
-            self.end(started, None, exc)
-            raise
-        self.end(started, answer, None)
-        return answer
-
     def begin(
         self,
         inputs: dict[str, Array],
@@ -284,9 +260,9 @@ class ServedVersion:
         fair: Fairness | None = None,
         instance: int | None = None,
     ) -> tuple[Awaitable[Answer], float]:
-        """`infer` without awaiting: the request queued, what to await for its answer, and
-        when it began; its caller hands the outcome to `end`, whatever it is (a refusal
-        raised here is counted here)."""
+        """Queue checked inputs (`key` from check_inputs; only on `instance` when given):
+        what to await for the answer, and when it began. The caller hands the outcome to
+        `end`, whatever it is (a refusal raised here is counted here)."""
         self.requests.enter()
         started = self._context.clock.now()
         try:

@@ -254,25 +254,20 @@ class RemoteServedVersion(ServedVersion):
         fair: Fairness | None = None,
         instance: int | None = None,
     ) -> tuple[Awaitable[Answer], float]:
-        """The request goes upstream (`infer`), not into a local queue."""
-        waiting = self.infer(inputs, key, outputs, cls, queue_deadline_s, timeout_s)
+        """The request goes upstream (`_upstream`), not into a local queue."""
+        waiting = self._upstream(inputs, outputs, queue_deadline_s, timeout_s)
         return waiting, self._context.clock.now()
 
     def end(self, started: float, answer: Answer | None, error: BaseException | None) -> None:
         """Nothing: `forward` counted the request and held its place among those in
         flight."""
 
-    async def infer(
+    async def _upstream(
         self,
         inputs: dict[str, Array],
-        key: Hashable,
         outputs: tuple[str, ...],
-        cls: PriorityClass,
         queue_deadline_s: float,
         timeout_s: float,
-        session: str | None = None,
-        fair: Fairness | None = None,
-        instance: int | None = None,
     ) -> tuple[dict[str, Array], Timing]:
         """Decoded inputs (a request that needed decoding here, e.g. one in shared
         memory): sent upstream as binary tensors, the answer decoded back."""
