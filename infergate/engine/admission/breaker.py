@@ -78,6 +78,7 @@ class Breaker:
         self.reason = ""
         self._buckets: deque[_Bucket] = deque()
         self._bad_evaluations = 0
+        self._bucket_s = policy.window_seconds / policy.buckets
         self._next_evaluation = clock.now() + self._bucket_s
         self._open_until = 0.0
         self._backoff = policy.backoff_initial_s
@@ -91,15 +92,12 @@ class Breaker:
         self._tick()
         return self._state
 
-    @property
-    def _bucket_s(self) -> float:
-        return self.policy.window_seconds / self.policy.buckets
-
     def reconfigure(self, policy: BreakerPolicy) -> None:
         """A new policy; latencies already counted stay counted against the limit in force
         when they came, so a new `latency_p99_ms` fully applies one window later."""
         self.policy = policy
         self._limit_s = policy.latency_p99_ms / 1000
+        self._bucket_s = policy.window_seconds / policy.buckets
         self._backoff = min(self._backoff, policy.backoff_max_s)
 
     def _move(self, state: State, reason: str) -> None:
@@ -112,7 +110,8 @@ class Breaker:
 
     def allow(self) -> Admission:
         """May a request go through now? In half-open, the few let through are probes."""
-        self._tick()
+        if self._state != "closed" or self._clock.now() >= self._next_evaluation:
+            self._tick()  # (closed, before its next evaluation: nothing to do)
         if self._state == "closed":
             return "normal"
         if self._state == "half_open" and self._probes_left > 0:
@@ -124,7 +123,8 @@ class Breaker:
         """The outcome of a request that `allow` let through as `admission`, with the
         model's execution latency (None: not measured, e.g. the worker died)."""
         now = self._clock.now()
-        self._tick(now)
+        if now >= self._next_evaluation or self._state != "closed":  # else _tick has nothing to do
+            self._tick(now)
         if admission == "probe":
             if self._state != "half_open":
                 return
@@ -137,7 +137,11 @@ class Breaker:
             return
         if self._state != "closed":
             return  # a request from before the breaker opened
-        bucket = self._current(now)
+        buckets = self._buckets
+        if buckets and now < buckets[-1].start + self._bucket_s:  # `_current`, inline
+            bucket = buckets[-1]
+        else:
+            bucket = self._current(now)
         if ok:
             bucket.ok += 1
         else:

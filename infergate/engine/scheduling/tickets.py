@@ -4,7 +4,7 @@ its chunks come back) and the unit of work each chunk is queued as."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from infergate.engine.scheduling.batching import merge
@@ -32,7 +32,7 @@ class Ticket:
     timeout_s: float
     parts: int
     future: asyncio.Future[Answer]
-    results: dict[int, dict[str, Array]] = field(default_factory=dict)
+    results: dict[int, dict[str, Array]] | None = None  # a chunked request's, by chunk
     queue_s: float = 0.0
     compute_s: float = 0.0
     slowest_s: float = 0.0
@@ -52,12 +52,15 @@ class Ticket:
             if not self.future.done():
                 self.future.set_result((outputs, Timing(queue_s, compute_s, compute_s)))
             return
-        self.results[index] = outputs
+        results = self.results
+        if results is None:
+            results = self.results = {}
+        results[index] = outputs
         self.queue_s = max(self.queue_s, queue_s)
         self.compute_s += compute_s
         self.slowest_s = max(self.slowest_s, compute_s)
-        if len(self.results) == self.parts and not self.future.done():
-            merged = merge([self.results[i] for i in range(self.parts)])
+        if len(results) == self.parts and not self.future.done():
+            merged = merge([results[i] for i in range(self.parts)])
             self.future.set_result((merged, Timing(self.queue_s, self.compute_s, self.slowest_s)))
 
 
