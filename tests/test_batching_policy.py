@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from infergate.engine.scheduling.batching import batch_key
-from infergate.engine.scheduling.classes import DEFAULT_CLASSES
+from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
 from tests.fake_served import Answer, Served
 from tests.polling import eventually
@@ -26,13 +26,15 @@ class Batcher(Served):
     def __init__(self, instances: int = 1) -> None:
         super().__init__(instances, QueuePolicy(max_batch_size=8, max_delay_s=0.005))
 
-    async def send(self, rows: int) -> asyncio.Task[Answer]:
+    async def send(
+        self, rows: int, cls: PriorityClass = BATCH, width: int = 4
+    ) -> asyncio.Task[Answer]:
         """A batchable request; returns once the scheduler has admitted it (and sent it,
         when it goes at once): submit does both before its first await."""
-        x = np.ones((rows, 4), np.float32)
+        x = np.ones((rows, width), np.float32)
         key = batch_key({"x": x})
         task = asyncio.create_task(
-            self.scheduler.submit({"x": x}, key, ("y",), BATCH, BATCH.deadline_s, 10.0)
+            self.scheduler.submit({"x": x}, key, ("y",), cls, cls.deadline_s, 10.0)
         )
         await asyncio.sleep(0)
         return task
@@ -96,6 +98,53 @@ async def test_while_another_batch_runs_a_free_instance_waits_the_delay_to_fill(
         for task in (first, second, third):
             outputs, _ = await task
             assert outputs["y"].shape == (1, 4)
+    finally:
+        await batcher.stop()
+
+
+async def test_requests_that_fill_a_held_batch_make_it_go_at_once() -> None:
+    """While a batch runs, a free instance holds back for its batch to fill: the request
+    that brings it to max_batch_size rows starts it then, without waiting out the delay
+    (a request that queues while a batch fills is not always looked at again: see
+    `Scheduler.enqueue`)."""
+    batcher = await Batcher(instances=2).start()
+    try:
+        first = await batcher.send(rows=1)  # alone: at once
+        held = [await batcher.send(rows=1) for _ in range(7)]  # 7 of 8 rows: held
+        assert len(batcher.workers.pending()) == 1
+        held.append(await batcher.send(rows=1))  # the eighth row: the batch is full
+        running, full = batcher.workers.pending()
+        assert full.rows == 8
+        for call in (running, full):
+            call.reply()
+        for task in (first, *held):
+            outputs, _ = await task
+            assert outputs["y"].shape == (1, 4)
+    finally:
+        await batcher.stop()
+
+
+async def test_a_more_urgent_full_batch_goes_at_once_past_one_held_to_fill() -> None:
+    """A batch is held to fill on the free instance when a realtime request arrives that
+    fills a batch by itself (another shape: it cannot join the held one): it starts at
+    once, ahead of the held batch."""
+    batcher = await Batcher(instances=2).start()
+    try:
+        first = await batcher.send(rows=1)  # alone: at once
+        held = await batcher.send(rows=1)  # held on the free instance
+        urgent = await batcher.send(rows=8, cls=DEFAULT_CLASSES[0], width=6)
+        running, sent = batcher.workers.pending()
+        assert sent.rows == 8
+        for call in (running, sent):
+            call.reply()
+        outputs, _ = await urgent
+        assert outputs["y"].shape == (8, 6)
+        await first
+        batcher.clock.advance(0.006)  # the held request goes after the delay
+        (late,) = await eventually(batcher.workers.pending, what="the held request to go")
+        late.reply()
+        outputs, _ = await held
+        assert outputs["y"].shape == (1, 4)
     finally:
         await batcher.stop()
 

@@ -200,6 +200,21 @@ class JobQueue(Generic[T]):
         self._prune_deadlines()
         return self._deadlines[0][0] if self._deadlines else None
 
+    def filling_until(self, now: float) -> float | None:
+        """Until when the batch at the head is still filling, or None: `take(now)`'s
+        verdict when it may wait, asked without taking. It fills while fewer rows of its
+        key wait than a batch holds, for up to max_delay_s (never past its deadline).
+        Only for a queue that batches and holds no pinned job (else None)."""
+        if not self.batching or self._pinned:
+            return None
+        head = self._head()
+        if head is None or head.key is None:
+            return None
+        if self._key_rows[head.key] >= self.policy.max_batch_size:
+            return None
+        fill_by = min(head.arrival + self.policy.max_delay_s, head.deadline)
+        return fill_by if now < fill_by else None
+
     def take(
         self, now: float, may_wait: bool = True, instance: int | None = None
     ) -> list[Job[T]] | float | None:
@@ -211,14 +226,11 @@ class JobQueue(Generic[T]):
         deadline, unless its request started already.
         """
         if may_wait and self.batching and not self._pinned:
-            head = self._head()
-            if head is None:
+            if not self._size:
                 return None
-            # Fewer rows of its key waiting than a batch holds: it is still filling.
-            if head.key is not None and self._key_rows[head.key] < self.policy.max_batch_size:
-                fill_by = min(head.arrival + self.policy.max_delay_s, head.deadline)
-                if now < fill_by:
-                    return fill_by
+            fill_by = self.filling_until(now)
+            if fill_by is not None:
+                return fill_by
         if self._size == 1 and not self._pinned:
             # One job (a lone client's request): it is the whole batch, and the look above
             # has said whether it waits to fill; nothing to sort or merge.
