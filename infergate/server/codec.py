@@ -361,6 +361,8 @@ def _json_data(name: str, array: Array) -> list[Any] | Array:
         return [_json_text(name, i, x) for i, x in enumerate(array.reshape(-1))]
     if kind not in "biuf":
         return array.reshape(-1).tolist()
+    if array.flags.c_contiguous and array.dtype.isnative:  # the usual output: a view
+        return array.ravel()
     # orjson takes native byte order and C order only: any other array as a native copy
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("=")).reshape(-1)
 
@@ -380,8 +382,8 @@ def encode_response(
             "datatype": v2_datatype(array.dtype),
             "shape": list(array.shape),
         }
-        shm = request.output_parameters.get(name)
-        if wants_shared_memory(shm):
+        shm = request.output_parameters.get(name) if request.output_parameters else None
+        if shm is not None and wants_shared_memory(shm):
             SYSTEM_SHM.write_output(name, array, shm)  # no parameters: nothing follows
         elif request.binary_by_default or name in request.binary_outputs:
             blob = to_wire(array)
