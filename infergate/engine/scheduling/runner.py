@@ -8,11 +8,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from infergate.clock import Clock
 from infergate.engine.lifecycle.instance import Instance
 from infergate.engine.placement import here
 from infergate.engine.scheduling.batching import merge, unmerge
+from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Job, JobQueue
 from infergate.engine.scheduling.tickets import Work
 from infergate.engine.triton.stats import VersionStats
@@ -190,8 +192,13 @@ class BatchRunner:
         metrics.child(metrics.batch_size, name).observe(size)
         metrics.child(metrics.compute_seconds, name).observe(compute_s)
         queue_seconds, started = metrics.queue_seconds, batch.started
+        cls: PriorityClass | None = None
+        series: Any = None  # the class's child, found once a run of jobs of one class
         for job in batch.jobs:
-            metrics.child(queue_seconds, name, job.cls.name).observe(started - job.arrival)
+            if job.cls is not cls:  # (a batch's jobs are usually of one class)
+                cls = job.cls
+                series = metrics.child(queue_seconds, name, cls.name)
+            series.observe(started - job.arrival)
 
     def _retry_or_fail(self, jobs: list[Job[Work]], failed: Instance, exc: WorkerFailed) -> None:
         """Inference is idempotent: work on a worker that died gets one more try, on a
