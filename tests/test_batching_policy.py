@@ -14,6 +14,7 @@ import pytest
 from infergate.engine.scheduling.batching import batch_key
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
+from infergate.errors import InfergateError
 from tests.fake_served import Answer, Served
 from tests.polling import eventually
 
@@ -147,6 +148,49 @@ async def test_a_more_urgent_full_batch_goes_at_once_past_one_held_to_fill() -> 
         assert outputs["y"].shape == (1, 4)
     finally:
         await batcher.stop()
+
+
+async def test_a_late_request_behind_a_held_batch_is_expired_before_it_crowds_out_others() -> None:
+    """A request past its queue deadline while a batch is held to fill answers 504 as soon
+    as another request comes, not only once the scheduler's loop looks: until then it
+    would keep its place in a full queue, and a request that fits would get 503."""
+    served = await Served(
+        2, QueuePolicy(max_batch_size=8, max_delay_s=5.0, max_queue_size=3)
+    ).start()
+    x = np.ones((1, 4), np.float32)
+
+    async def send(queue_deadline_s: float = BATCH.deadline_s) -> asyncio.Task[Answer]:
+        task = asyncio.create_task(
+            served.scheduler.submit(
+                {"x": x}, batch_key({"x": x}), ("y",), BATCH, queue_deadline_s, 10.0
+            )
+        )
+        await asyncio.sleep(0)
+        return task
+
+    try:
+        first = await send()  # alone: at once, on one instance
+        held = await send()  # held on the other to fill (for 5 s)
+        late = await send(queue_deadline_s=1.0)  # joins the held batch, 1 s of patience
+        for _ in range(5):  # the scheduler's loop looks, plans its next look, sleeps
+            await asyncio.sleep(0)
+        served.clock.advance(1.5)  # its deadline has passed; the batch still fills
+        fits = [await send(), await send()]
+        with pytest.raises(InfergateError) as expired:
+            await late
+        assert expired.value.status == 504
+        assert not any(t.done() for t in fits)  # queued, not refused
+        (running,) = served.workers.pending()
+        running.reply()
+        await first
+        merged = await served.workers.next_call("the held batch")
+        assert merged.rows == 3  # held, and the two that fit; not the late one
+        merged.reply()
+        for task in (held, *fits):
+            outputs, _ = await task
+            assert outputs["y"].shape == (1, 4)
+    finally:
+        await served.stop()
 
 
 async def test_a_request_held_to_fill_goes_after_the_delay_when_the_loop_slept_long() -> None:

@@ -145,11 +145,13 @@ class Scheduler:
         self._admit(jobs, cls)
         if self._fill_by is not None and self._runner.busy:
             # The usual request under load: while a batch runs, a free instance holds back
-            # for its batch to fill. Unless this request fills it, a pump would only find
-            # that again (no instance was freed or taken since: either pumps), at about a
-            # twentieth of a small request's opcodes.
+            # for its batch to fill. Unless this request fills it, or a job is late (the
+            # pump expires it: it must not hold a place in the queue), a pump would only
+            # find that again: the verdict is the same for every free instance while no
+            # job is pinned, and no instance was taken since (only a pump launches).
             fill_by = self._queue.filling_until(now)
-            if fill_by is not None:
+            next_deadline = self._queue.next_deadline()
+            if fill_by is not None and (next_deadline is None or next_deadline >= now):
                 self._fill_by = fill_by
                 self._plan_for(jobs[0].deadline)
                 return future
