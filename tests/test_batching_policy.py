@@ -24,18 +24,24 @@ BATCH = DEFAULT_CLASSES[2]  # a 30 s queue deadline: only the batching delay can
 class Batcher(Served):
     """Instances on fake workers, batching up to 8 rows with a 5 ms delay."""
 
-    def __init__(self, instances: int = 1) -> None:
-        super().__init__(instances, QueuePolicy(max_batch_size=8, max_delay_s=0.005))
+    def __init__(self, instances: int = 1, delay_s: float = 0.005, queue_size: int = 1024) -> None:
+        policy = QueuePolicy(max_batch_size=8, max_delay_s=delay_s, max_queue_size=queue_size)
+        super().__init__(instances, policy)
 
     async def send(
-        self, rows: int, cls: PriorityClass = BATCH, width: int = 4
+        self,
+        rows: int,
+        cls: PriorityClass = BATCH,
+        width: int = 4,
+        queue_deadline_s: float | None = None,
     ) -> asyncio.Task[Answer]:
         """A batchable request; returns once the scheduler has admitted it (and sent it,
         when it goes at once): submit does both before its first await."""
         x = np.ones((rows, width), np.float32)
         key = batch_key({"x": x})
+        patience = cls.deadline_s if queue_deadline_s is None else queue_deadline_s
         task = asyncio.create_task(
-            self.scheduler.submit({"x": x}, key, ("y",), cls, cls.deadline_s, 10.0)
+            self.scheduler.submit({"x": x}, key, ("y",), cls, patience, 10.0)
         )
         await asyncio.sleep(0)
         return task
@@ -154,28 +160,15 @@ async def test_a_late_request_behind_a_held_batch_is_expired_before_it_crowds_ou
     """A request past its queue deadline while a batch is held to fill answers 504 as soon
     as another request comes, not only once the scheduler's loop looks: until then it
     would keep its place in a full queue, and a request that fits would get 503."""
-    served = await Served(
-        2, QueuePolicy(max_batch_size=8, max_delay_s=5.0, max_queue_size=3)
-    ).start()
-    x = np.ones((1, 4), np.float32)
-
-    async def send(queue_deadline_s: float = BATCH.deadline_s) -> asyncio.Task[Answer]:
-        task = asyncio.create_task(
-            served.scheduler.submit(
-                {"x": x}, batch_key({"x": x}), ("y",), BATCH, queue_deadline_s, 10.0
-            )
-        )
-        await asyncio.sleep(0)
-        return task
-
+    served = await Batcher(instances=2, delay_s=5.0, queue_size=3).start()
     try:
-        first = await send()  # alone: at once, on one instance
-        held = await send()  # held on the other to fill (for 5 s)
-        late = await send(queue_deadline_s=1.0)  # joins the held batch, 1 s of patience
+        first = await served.send(rows=1)  # alone: at once, on one instance
+        held = await served.send(rows=1)  # held on the other to fill (for 5 s)
+        late = await served.send(rows=1, queue_deadline_s=1.0)  # joins it, 1 s of patience
         for _ in range(5):  # the scheduler's loop looks, plans its next look, sleeps
             await asyncio.sleep(0)
         served.clock.advance(1.5)  # its deadline has passed; the batch still fills
-        fits = [await send(), await send()]
+        fits = [await served.send(rows=1), await served.send(rows=1)]
         with pytest.raises(InfergateError) as expired:
             await late
         assert expired.value.status == 504
