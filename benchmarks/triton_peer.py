@@ -256,12 +256,26 @@ def serve_and_measure(
                 {"tiny": "tiny", "tiny_c1": "tiny", "big": "big"},
             ),
         )
-        report = run_all(servers, work, big_sizes, args)
+        try:
+            report = run_all(servers, work, big_sizes, args)
+        except RuntimeError as exc:  # a server that stopped answering: say what it logged
+            logs = "".join(
+                f"\n--- {name}: its log's last lines ---\n{log_tail(path)}"
+                for name, path in (("triton", triton.log), ("infergate", gateway.log))
+            )
+            raise RuntimeError(f"{exc}{logs}") from exc
         report["triton_version"] = triton.version()
     finally:
         gateway.stop()
         triton.stop()
     return report
+
+
+def log_tail(log: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(unreadable: {exc})"
 
 
 def run_all(

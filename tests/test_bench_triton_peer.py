@@ -20,7 +20,14 @@ import tritonclient
 from google.protobuf import text_format  # type: ignore[import-untyped]  # protobuf ships no types
 
 from benchmarks import tritonserver
-from benchmarks.triton_peer import BIG_QUICK, DELAY_MS, MAX_BATCH, TINY, write_models
+from benchmarks.triton_peer import (
+    BIG_QUICK,
+    DELAY_MS,
+    MAX_BATCH,
+    TINY,
+    log_tail,
+    write_models,
+)
 from tests.conftest import REPO
 
 if sys.version_info >= (3, 11):
@@ -195,3 +202,13 @@ def test_an_incomplete_triton_home_names_what_is_missing(tmp_path: Path) -> None
     assert f"NVIDIA Triton is not complete in {tmp_path}" in done.stderr
     assert "triton_python_backend_stub is missing" in done.stderr
     assert "./install.sh --bench" in done.stderr
+
+
+def test_a_failed_run_can_show_the_end_of_each_servers_log(tmp_path: Path) -> None:
+    """When a server stops answering mid-run, the error carries the last lines of its
+    log (`log_tail`), or says the log could not be read."""
+    log = tmp_path / "triton.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)) + "E1203 stub crashed\n")
+    shown = log_tail(log, lines=3)
+    assert shown.splitlines() == ["line 98", "line 99", "E1203 stub crashed"]
+    assert "unreadable" in log_tail(tmp_path / "missing.log")
