@@ -107,16 +107,16 @@ class JobQueue(Generic[T]):
         return depths
 
     def _push(self, job: Job[T]) -> None:
-        job.seq = next(self._seq)
-        rank = job.cls.rank
-        tenant = (rank, job.fair.tenant)
-        job.tag = max(self._vtime.get(rank, 0.0), self._finish.get(tenant, 0.0))
-        self._finish[tenant] = job.tag + max(job.rows, 1) / job.fair.weight
-        heapq.heappush(self._heaps.setdefault(rank, []), (job.tag, job.deadline, job.seq, job))
-        heapq.heappush(self._deadlines, (job.deadline, job.seq, job))
+        job.seq = seq = next(self._seq)
+        rank, fair, rows, deadline, key = job.cls.rank, job.fair, job.rows, job.deadline, job.key
+        tenant = (rank, fair.tenant)
+        job.tag = tag = max(self._vtime.get(rank, 0.0), self._finish.get(tenant, 0.0))
+        self._finish[tenant] = tag + max(rows, 1) / fair.weight
+        heapq.heappush(self._heaps.setdefault(rank, []), (tag, deadline, seq, job))
+        heapq.heappush(self._deadlines, (deadline, seq, job))
         self._size += 1
-        if job.key is not None:
-            self._key_rows[job.key] = self._key_rows.get(job.key, 0) + job.rows
+        if key is not None:
+            self._key_rows[key] = self._key_rows.get(key, 0) + rows
         if job.pin is not None:
             self._pinned += 1
 

@@ -200,10 +200,23 @@ class Scheduler:
         """The request as queue jobs: one, or a chunk of at most max_batch_size rows each."""
         batching = key is not None and self._queue.batching
         rows = rows_of(inputs) if batching else 1
-        if batching and rows > self.policy.max_batch_size:
-            chunks = split_rows(inputs, self.policy.max_batch_size)
-        else:
-            chunks = [inputs]
+        if not batching or rows <= self.policy.max_batch_size:  # the usual request: one job
+            ticket = Ticket(outputs, timeout_s, 1, future)
+            job_key = key if batching else None
+            fair = fair or _ANONYMOUS
+            return [
+                Job(
+                    Work(ticket, 0, inputs),
+                    cls,
+                    now,
+                    now + queue_deadline_s,
+                    rows,
+                    job_key,
+                    pin,
+                    fair,
+                )
+            ]
+        chunks = split_rows(inputs, self.policy.max_batch_size)
         if len(chunks) > self.policy.max_queue_size:
             raise refusals.too_large(self.name, rows, len(chunks), self.policy)
         ticket = Ticket(outputs, timeout_s, len(chunks), future)
