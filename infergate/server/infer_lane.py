@@ -225,11 +225,8 @@ class LaneCycle:
             return
         try:
             self._write(status, headers, body, self._rid)
-        except Exception:  # a bug: the connection goes, the gateway serves on
-            server_log.exception("infer %s failed outside its route", self.name)
-            status = 500
-            if self.protocol is not None:
-                self.protocol.transport.close()
+        except Exception:
+            status = self._cut_off()
         finally:
             self._end(True, status, tenant, self._rid, self._started)
 
@@ -238,13 +235,18 @@ class LaneCycle:
     ) -> None:
         try:
             await self._send(status, headers, body, self._rid)
-        except Exception:  # a bug: the connection goes, the gateway serves on
-            server_log.exception("infer %s failed outside its route", self.name)
-            status = 500
-            if self.protocol is not None:
-                self.protocol.transport.close()
+        except Exception:
+            status = self._cut_off()
         finally:
             self._end(True, status, tenant, self._rid, self._started)
+
+    def _cut_off(self) -> int:
+        """A bug while the answer was being written: logged, and the connection goes (the
+        gateway serves on); the status to log for it."""
+        server_log.exception("infer %s failed outside its route", self.name)
+        if self.protocol is not None:
+            self.protocol.transport.close()
+        return 500
 
     def set(self) -> None:
         """Wake `_receive` if it waits for the rest of the body (or for nothing more)."""
@@ -302,12 +304,11 @@ class LaneCycle:
                 await self._send(503, headers, body, rid)
             raise
         except Exception:  # a bug: answered 500 (uvicorn's cycle would), never left hanging
-            server_log.exception("infer %s failed outside its route", self.name)
-            status = 500
             if self.response_started:
-                if self.protocol is not None:
-                    self.protocol.transport.close()
+                status = self._cut_off()
             else:
+                server_log.exception("infer %s failed outside its route", self.name)
+                status = 500
                 internal = internal_error()
                 await self._send(500, internal.headers, internal.body, rid)
         finally:

@@ -220,16 +220,15 @@ class Scheduler:
         if len(chunks) > self.policy.max_queue_size:
             raise refusals.too_large(self.name, rows, len(chunks), self.policy)
         ticket = Ticket(outputs, timeout_s, len(chunks), future)
-        whole = len(chunks) == 1  # then its rows are counted already
-        group = None if whole else Group()
+        group = Group()  # once one chunk starts, none of them expires
         return [
             Job(
                 Work(ticket, i, c),
                 cls,
                 now,
                 now + queue_deadline_s,
-                rows if whole else rows_of(c),
-                key if batching else None,
+                rows_of(c),
+                key,
                 pin,
                 fair or _ANONYMOUS,
                 group,
