@@ -17,7 +17,7 @@ from infergate.engine.snapshots import TenantView
 from infergate.errors import BadRequest, ConfigError, Forbidden, TenantNotFound, Unauthorized
 from infergate.profile_store import ProfileStore
 from infergate.server.codec import json_object
-from infergate.server.infer_route import api_key
+from infergate.server.infer_request import api_key
 from infergate.server.views import breaker_json, limit
 from infergate.settings.edits import check_edit, editable
 

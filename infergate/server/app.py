@@ -25,7 +25,8 @@ from infergate.server.admin import admin_guard, admin_router, check_model_name
 from infergate.server.decoding import BodyDecoder
 from infergate.server.drain import Drain
 from infergate.server.errors import error_response, install_error_handlers
-from infergate.server.infer_route import InferRoute, version_number
+from infergate.server.infer_request import version_number
+from infergate.server.infer_route import InferRoute
 from infergate.server.private_models import PrivateModels
 from infergate.server.triton import EXTENSIONS, strict_not_ready, triton_router
 from infergate.server.views import (

@@ -19,10 +19,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infergate.engine.admission.tenants import TenantState
 from infergate.engine.engine import Engine, Running
-from infergate.engine.inference import InferenceRequest, InferenceResult
+from infergate.engine.inference import InferenceResult
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.served import RemoteServedVersion
-from infergate.engine.scheduling.sequences import sequence_params
 from infergate.engine.triton.classification import classify_outputs
 from infergate.errors import BadRequest, InfergateError
 from infergate.metrics import Finished
@@ -32,6 +31,14 @@ from infergate.server.codec import Body, DecodedRequest, decode_request, encode_
 from infergate.server.compression import MIN_BYTES, compress_response
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
+from infergate.server.infer_request import (
+    HEADER_LENGTH,
+    api_key,
+    header_text,
+    inference_request,
+    timeout_s,
+    version_number,
+)
 from infergate.server.remote_pass import pass_through
 
 log = logging.getLogger("infergate.server")
@@ -39,62 +46,6 @@ log = logging.getLogger("infergate.server")
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]*))?/infer$")
 _JSON = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
-
-
-def version_number(version: str | None) -> int | None:
-    if version is None or version == "":
-        return None
-    if not version.isdigit() or int(version) <= 0:
-        raise BadRequest(f"model version must be a positive integer, got {version!r}")
-    return int(version)
-
-
-def timeout_s(parameters: dict[str, Any]) -> float | None:
-    """tritonclient sends `timeout` in microseconds."""
-    timeout = parameters.get("timeout")
-    if timeout is None:
-        return None
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise BadRequest(
-            f"parameters.timeout must be a positive number of microseconds, got {timeout!r}"
-        )
-    return float(timeout) / 1e6
-
-
-def session_of(parameters: dict[str, Any]) -> str | None:
-    session = parameters.get("session")
-    if session is None:
-        return None
-    if not isinstance(session, (str, int)) or isinstance(session, bool):
-        raise BadRequest(f"parameters.session must be a string, got {session!r}")
-    return str(session)
-
-
-HEADER_LENGTH = b"inference-header-content-length"
-
-
-def header_text(headers: dict[bytes, bytes], name: bytes) -> str | None:
-    """A header that must be ASCII text; 400 naming it when it is not."""
-    raw = headers.get(name)
-    if raw is None:
-        return None
-    try:
-        return raw.decode("ascii")
-    except UnicodeDecodeError:
-        raise BadRequest(
-            f"header {name.decode()} holds bytes that are not ASCII: {raw[:40]!r}"
-        ) from None
-
-
-def api_key(headers: dict[bytes, bytes]) -> str | None:
-    """The caller's key from `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
-    auth = headers.get(b"authorization")
-    if auth is not None:
-        scheme, _, token = auth.decode("latin-1").partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    key = headers.get(b"x-api-key")
-    return key.decode("latin-1").strip() if key else None
 
 
 class Reply(NamedTuple):
@@ -502,22 +453,6 @@ def internal_error() -> Reply:
         (b"connection", b"close"),
     ]
     return Reply(500, headers, _INTERNAL_BODY, "-", Keeper())
-
-
-def inference_request(name: str, number: int | None, decoded: DecodedRequest) -> InferenceRequest:
-    params = decoded.parameters
-    if not params:  # most requests: no timeout, priority, session or sequence to read
-        return InferenceRequest(name, decoded.inputs, number, decoded.outputs)
-    return InferenceRequest(
-        model=name,
-        version=number,
-        inputs=decoded.inputs,
-        outputs=decoded.outputs,
-        timeout_s=timeout_s(params),
-        priority=params.get("priority"),
-        session=session_of(params),
-        sequence=sequence_params(params),
-    )
 
 
 def error_headers(retry_after_s: float | None) -> list[tuple[bytes, bytes]]:

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infergate.engine.engine import Engine
 from infergate.errors import Forbidden, InfergateError, Unauthorized
-from infergate.server.infer_route import api_key
+from infergate.server.infer_request import api_key
 
 _MODELS = "/v2/models/"
 

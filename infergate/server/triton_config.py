@@ -17,7 +17,7 @@ from infergate.engine.triton.config import model_config
 from infergate.errors import BadRequest, ModelNotFound
 from infergate.server.admin import check_model_name
 from infergate.server.codec import json_object
-from infergate.server.infer_route import version_number
+from infergate.server.infer_request import version_number
 
 
 def _json(doc: Any) -> Response:

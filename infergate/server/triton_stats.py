@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from infergate.engine.engine import Engine
-from infergate.server.infer_route import version_number
+from infergate.server.infer_request import version_number
 
 
 def _stats(model_stats: list[dict[str, Any]]) -> Response:

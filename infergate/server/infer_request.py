@@ -1,0 +1,84 @@
+"""What an infer request says outside its tensors: the version in its path, the caller's
+key and text headers, and its parameters (timeout, priority, session, sequence), read and
+checked (400 naming what is wrong); and the engine's request made from them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infergate.engine.inference import InferenceRequest
+from infergate.engine.scheduling.sequences import sequence_params
+from infergate.errors import BadRequest
+from infergate.server.codec import DecodedRequest
+
+
+def version_number(version: str | None) -> int | None:
+    if version is None or version == "":
+        return None
+    if not version.isdigit() or int(version) <= 0:
+        raise BadRequest(f"model version must be a positive integer, got {version!r}")
+    return int(version)
+
+
+def timeout_s(parameters: dict[str, Any]) -> float | None:
+    """tritonclient sends `timeout` in microseconds."""
+    timeout = parameters.get("timeout")
+    if timeout is None:
+        return None
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        raise BadRequest(
+            f"parameters.timeout must be a positive number of microseconds, got {timeout!r}"
+        )
+    return float(timeout) / 1e6
+
+
+def session_of(parameters: dict[str, Any]) -> str | None:
+    session = parameters.get("session")
+    if session is None:
+        return None
+    if not isinstance(session, (str, int)) or isinstance(session, bool):
+        raise BadRequest(f"parameters.session must be a string, got {session!r}")
+    return str(session)
+
+
+HEADER_LENGTH = b"inference-header-content-length"
+
+
+def header_text(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    """A header that must be ASCII text; 400 naming it when it is not."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadRequest(
+            f"header {name.decode()} holds bytes that are not ASCII: {raw[:40]!r}"
+        ) from None
+
+
+def api_key(headers: dict[bytes, bytes]) -> str | None:
+    """The caller's key from `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
+    auth = headers.get(b"authorization")
+    if auth is not None:
+        scheme, _, token = auth.decode("latin-1").partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    key = headers.get(b"x-api-key")
+    return key.decode("latin-1").strip() if key else None
+
+
+def inference_request(name: str, number: int | None, decoded: DecodedRequest) -> InferenceRequest:
+    params = decoded.parameters
+    if not params:  # most requests: no timeout, priority, session or sequence to read
+        return InferenceRequest(name, decoded.inputs, number, decoded.outputs)
+    return InferenceRequest(
+        model=name,
+        version=number,
+        inputs=decoded.inputs,
+        outputs=decoded.outputs,
+        timeout_s=timeout_s(params),
+        priority=params.get("priority"),
+        session=session_of(params),
+        sequence=sequence_params(params),
+    )
