@@ -92,6 +92,25 @@ class EngineLink:
         finally:
             self._replies.pop(rid, None)
 
+    def ask_soon(
+        self,
+        message: Callable[[int], Message],
+        answered: Callable[[asyncio.Future[Message]], None],
+    ) -> asyncio.Future[Message]:
+        """`ask` without a coroutine: `answered` gets the future the engine's reply settles
+        (or that is cancelled instead), which is returned."""
+        rid = next(self._ids)
+        waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._replies[rid] = waiter
+
+        def done(settled: asyncio.Future[Message]) -> None:
+            self._replies.pop(rid, None)  # a reply popped it already; a cancel did not
+            answered(settled)
+
+        waiter.add_done_callback(done)
+        self.send(message(rid))
+        return waiter
+
     def open_stream(self) -> tuple[int, asyncio.Queue[Message]]:
         rid = next(self._ids)
         stream: asyncio.Queue[Message] = asyncio.Queue()
@@ -134,9 +153,22 @@ class ForwardRoute:
         raw_headers: list[tuple[bytes, bytes]],
         whole: bytes,
         respond: Callable[[Reply | None], None],
-    ) -> None:
-        """Never: the engine answers, through `reply`."""
-        return None
+    ) -> asyncio.Future[Message]:
+        """`reply` without a task, for the lane's usual request (its whole body here): the
+        engine's answer goes to `respond` as it arrives (None: cancelled, the front is
+        stopping). What the answer waits on is returned, for the lane's drain to cancel."""
+        arrived = time.monotonic()
+
+        def answered(waiter: asyncio.Future[Message]) -> None:
+            if waiter.cancelled():
+                respond(None)
+                return
+            _, _, status, headers, content, tenant = waiter.result()
+            respond(Reply(status, headers, content, tenant, _KEPT_NOTHING))
+
+        return self._engine.ask_soon(
+            lambda rid: ("infer", rid, name, version, raw_headers, whole, arrived), answered
+        )
 
 
 class ForwardApp:
