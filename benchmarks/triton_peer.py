@@ -204,6 +204,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=positive, help="pairs of the other figures (2)")
     parser.add_argument("--seconds", type=float, help="per measurement (5)")
     parser.add_argument("--instances", type=positive, default=2, help="per model, both servers")
+    parser.add_argument(
+        "--fronts", type=int, default=0, help="infergate's [server] fronts (0: one process)"
+    )
     parser.add_argument("--triton-home", type=Path, help="a Triton folder (default: the wheel's)")
     args = parser.parse_args()
     try:
@@ -230,6 +233,7 @@ def serve_and_measure(
     profile = work / "profile.toml"
     # Requests wait for a batch, so give them a class whose queue deadline allows it.
     profile.write_text(
+        f"[server]\nfronts = {args.fronts}\n"
         '[tenants.default]\nclass = "batch"\nrps = 1000000\nburst = 1000000\n'
         "max_concurrency = 10000\n"
     )
