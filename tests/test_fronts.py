@@ -111,8 +111,23 @@ def _requests() -> list[tuple[str, str, dict[str, Any]]]:
             "pad": "x" * 30_000,
         }
     )
+    # The options a front passes on decoded (server/predecode.py), parameters as deep as
+    # JSON is read; a tensor of the wrong type, decoded there and refused by the engine.
+    options = orjson.dumps(
+        {
+            "id": "r-7",
+            "parameters": {"deep": "DEEP"},
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}],
+            "outputs": [{"name": "y", "parameters": {"binary_data": False}}],
+        }
+    ).replace(b'"DEEP"', b'{"a":' * 1000 + b"1" + b"}" * 1000)
+    wrong_type = orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "INT64", "shape": [1, 4], "data": [1] * 4}]}
+    )
     infer = "/v2/models/mlp/infer"
     return [
+        ("POST", infer, {"content": options}),
+        ("POST", infer, {"content": wrong_type}),
         ("GET", "/v2/health/live", {}),
         ("GET", "/v2/health/ready", {}),
         ("GET", "/v2/models/mlp", {}),
@@ -149,7 +164,7 @@ def test_fronts_answer_every_request_as_one_process_does(
         answer = _answer(split, method, path, kw)
         assert answer == _answer(one, method, path, again), path
         statuses.append(answer[0])
-    assert statuses == [200, 200, 200, 200, 404, 200, 200, 200, 400, 400, 413, 413, 404]
+    assert statuses == [200, 400, 200, 200, 200, 200, 404, 200, 200, 200, 400, 400, 413, 413, 404]
     # Both paths in: the lane's line is the front's, the rest the engine's; one log.
     log = split.log.read_text()
     assert "POST /v2/models/mlp/infer 200" in log

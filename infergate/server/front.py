@@ -40,6 +40,7 @@ from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import InferLane
 from infergate.server.infer_route import Reply
 from infergate.server.link import LinkProtocol, Message
+from infergate.server.predecode import pack
 
 log = logging.getLogger("infergate.server")
 
@@ -122,10 +123,12 @@ class EngineLink:
 
 
 class ForwardRoute:
-    """The infer lane's route in a front: the engine's `InferRoute.reply` answers."""
+    """The infer lane's route in a front: the engine's `InferRoute` answers. The usual
+    request goes decoded here (server/predecode.py), beside its body."""
 
-    def __init__(self, engine: EngineLink) -> None:
+    def __init__(self, engine: EngineLink, max_body: int) -> None:
         self._engine = engine
+        self._max_body = max_body
 
     async def reply(
         self,
@@ -158,6 +161,7 @@ class ForwardRoute:
         engine's answer goes to `respond` as it arrives (None: cancelled, the front is
         stopping). What the answer waits on is returned, for the lane's drain to cancel."""
         arrived = time.monotonic()
+        packed = pack(whole, dict(raw_headers), self._max_body)
 
         def answered(waiter: asyncio.Future[Message]) -> None:
             if waiter.cancelled():
@@ -167,7 +171,8 @@ class ForwardRoute:
             respond(Reply(status, headers, content, tenant, _KEPT_NOTHING))
 
         return self._engine.ask_soon(
-            lambda rid: ("infer", rid, name, version, raw_headers, whole, arrived), answered
+            lambda rid: ("infer", rid, name, version, raw_headers, whole, arrived, packed),
+            answered,
         )
 
 
@@ -304,9 +309,12 @@ def main(config_json: str) -> None:
     drain = Drain()
     limits = ConnectionLimits(**settings["limits"])
     engine = EngineLink()
+    max_body = int(settings["max_request_bytes"])
     config = uvicorn.Config(
-        ForwardApp(engine, drain, int(settings["max_request_bytes"])),
-        http=GatewayHttpProtocol.with_limits(limits, InferLane(ForwardRoute(engine), drain)),
+        ForwardApp(engine, drain, max_body),
+        http=GatewayHttpProtocol.with_limits(
+            limits, InferLane(ForwardRoute(engine, max_body), drain)
+        ),
         log_level=settings["log_level"],
         log_config=None,
         lifespan="off",  # the engine's

@@ -42,6 +42,7 @@ from infergate.server.http_protocol import ConnectionLimits
 from infergate.server.infer_route import InferRoute, Reply, internal_error
 from infergate.server.link import LinkProtocol
 from infergate.server.link import Message as LinkMessage
+from infergate.server.predecode import Packed, unpack
 
 log = logging.getLogger("infergate.server")
 
@@ -148,6 +149,7 @@ class FrontLink:
         headers: list[tuple[bytes, bytes]],
         body: bytes | None,
         arrived: float,
+        packed: Packed | None = None,
     ) -> bool:
         """`_infer` without a task, for the usual request (`InferRoute.answer_now`, as the
         lane does in one process): a task and its await chain cost the engine's loop, the
@@ -157,7 +159,8 @@ class FrontLink:
             return False
         respond = partial(self._answered, rid)
         try:
-            answer = self._route.answer_now(name, version, headers, body, respond)
+            decoded = None if packed is None else unpack(packed)
+            answer = self._route.answer_now(name, version, headers, body, respond, decoded)
         except Exception:  # a bug: answered 500, never left hanging
             log.exception("infer %s failed outside its route", name)
             answer = internal_error()
@@ -187,6 +190,7 @@ class FrontLink:
         headers: list[tuple[bytes, bytes]],
         body: bytes | None,
         arrived: float,
+        packed: Packed | None = None,  # `_infer_now`'s, not needed here
     ) -> None:
         if self._drain.refuses(arrived):  # its front's drain had not begun yet
             refused, content = shutting_down(NEW_REQUEST)

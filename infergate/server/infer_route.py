@@ -135,6 +135,7 @@ class InferRoute:
         raw_headers: list[tuple[bytes, bytes]],
         whole: bytes,
         respond: Callable[[Reply | None], None],
+        decoded: DecodedRequest | None = None,
     ) -> Reply | asyncio.Future[Any] | None:
         """`reply` without a coroutine, for the lane's usual request (`whole`: its body,
         all here): a task and the await chain down to the scheduler's future were about a
@@ -144,13 +145,14 @@ class InferRoute:
         answered at once (a refusal, an error, a batch of zero rows), or the future its
         answer waits on: `respond` gets the Reply when that is done, or None when it
         was cancelled (the gateway is stopping). The same checks, limits, counting and
-        answers as `reply`, from the same functions."""
+        answers as `reply`, from the same functions. `decoded`: `whole` decoded already
+        (by a front process, server/predecode.py)."""
         context = self._engine.context
         headers_in = dict(raw_headers)
         if (
             context.shared_limits is not None
             or not self._as_read(whole, headers_in)
-            or not self._decoder.inline(whole)
+            or (decoded is None and not self._decoder.inline(whole))
         ):
             return None
         started = context.clock.now()
@@ -162,7 +164,8 @@ class InferRoute:
                 return None
             self._engine.admit(state, name)
             try:
-                decoded = decode_request(whole, header_text(headers_in, HEADER_LENGTH))
+                if decoded is None:
+                    decoded = decode_request(whole, header_text(headers_in, HEADER_LENGTH))
                 running = self._engine.begin_admitted(
                     inference_request(name, number, decoded), state, served
                 )

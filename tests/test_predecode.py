@@ -1,0 +1,118 @@
+"""A front's decoding of the lane's usual request (server/predecode.py): what the engine
+rebuilds from the link is what it would have decoded itself, and what the front must not
+decode goes as its body alone."""
+
+from __future__ import annotations
+
+import marshal
+
+import numpy as np
+import orjson
+import pytest
+
+from infergate.client import encode_infer_request
+from infergate.server.codec import DecodedRequest, decode_request
+from infergate.server.predecode import pack, unpack
+from infergate.tensors import V2_TO_NUMPY
+
+LIMIT = 64 * 1024
+
+
+def _through_the_link(body: bytes, headers: dict[bytes, bytes]) -> DecodedRequest | None:
+    packed = pack(body, headers, LIMIT)
+    return None if packed is None else unpack(marshal.loads(marshal.dumps(packed)))
+
+
+def _same(got: DecodedRequest, want: DecodedRequest) -> None:
+    assert got._replace(inputs={}) == want._replace(inputs={})
+    assert list(got.inputs) == list(want.inputs)
+    for name, array in want.inputs.items():
+        assert got.inputs[name].dtype == array.dtype
+        assert got.inputs[name].shape == array.shape
+        assert np.array_equal(got.inputs[name], array)
+
+
+@pytest.mark.parametrize("datatype", [d for d in V2_TO_NUMPY if d != "BYTES"])
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_every_number_type_arrives_as_the_engine_would_decode_it(
+    datatype: str, binary: bool
+) -> None:
+    x = np.arange(6).reshape(2, 3).astype(V2_TO_NUMPY[datatype])
+    body, headers = encode_infer_request(
+        {"x": x}, outputs=["y"], binary=binary, request_id="r-1", parameters={"p": binary}
+    )
+    raw = {k.lower().encode(): v.encode() for k, v in headers.items()}
+    length = raw.get(b"inference-header-content-length")
+    want = decode_request(body, None if length is None else length.decode())
+    got = _through_the_link(body, raw)
+    assert got is not None
+    _same(got, want)
+
+
+def test_parameters_and_output_options_arrive_whole() -> None:
+    doc = {
+        "id": 7,
+        "parameters": {"priority": 1, "deep": "DEEP", "list": [1, "two", None, 3.5]},
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [0.5, 1]}],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True, "classification": 2}}],
+    }
+    # As deep as orjson reads (1,024 levels in all): within what marshal carries (2,000).
+    deep = b'{"a":' * 1021 + b"1" + b"}" * 1021
+    body = orjson.dumps(doc).replace(b'"DEEP"', deep)
+    got = _through_the_link(body, {})
+    assert got is not None
+    level, depth = got.parameters.pop("deep"), 0
+    while isinstance(level, dict):  # (== on it would pass Python's recursion limit)
+        level, depth = level["a"], depth + 1
+    assert (level, depth) == (1, 1021)
+    want = decode_request(body, None)
+    want.parameters.pop("deep")
+    _same(got, want)
+    assert got.id == "7"
+    assert got.binary_outputs == frozenset({"y"})
+    assert got.output_parameters == {"y": {"binary_data": True, "classification": 2}}
+
+
+def test_what_the_engine_must_decode_goes_as_its_body() -> None:
+    ok = orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    )
+    assert pack(ok, {}, LIMIT) is not None
+    strings = orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}
+    )
+    shared = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP32",
+                    "shape": [1, 2],
+                    "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8},
+                }
+            ]
+        }
+    )
+    refused = {
+        "not JSON (the engine answers 400, after its own checks)": (b"{nope", {}),
+        "no inputs": (b"{}", {}),
+        "a header that is not a number": (ok, {b"inference-header-content-length": b"x"}),
+        "BYTES": (strings, {}),
+        "shared memory (registered in the engine)": (shared, {}),
+        "compressed": (ok, {b"content-encoding": b"gzip"}),
+    }
+    for why, (body, headers) in refused.items():
+        assert pack(body, headers, LIMIT) is None, why
+    assert pack(ok, {}, len(ok) - 1) is None, "past the size limit (the engine answers 413)"
+
+
+def test_the_engine_gets_arrays_without_a_copy() -> None:
+    body = orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3, 4]}]}
+    )
+    packed = pack(body, {}, LIMIT)
+    assert packed is not None
+    array = unpack(packed).inputs["x"]
+    assert array.base is not None
+    assert not array.flags.owndata
+    assert array.tolist() == [[1, 2], [3, 4]]
