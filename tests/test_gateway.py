@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 import infergate.engine
 from infergate.profile import load_profile
 from infergate.server.gateway import build_gateway
+from infergate.server.infer_route import Reply
 from tests.conftest import write_profile
 from tests.scripted_runtime import make_scripted, scripted_inputs
 
@@ -61,6 +64,44 @@ async def test_the_gateway_answers_in_process_through_the_asgi_transport(
             tenants = (await client.get("/admin/tenants")).json()
             assert [t["name"] for t in tenants["tenants"]] == ["default"]
             assert tenants["profile"] == str(tmp_path / "profile.toml")  # the store is wired
+    finally:
+        await engine.stop()
+
+
+async def test_a_request_cancelled_before_its_task_runs_is_answered_and_let_go(
+    tmp_path: Path,
+) -> None:
+    """A lone request is awaited in a task of its own (`InferRoute.answer_now`); one the
+    drain cancels before that task's first step still gets its answer (None: the lane
+    answers 503) and gives back its tenant's slot."""
+    models = tmp_path / "models"
+    make_scripted(models / "echo" / "1" / "model.scripted", ("sleep_ms",))
+    profile = load_profile(write_profile(tmp_path, "[tenants.default]\nmax_concurrency = 1\n"))
+    engine, app, route = build_gateway(profile, models)
+    await engine.start()
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            await _wait_ready(client, "echo")
+        body = orjson.dumps(scripted_inputs(rows=1, sleep_ms=0))
+        answers: list[Reply | None] = []
+        waiting = route.answer_now("echo", None, [], body, answers.append)
+        assert isinstance(waiting, asyncio.Task)  # its own batch: awaited in a task
+        waiting.cancel()  # in the step that made it, as the drain's end may
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        assert answers == [None]  # the lane answers 503
+        (tenant,) = engine.tenant_views()
+        assert tenant.in_flight == 0  # the next request of this one-slot tenant may go
+        answers.clear()
+        route.answer_now("echo", None, [], body, answers.append)
+        deadline = time.monotonic() + 30
+        while not answers:  # (its batch waits for the first one's, still awaited)
+            assert time.monotonic() < deadline, "no answer"
+            await asyncio.sleep(0.01)
+        (answer,) = answers
+        assert answer is not None
+        assert answer.status == 200
     finally:
         await engine.stop()
 

@@ -1,10 +1,13 @@
 """A front's decoding of the lane's usual request (server/predecode.py): what the engine
-rebuilds from the link is what it would have decoded itself, and what the front must not
-decode goes as its body alone."""
+rebuilds from the link is what it would have decoded itself, what the front must not
+decode goes as its body alone, and a front decodes only for a key the engine accepted
+(server/front.py; the engine's side of the link is played here, over a real socket)."""
 
 from __future__ import annotations
 
+import asyncio
 import marshal
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -12,6 +15,9 @@ import pytest
 
 from infergate.client import encode_infer_request
 from infergate.server.codec import DecodedRequest, decode_request
+from infergate.server.front import EngineLink, ForwardRoute
+from infergate.server.infer_route import Reply
+from infergate.server.link import LinkProtocol, Message
 from infergate.server.predecode import pack, unpack
 from infergate.tensors import V2_TO_NUMPY
 
@@ -116,3 +122,52 @@ def test_the_engine_gets_arrays_without_a_copy() -> None:
     assert array.base is not None
     assert not array.flags.owndata
     assert array.tolist() == [[1, 2], [3, 4]]
+
+
+async def test_a_front_decodes_only_for_a_key_the_engine_has_accepted(tmp_path: Path) -> None:
+    """A stranger's request goes to the engine undecoded (its 401 costs no decoding, as in
+    one process); a key the engine accepted is decoded in the front, until it refuses it."""
+    asked: list[Message] = []
+    answers: list[tuple[int, str]] = []  # the engine's status and tenant for each request
+
+    def engine_side(message: Message) -> None:
+        asked.append(message)
+        status, tenant = answers.pop(0)
+        engine.send(("reply", message[1], status, [], b"{}", tenant))
+
+    engine = LinkProtocol(engine_side)
+    path = str(tmp_path / "link.sock")
+    server = await asyncio.get_running_loop().create_unix_server(lambda: engine, path)
+    link = EngineLink()
+    await link.connect(path, lambda: None)
+    route = ForwardRoute(link, LIMIT)
+    body = orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    )
+
+    async def ask(key: str | None, status: int, tenant: str) -> bool:
+        """Whether the front sent the request decoded."""
+        answers.append((status, tenant))
+        headers = [] if key is None else [(b"x-api-key", key.encode())]
+        replied: asyncio.Future[Reply | None] = asyncio.get_running_loop().create_future()
+        route.answer_now("m", None, headers, body, replied.set_result)
+        reply = await replied
+        assert reply is not None
+        assert reply.status == status
+        return asked[-1][-1] is not None
+
+    try:
+        assert not await ask("stranger", 401, "-")
+        assert not await ask("stranger", 401, "-"), "refused: still a stranger"
+        assert not await ask("team-a", 200, "a"), "the first request of a key"
+        assert await ask("team-a", 429, "a"), "accepted before: decoded"
+        assert await ask("team-a", 401, "-"), "revoked since (a reload)"
+        assert not await ask("team-a", 200, "a"), "forgotten once refused"
+        assert not await ask(None, 200, "default")
+        assert await ask(None, 200, "default"), "no key, where the engine admits one"
+    finally:
+        for end in (link.link, engine):
+            if end is not None and end.transport is not None:
+                end.transport.close()
+        server.close()
+        await server.wait_closed()

@@ -38,6 +38,7 @@ from infergate.server.decoding import Keeper
 from infergate.server.drain import NOT_WAITED_FOR, Drain, DrainingServer
 from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import InferLane
+from infergate.server.infer_request import api_key
 from infergate.server.infer_route import Reply
 from infergate.server.link import LinkProtocol, Message
 from infergate.server.predecode import pack
@@ -122,13 +123,22 @@ class EngineLink:
         self._streams.pop(rid, None)
 
 
+_KNOWN_KEYS = 4096  # the keys a front remembers the engine accepting
+
+
 class ForwardRoute:
     """The infer lane's route in a front: the engine's `InferRoute` answers. The usual
-    request goes decoded here (server/predecode.py), beside its body."""
+    request goes decoded here (server/predecode.py), beside its body, once its key is
+    known: one the engine has accepted before (no key at all, when it admitted one
+    without). A stranger's request is not decoded here, as the engine refuses it (401)
+    before decoding it in one process: a bad key costs no decoding in either."""
 
     def __init__(self, engine: EngineLink, max_body: int) -> None:
         self._engine = engine
         self._max_body = max_body
+        # Keys the engine accepted lately, oldest first (None: no key); one it refuses
+        # (401: revoked, say) is forgotten.
+        self._known: dict[str | None, None] = {}
 
     async def reply(
         self,
@@ -161,19 +171,34 @@ class ForwardRoute:
         engine's answer goes to `respond` as it arrives (None: cancelled, the front is
         stopping). What the answer waits on is returned, for the lane's drain to cancel."""
         arrived = time.monotonic()
-        packed = pack(whole, dict(raw_headers), self._max_body)
+        headers_in = dict(raw_headers)
+        key = api_key(headers_in)
+        packed = pack(whole, headers_in, self._max_body) if key in self._known else None
 
         def answered(waiter: asyncio.Future[Message]) -> None:
             if waiter.cancelled():
                 respond(None)
                 return
             _, _, status, headers, content, tenant = waiter.result()
+            self._learn(key, status, tenant)
             respond(Reply(status, headers, content, tenant, _KEPT_NOTHING))
 
         return self._engine.ask_soon(
             lambda rid: ("infer", rid, name, version, raw_headers, whole, arrived, packed),
             answered,
         )
+
+
+    def _learn(self, key: str | None, status: int, tenant: str) -> None:
+        """What the engine's answer says of `key`: accepted (it names a tenant), or
+        refused."""
+        known = self._known
+        if status == 401:
+            known.pop(key, None)
+        elif tenant != "-" and key not in known:
+            if len(known) >= _KNOWN_KEYS:
+                del known[next(iter(known))]
+            known[key] = None
 
 
 class ForwardApp:

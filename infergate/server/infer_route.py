@@ -13,6 +13,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any, NamedTuple, cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -183,7 +184,9 @@ class InferRoute:
                 # Its own batch (or a sequence's step), awaited in a task that answers it as
                 # soon as it is done: no further turn of the loop for a lone client.
                 coroutine = cast(Coroutine[Any, Any, Any], waiting)
-                return self._loop().create_task(answer.after(coroutine), name="infer-now")
+                task = self._loop().create_task(answer.after(coroutine), name="infer-now")
+                task.add_done_callback(partial(answer.unstarted, coroutine))
+                return task
             self._engine.leave(state)
             status = 200
             headers, body = self._encoded(running, decoded, served)
@@ -389,6 +392,7 @@ class _Waiting:
         "started",
         "raw_headers",
         "respond",
+        "answered",
     )
 
     def __init__(
@@ -412,6 +416,7 @@ class _Waiting:
         self.started = started
         self.raw_headers = raw_headers
         self.respond = respond
+        self.answered = False
 
     def __call__(self, future: asyncio.Future[Any]) -> None:
         """The done callback on the scheduler's future."""
@@ -433,15 +438,32 @@ class _Waiting:
             return
         self.answer(outcome, None)
 
+    def unstarted(self, waiting: Coroutine[Any, Any, Any], task: asyncio.Task[None]) -> None:
+        """The done callback of `after`'s task: one cancelled before its first step never
+        ran `after`, and is answered (and its tenant's slot let go) here; what it was to
+        await (a batch on a worker already) is still awaited to its end, its timeout
+        kept, its outcome dropped."""
+        if self.answered or not task.cancelled():
+            return
+        self.answer(None, asyncio.CancelledError())
+        orphan = self.route._loop().create_task(waiting, name="infer-orphan")
+        orphan.add_done_callback(_dropped)
+
     def answer(self, outcome: Any, error: BaseException | None) -> None:
         """`respond` with the answer, where a bug answers 500 and closes the connection
         (as the lane's task does) instead of leaving the client without an answer."""
+        self.answered = True
         try:
             reply = self.route._settled(self, outcome, error)
         except Exception:
             log.exception("infer failed after its wait")
             reply = internal_error()
         self.respond(reply)
+
+
+def _dropped(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: nobody waits for it
 
 
 _INTERNAL_BODY = error_body("internal error: the gateway could not answer this request")
