@@ -56,6 +56,20 @@ timeouts in the queue and the gateway's own bugs are not the model's fault.
 
 from __future__ import annotations
 
+import reprlib
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel = 3
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlist = _SHOWN.maxdict = 8
+
+
+def shown(value: object) -> str:
+    """A client's value, as an error message names it: short, and read only a few levels
+    deep (the repr of JSON nested a thousand levels passes Python's recursion limit, and
+    would turn a 400 into a 500)."""
+    return _SHOWN.repr(value)
+
 
 class InfergateError(Exception):
     """Base of every error the engine raises on purpose."""

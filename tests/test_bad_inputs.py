@@ -24,6 +24,26 @@ def x_input(**overrides: Any) -> dict[str, Any]:
 
 
 JSON = {"Content-Type": "application/json"}
+_DEEP_LIST = b"[" * 1000 + b"1" + b"]" * 1000
+
+
+def _with(**fields: Any) -> bytes:
+    """A request for mlp with some fields replaced; a field named with dots is inside one
+    (`parameters.timeout`, `outputs[0].parameters`), a shape or data one of x's, and the
+    value "DEEP" is a list nested a thousand levels."""
+    doc: dict[str, Any] = {"inputs": [x_input()]}
+    for where, value in fields.items():
+        if where in ("shape", "data"):
+            doc["inputs"][0][where] = value
+        elif where == "outputs[0].parameters":
+            doc["outputs"] = [{"name": "y", "parameters": value}]
+        elif where.startswith("parameters."):
+            doc.setdefault("parameters", {})[where.split(".", 1)[1]] = value
+        else:
+            doc[where] = value
+    return orjson.dumps(doc).replace(b'"DEEP"', _DEEP_LIST)
+
+
 CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
     ("unknown model", "/v2/models/nope/infer", b"{}", JSON, 404, "unknown model: 'nope'"),
     (
@@ -184,6 +204,31 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
         "parameters.timeout",
     ),
     ("unknown endpoint", "/v2/nothing/here", b"{}", JSON, 404, "no such endpoint"),
+    ("65 dimensions", "/v2/models/mlp/infer", _with(shape=[1] * 65), JSON, 400, "at most 64"),
+    (
+        "an empty tensor numpy cannot shape",
+        "/v2/models/mlp/infer",
+        _with(shape=[0, 2**61, 4], data=[]),
+        JSON,
+        400,
+        "more elements than any tensor can hold",
+    ),
+    # Values nested as deep as JSON is read (a repr of them in the message passed Python's
+    # recursion limit: a 500).
+    ("a deep id", "/v2/models/mlp/infer", _with(id="DEEP"), JSON, 400, "'id' must be a string"),
+    ("a deep shape", "/v2/models/mlp/infer", _with(shape="DEEP"), JSON, 400, "got [[[[...]]]]"),
+    *[
+        (f"a deep {where}", "/v2/models/mlp/infer", _with(**{where: "DEEP"}), JSON, 400, where)
+        for where in (
+            "parameters",
+            "parameters.timeout",
+            "parameters.session",
+            "parameters.priority",
+            "parameters.sequence_id",
+            "parameters.binary_data_output",
+            "outputs[0].parameters",
+        )
+    ],
 ]
 
 

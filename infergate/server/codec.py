@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 
 from infergate.engine.triton.shared_memory import SYSTEM_SHM, wants_shared_memory
-from infergate.errors import BadRequest
+from infergate.errors import BadRequest, shown
 from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wire, v2_datatype
 
 Body = bytes | bytearray | memoryview  # a request body, as read or as mapped
@@ -54,27 +54,36 @@ def _loads(raw: Body) -> dict[str, Any]:
     return json_object(raw, "a JSON object with an 'inputs' array")
 
 
-# No tensor numpy can hold has more elements than this (int64 indexing); a shape whose
-# product passes it would overflow before any size check could refuse it.
-_MAX_ELEMENTS = 2**62
+# No tensor numpy can hold has more elements than this (its size in bytes, at 8 bytes an
+# element, must fit an int64); a shape whose product passes it would overflow before any
+# size check could refuse it.
+_MAX_ELEMENTS = 2**59
+_MAX_DIMS = 64  # numpy's most
 
 
 def _shape(name: str, value: Any) -> tuple[int, ...]:
     if type(value) is list:  # a loop, not all(<genexpr>): this runs for every input
-        count = 1
+        if len(value) > _MAX_DIMS:
+            raise BadRequest(
+                f"input {name!r}: shape has {len(value)} dimensions; a tensor has at most "
+                f"{_MAX_DIMS}"
+            )
+        # The dimensions but zeros multiplied: numpy refuses a shape whose product passes
+        # its limit even when a zero makes the tensor empty.
+        held = 1
         for d in value:
             if type(d) is not int or d < 0:  # type(), not isinstance: True is not a size
                 break
-            count *= d
+            held *= d or 1
         else:
-            if count > _MAX_ELEMENTS or (count == 0 and max(value, default=0) > _MAX_ELEMENTS):
+            if held > _MAX_ELEMENTS:
                 raise BadRequest(
-                    f"input {name!r}: shape {value!r} has more elements than any tensor "
+                    f"input {name!r}: shape {shown(value)} has more elements than any tensor "
                     "can hold. Hint: check the shape; its product is the element count"
                 )
             return tuple(value)
     raise BadRequest(
-        f"input {name!r}: 'shape' must be a list of non-negative integers, got {value!r}"
+        f"input {name!r}: 'shape' must be a list of non-negative integers, got {shown(value)}"
     )
 
 
@@ -298,7 +307,7 @@ _NO_NAMES: frozenset[str] = frozenset()
 def _flag(params: dict[str, Any], key: str, where: str, default: bool) -> bool:
     value = params.get(key, default)
     if type(value) is not bool:
-        raise BadRequest(f"{where}.{key} must be true or false, got {value!r}")
+        raise BadRequest(f"{where}.{key} must be true or false, got {shown(value)}")
     return value
 
 
@@ -307,10 +316,13 @@ def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedReq
     if params is None:
         params = {}
     if type(params) is not dict:
-        raise BadRequest(f"'parameters' must be an object, got {params!r}")
+        raise BadRequest(f"'parameters' must be an object, got {shown(params)}")
     binary_default = _flag(params, "binary_data_output", "parameters", False)
     request_id = doc.get("id")
-    request_id = str(request_id) if request_id is not None else None
+    if request_id is not None and type(request_id) is not str:
+        if type(request_id) not in (int, float):  # (a number: written back as text)
+            raise BadRequest(f"'id' must be a string, got {shown(request_id)}")
+        request_id = str(request_id)
     raw_outputs = doc.get("outputs")
     if raw_outputs is None or raw_outputs == []:  # every output, in the default encoding
         # (`"outputs": []` means every output too, as in Triton)
@@ -328,7 +340,7 @@ def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedReq
         if out_params is None:
             out_params = {}
         if type(out_params) is not dict:
-            raise BadRequest(f"outputs[{i}].parameters must be an object, got {out_params!r}")
+            raise BadRequest(f"outputs[{i}].parameters must be an object, got {shown(out_params)}")
         if _flag(out_params, "binary_data", f"outputs[{i}].parameters", binary_default):
             binary.add(out["name"])
         if len(out_params) > ("binary_data" in out_params):

@@ -188,7 +188,6 @@ class ForwardRoute:
             answered,
         )
 
-
     def _learn(self, key: str | None, status: int, tenant: str) -> None:
         """What the engine's answer says of `key`: accepted (it names a tenant), or
         refused."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from infergate.engine.inference import InferenceRequest
 from infergate.engine.scheduling.sequences import sequence_params
-from infergate.errors import BadRequest
+from infergate.errors import BadRequest, shown
 from infergate.server.codec import DecodedRequest
 
 
@@ -27,7 +27,7 @@ def timeout_s(parameters: dict[str, Any]) -> float | None:
         return None
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise BadRequest(
-            f"parameters.timeout must be a positive number of microseconds, got {timeout!r}"
+            f"parameters.timeout must be a positive number of microseconds, got {shown(timeout)}"
         )
     return float(timeout) / 1e6
 
@@ -37,7 +37,7 @@ def session_of(parameters: dict[str, Any]) -> str | None:
     if session is None:
         return None
     if not isinstance(session, (str, int)) or isinstance(session, bool):
-        raise BadRequest(f"parameters.session must be a string, got {session!r}")
+        raise BadRequest(f"parameters.session must be a string, got {shown(session)}")
     return str(session)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infergate.errors import BadRequest, ConfigError
+from infergate.errors import BadRequest, ConfigError, shown
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,12 @@ class ClassTable:
         elif isinstance(requested, str):
             if requested not in self._by_name:
                 raise BadRequest(
-                    f"parameters.priority {requested!r} is not a class; use one of "
+                    f"parameters.priority {shown(requested)} is not a class; use one of "
                     f"{', '.join(c.name for c in self.ordered)} or an integer (1 is highest)"
                 )
             wanted = self._by_name[requested]
         else:
             raise BadRequest(
-                f"parameters.priority must be a class name or integer, got {requested!r}"
+                f"parameters.priority must be a class name or integer, got {shown(requested)}"
             )
         return wanted if wanted.rank >= cap.rank else cap

@@ -21,7 +21,7 @@ from infergate.clock import Clock
 from infergate.engine.lifecycle.instance import Instance
 from infergate.engine.repository.sequence_config import SequenceSettings
 from infergate.engine.workers.protocol import Worker
-from infergate.errors import BadRequest, InfergateError, Overloaded, SequenceLost
+from infergate.errors import BadRequest, InfergateError, Overloaded, SequenceLost, shown
 from infergate.tensors import Array
 
 SequenceId = int | str
@@ -51,7 +51,7 @@ def sequence_params(parameters: dict[str, Any]) -> SequenceParams | None:
     for key in ("sequence_start", "sequence_end"):
         value = parameters.get(key, False)
         if type(value) is not bool:
-            raise BadRequest(f"parameters.{key} must be true or false, got {value!r}")
+            raise BadRequest(f"parameters.{key} must be true or false, got {shown(value)}")
         flags.append(value)
     sid = parameters.get("sequence_id", 0)
     if (
@@ -60,7 +60,7 @@ def sequence_params(parameters: dict[str, Any]) -> SequenceParams | None:
         or (isinstance(sid, int) and sid < 0)
     ):
         raise BadRequest(
-            f"parameters.sequence_id must be a non-negative integer or a string, got {sid!r}"
+            f"parameters.sequence_id must be a non-negative integer or a string, got {shown(sid)}"
         )
     if sid in (0, ""):
         if any(flags):
