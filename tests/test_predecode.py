@@ -8,25 +8,27 @@ from __future__ import annotations
 import asyncio
 import marshal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 
 from infergate.client import encode_infer_request
-from infergate.server.codec import DecodedRequest, decode_request
+from infergate.server.codec import DecodedRequest, decode_request, encode_response
+from infergate.server.compression import compress_response
 from infergate.server.front import EngineLink, ForwardRoute
 from infergate.server.infer_route import Reply
 from infergate.server.link import LinkProtocol, Message
-from infergate.server.predecode import pack, unpack
-from infergate.tensors import V2_TO_NUMPY
+from infergate.server.predecode import encode_answer, pack, pack_outputs, unpack
+from infergate.tensors import V2_TO_NUMPY, Array
 
 LIMIT = 64 * 1024
 
 
 def _through_the_link(body: bytes, headers: dict[bytes, bytes]) -> DecodedRequest | None:
-    packed = pack(body, headers, LIMIT)
-    return None if packed is None else unpack(marshal.loads(marshal.dumps(packed)))
+    both = pack(body, headers, LIMIT)
+    return None if both is None else unpack(marshal.loads(marshal.dumps(both[1])))
 
 
 def _same(got: DecodedRequest, want: DecodedRequest) -> None:
@@ -116,12 +118,68 @@ def test_the_engine_gets_arrays_without_a_copy() -> None:
     body = orjson.dumps(
         {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3, 4]}]}
     )
-    packed = pack(body, {}, LIMIT)
-    assert packed is not None
-    array = unpack(packed).inputs["x"]
+    both = pack(body, {}, LIMIT)
+    assert both is not None
+    array = unpack(both[1]).inputs["x"]
     assert array.base is not None
     assert not array.flags.owndata
     assert array.tolist() == [[1, 2], [3, 4]]
+
+
+@pytest.mark.parametrize(
+    ("options", "accept"),
+    [
+        ({}, None),
+        ({"id": "r-1", "parameters": {"binary_data_output": True}}, None),
+        ({"outputs": [{"name": "b", "parameters": {"binary_data": True}}, {"name": "a"}]}, None),
+        ({}, "gzip"),  # a large answer, compressed as the client asks
+    ],
+    ids=["json", "binary", "some-binary", "gzip"],
+)
+def test_a_front_encodes_the_answer_as_the_engine_would(
+    options: dict[str, Any], accept: str | None
+) -> None:
+    rows = 600 if accept else 2  # (compressed from compression.MIN_BYTES)
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}
+    decoded = decode_request(orjson.dumps({**doc, **options}), None)
+    outputs: dict[str, Array] = {
+        "a": np.linspace(0, 1, rows * 3, dtype=np.float32).reshape(rows, 3),
+        "b": np.arange(rows, dtype=np.int64),
+    }
+    request_headers = [] if accept is None else [(b"accept-encoding", accept.encode())]
+    packed = pack_outputs("m", 3, outputs, decoded)
+    assert packed is not None
+    headers, body = encode_answer(marshal.loads(marshal.dumps(packed)), decoded, request_headers)
+    # The engine's own: its body, content type and compression (server/infer_route.py).
+    want_body, json_length = encode_response("m", 3, outputs, decoded)
+    want_headers = (
+        [(b"content-type", b"application/json")]
+        if json_length is None
+        else [
+            (b"content-type", b"application/octet-stream"),
+            (b"inference-header-content-length", b"%d" % json_length),
+        ]
+    )
+    want_body = compress_response(request_headers, want_headers, want_body, 200)
+    want_headers.append((b"content-length", b"%d" % len(want_body)))
+    assert (headers, body) == (want_headers, want_body)
+    assert (accept is not None) == ((b"content-encoding", b"gzip") in headers)
+
+
+def test_what_only_the_engine_encodes_comes_finished() -> None:
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}
+    plain = decode_request(orjson.dumps(doc), None)
+    classified = decode_request(
+        orjson.dumps({**doc, "outputs": [{"name": "a", "parameters": {"classification": 2}}]}),
+        None,
+    )
+    numbers: dict[str, Array] = {"a": np.ones((1, 3), np.float32)}
+    assert pack_outputs("m", 1, numbers, plain) is not None
+    assert pack_outputs("m", 1, numbers, classified) is None
+    strings: dict[str, Array] = {"a": np.array([b"text"], dtype=object)}
+    assert pack_outputs("m", 1, strings, plain) is None
+    swapped: dict[str, Array] = {"a": np.ones(3, np.dtype(np.float32).newbyteorder())}
+    assert pack_outputs("m", 1, swapped, plain) is None
 
 
 async def test_a_front_decodes_only_for_a_key_the_engine_has_accepted(tmp_path: Path) -> None:

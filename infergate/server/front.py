@@ -39,9 +39,9 @@ from infergate.server.drain import NOT_WAITED_FOR, Drain, DrainingServer
 from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import InferLane
 from infergate.server.infer_request import api_key
-from infergate.server.infer_route import Reply
+from infergate.server.infer_route import Reply, internal_error
 from infergate.server.link import LinkProtocol, Message
-from infergate.server.predecode import pack
+from infergate.server.predecode import encode_answer, pack
 
 log = logging.getLogger("infergate.server")
 
@@ -73,7 +73,7 @@ class EngineLink:
 
     def _on_message(self, message: Message) -> None:
         kind, rid = message[0], message[1]
-        if kind == "reply":
+        if kind == "reply" or kind == "result":
             waiter = self._replies.pop(rid, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
@@ -173,13 +173,26 @@ class ForwardRoute:
         arrived = time.monotonic()
         headers_in = dict(raw_headers)
         key = api_key(headers_in)
-        packed = pack(whole, headers_in, self._max_body) if key in self._known else None
+        both = pack(whole, headers_in, self._max_body) if key in self._known else None
+        decoded, packed = (None, None) if both is None else both
 
         def answered(waiter: asyncio.Future[Message]) -> None:
             if waiter.cancelled():
                 respond(None)
                 return
-            _, _, status, headers, content, tenant = waiter.result()
+            message = waiter.result()
+            if message[0] == "result":  # a 200, encoded here
+                _, _, tenant, outputs = message
+                assert decoded is not None, "a result for a request sent undecoded"
+                try:
+                    headers, content = encode_answer(outputs, decoded, raw_headers)
+                except Exception:  # a bug: answered 500, never left hanging
+                    log.exception("infer %s: encoding its answer failed", name)
+                    respond(internal_error())
+                    return
+                status = 200
+            else:
+                _, _, status, headers, content, tenant = message
             self._learn(key, status, tenant)
             respond(Reply(status, headers, content, tenant, _KEPT_NOTHING))
 

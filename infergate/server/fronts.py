@@ -179,6 +179,8 @@ class FrontLink:
         if reply is None:
             headers, body = shutting_down(OUT_OF_TIME)
             self.link.send(("reply", rid, 503, headers, body, "-"))
+        elif reply.outputs is not None:  # a 200 the front encodes
+            self.link.send(("result", rid, reply.tenant, reply.outputs))
         else:
             self.link.send(("reply", rid, reply.status, reply.headers, reply.body, reply.tenant))
 

@@ -214,7 +214,7 @@ class LaneCycle:
             status, tenant = 503, "-"
             headers, body = shutting_down(OUT_OF_TIME)
         else:
-            status, headers, body, tenant, _ = reply
+            status, headers, body, tenant, _, _ = reply
         if self._paused():  # the client reads slower than we answer: wait in a task
             assert protocol is not None
             task = asyncio.Task(

@@ -40,6 +40,7 @@ from infergate.server.infer_request import (
     timeout_s,
     version_number,
 )
+from infergate.server.predecode import PackedOutputs, pack_outputs
 from infergate.server.remote_pass import pass_through
 
 log = logging.getLogger("infergate.server")
@@ -57,6 +58,9 @@ class Reply(NamedTuple):
     body: bytes
     tenant: str  # the authenticated tenant's name, "-" before authentication
     keeper: Keeper  # what the request holds until its answer is sent
+    # A 200 whose answer a front encodes (it decoded the request): its outputs, and no
+    # body or headers here.
+    outputs: PackedOutputs | None = None
 
 
 class InferRoute:
@@ -150,6 +154,7 @@ class InferRoute:
         (by a front process, server/predecode.py)."""
         context = self._engine.context
         headers_in = dict(raw_headers)
+        front_decoded = decoded is not None
         if (
             context.shared_limits is not None
             or not self._as_read(whole, headers_in)
@@ -178,6 +183,7 @@ class InferRoute:
                 answer = _Waiting(
                     self, name, running, decoded, served, state, started, raw_headers, respond
                 )
+                answer.front_encodes = front_decoded
                 if isinstance(waiting, asyncio.Future):  # queued: the usual case under load
                     waiting.add_done_callback(answer)
                     return waiting
@@ -216,6 +222,15 @@ class InferRoute:
                 finally:
                     engine.leave(state)
                 status = 200
+                if waiting.front_encodes:
+                    packed = pack_outputs(
+                        result.model, result.version, result.outputs, waiting.decoded
+                    )
+                    if packed is not None:
+                        return self._reply(
+                            name, state, 200, [], b"", waiting.started, waiting.raw_headers,
+                            Keeper(), packed,
+                        )  # fmt: skip
                 headers, body = self._encoded(result, waiting.decoded, waiting.served)
             except Exception as exc:
                 status, headers, body = self._failed(name, exc)
@@ -242,8 +257,9 @@ class InferRoute:
         started: float,
         raw_headers: list[tuple[bytes, bytes]],
         keeper: Keeper,
+        outputs: PackedOutputs | None = None,
     ) -> Reply:
-        """The answer as sent, counted."""
+        """The answer as sent, counted (`outputs`: a 200 a front encodes)."""
         tenant = "-" if state is None else state.tenant.name
         # Bounded labels, and none that tells a tenant (through the open /metrics) whether
         # a model it may not use exists (one that served the request, it may).
@@ -266,7 +282,7 @@ class InferRoute:
         if status == 200 and len(body) >= MIN_BYTES:  # (most answers: too small to pay)
             body = compress_response(raw_headers, headers, body, status)
         headers.append((b"content-length", b"%d" % len(body)))
-        return Reply(status, headers, body, tenant, keeper)
+        return Reply(status, headers, body, tenant, keeper, outputs)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the route answers on, kept rather than asked for each request:
@@ -393,6 +409,7 @@ class _Waiting:
         "raw_headers",
         "respond",
         "answered",
+        "front_encodes",
     )
 
     def __init__(
@@ -417,6 +434,7 @@ class _Waiting:
         self.raw_headers = raw_headers
         self.respond = respond
         self.answered = False
+        self.front_encodes = False  # the request came decoded from a front, which encodes
 
     def __call__(self, future: asyncio.Future[Any]) -> None:
         """The done callback on the scheduler's future."""

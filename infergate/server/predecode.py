@@ -1,16 +1,23 @@
-"""An infer request decoded in a front process (`[server] fronts`), as the link carries it.
+"""The JSON of the lane's usual infer request done in a front process (`[server] fronts`):
+its body decoded there and its answer encoded there, the tensors crossing the link as raw
+bytes.
 
-With fronts, the engine's loop is the limit: decoding a request's JSON there was about a
-tenth of its CPU a tiny request, and most of it for a large JSON body. So a front decodes
-the lane's usual request itself and sends its tensors as raw bytes beside the body; the
-engine rebuilds the arrays (no copy) and skips its own decoding. Anything else goes as
-before, the body alone, and the engine decodes it: a body that does not decode (so that
-the engine's answer and its order of checks stay its own: a stranger's bad body gets
-401, not 400), one that names shared memory (the regions are registered in the engine),
-BYTES or other object tensors, a compressed body, or one past the size limit. The front
-decodes only for a key the engine has accepted before (server/front.py), so that a
-stranger's request costs no decoding there, as in one process. orjson reads JSON up to
-1,024 levels deep, within the 2,000 that marshal carries.
+With fronts, the engine's loop is the limit: decoding a request's JSON and encoding its
+answer were about a seventh of its CPU a tiny request, and most of it for large JSON
+tensors. So a front decodes the lane's usual request itself and sends its tensors beside
+the body (`pack`); the engine rebuilds the arrays (no copy, `unpack`) and skips its own
+decoding. Anything else goes as before, the body alone, and the engine decodes it: a body
+that does not decode (so that the engine's answer and its order of checks stay its own: a
+stranger's bad body gets 401, not 400), one that names shared memory (the regions are
+registered in the engine), BYTES or other object tensors, a compressed body, or one past
+the size limit. The front decodes only for a key the engine has accepted before
+(server/front.py), so that a stranger's request costs no decoding there, as in one
+process. orjson reads JSON up to 1,024 levels deep, within the 2,000 that marshal carries.
+
+The answer to a request the front decoded comes back the same way: its outputs as raw
+bytes (`pack_outputs`), which the front encodes (`encode_answer`: the same body, headers
+and compression as the engine's), unless it holds what only the engine encodes
+(classification, BYTES): then the engine sends the finished answer.
 """
 
 from __future__ import annotations
@@ -19,13 +26,16 @@ from typing import Any, Final
 
 import numpy as np
 
-from infergate.server.codec import DecodedRequest, decode_request
+from infergate.server.codec import DecodedRequest, decode_request, encode_response
+from infergate.server.compression import MIN_BYTES, compress_response
 from infergate.server.infer_request import HEADER_LENGTH
 from infergate.tensors import V2_TO_NUMPY, Array
 
 # (id, [(input, datatype, shape, bytes)], outputs, binary outputs, binary by default,
 # parameters, output parameters): plain values, which marshal carries.
 Packed = tuple[Any, ...]
+# (model, version, [(output, datatype, shape, bytes)]): an answer's outputs, likewise.
+PackedOutputs = tuple[str, int, list[tuple[str, str, tuple[int, ...], bytes]]]
 
 _DATATYPES: Final[dict[np.dtype[np.generic], str]] = {
     dtype: name for name, dtype in V2_TO_NUMPY.items() if name != "BYTES"
@@ -33,9 +43,11 @@ _DATATYPES: Final[dict[np.dtype[np.generic], str]] = {
 _LOCAL_ONLY = b"shared_memory"
 
 
-def pack(body: bytes, headers: dict[bytes, bytes], max_body: int) -> Packed | None:
-    """The request in `body` decoded, as the link carries it; None when the engine must
-    decode it itself (see the module docstring)."""
+def pack(
+    body: bytes, headers: dict[bytes, bytes], max_body: int
+) -> tuple[DecodedRequest, Packed] | None:
+    """The request in `body` decoded, and as the link carries it; None when the engine
+    must decode it itself (see the module docstring)."""
     if len(body) > max_body or b"content-encoding" in headers or _LOCAL_ONLY in body:
         return None
     length = headers.get(HEADER_LENGTH)
@@ -49,7 +61,7 @@ def pack(body: bytes, headers: dict[bytes, bytes], max_body: int) -> Packed | No
         if datatype is None:
             return None
         tensors.append((name, datatype, array.shape, array.tobytes()))
-    return (
+    return decoded, (
         decoded.id,
         tensors,
         decoded.outputs,
@@ -70,3 +82,44 @@ def unpack(packed: Packed) -> DecodedRequest:
     return DecodedRequest(
         request_id, inputs, outputs, binary, by_default, parameters, output_parameters
     )
+
+
+def pack_outputs(
+    model: str, version: int, outputs: dict[str, Array], decoded: DecodedRequest
+) -> PackedOutputs | None:
+    """The engine's side: an answer's outputs as the link carries them; None when the
+    engine must encode the answer itself (classification asked for, or an output that is
+    not plain numbers)."""
+    if decoded.output_parameters:
+        return None
+    tensors = []
+    for name, array in outputs.items():
+        datatype = _DATATYPES.get(array.dtype)
+        if datatype is None:
+            return None
+        tensors.append((name, datatype, array.shape, array.tobytes()))
+    return model, version, tensors
+
+
+def encode_answer(
+    packed: PackedOutputs, decoded: DecodedRequest, request_headers: list[tuple[bytes, bytes]]
+) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The front's side: the headers and body of the answer to a request it decoded, as
+    the engine would have written them (server/infer_route.py)."""
+    model, version, tensors = packed
+    outputs: dict[str, Array] = {
+        name: np.frombuffer(data, V2_TO_NUMPY[datatype]).reshape(shape)
+        for name, datatype, shape, data in tensors
+    }
+    body, json_length = encode_response(model, version, outputs, decoded)
+    if json_length is None:
+        headers = [(b"content-type", b"application/json")]
+    else:
+        headers = [
+            (b"content-type", b"application/octet-stream"),
+            (b"inference-header-content-length", b"%d" % json_length),
+        ]
+    if len(body) >= MIN_BYTES:
+        body = compress_response(request_headers, headers, body, 200)
+    headers.append((b"content-length", b"%d" % len(body)))
+    return headers, body
