@@ -5,7 +5,8 @@ HTTP: the engine catches them and turns them into a state, an event or an Inferg
 InfergateError                    500
 ├── BadRequest                    400  (shape, dtype, size, JSON)
 │   ├── PayloadTooLarge           413
-│   └── TooLargeForQueue          400  (more chunks than the queue can ever hold)
+│   ├── TooLargeForQueue          400  (more chunks than the queue can ever hold)
+│   └── DataNotServable           400  (the runtime cannot serve this data: raised in a worker)
 ├── Unauthorized                  401
 ├── Forbidden                     403
 ├── RateLimited                   429  (reason: rate, concurrency)
@@ -83,6 +84,13 @@ class InfergateError(Exception):
 class BadRequest(InfergateError):
     status = 400
     reason = "bad_request"
+
+
+class DataNotServable(BadRequest):
+    """A request whose data the model's runtime cannot serve (onnxruntime cannot return
+    a string output that is not UTF-8): raised in a worker, the request's fault, not the
+    model's. A batch it breaks is run again request by request (scheduling/runner.py),
+    so that only its sender gets the 400."""
 
 
 class PayloadTooLarge(BadRequest):

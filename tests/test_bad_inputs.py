@@ -33,10 +33,14 @@ def _with(**fields: Any) -> bytes:
     value "DEEP" is a list nested a thousand levels."""
     doc: dict[str, Any] = {"inputs": [x_input()]}
     for where, value in fields.items():
-        if where in ("shape", "data"):
+        if where in ("shape", "data", "datatype"):
             doc["inputs"][0][where] = value
+        elif where == "binary_data_size":
+            doc["inputs"][0]["parameters"] = {where: value}
         elif where == "outputs[0].parameters":
             doc["outputs"] = [{"name": "y", "parameters": value}]
+        elif where == "parameters.classification":  # (an output's)
+            doc["outputs"] = [{"name": "y", "parameters": {"classification": value}}]
         elif where.startswith("parameters."):
             doc.setdefault("parameters", {})[where.split(".", 1)[1]] = value
         else:
@@ -217,9 +221,30 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
     # recursion limit: a 500).
     ("a deep id", "/v2/models/mlp/infer", _with(id="DEEP"), JSON, 400, "'id' must be a string"),
     ("a deep shape", "/v2/models/mlp/infer", _with(shape="DEEP"), JSON, 400, "got [[[[...]]]]"),
+    (
+        "a deep BYTES element",
+        "/v2/models/mlp/infer",
+        _with(datatype="BYTES", shape=[1], data=["DEEP"]),
+        JSON,
+        400,
+        "element 0 is [[[[...]]]]",
+    ),
+    # A version of digits str.isdigit() takes and int() does not, or too many for int().
+    ("a superscript version", "/v2/models/mlp/versions/%C2%B2/infer", b"{}", JSON, 400, "positive"),
+    (
+        "a long version",
+        "/v2/models/mlp/versions/" + "1" * 5000 + "/infer",
+        b"{}",
+        JSON,
+        400,
+        "positive",
+    ),
     *[
         (f"a deep {where}", "/v2/models/mlp/infer", _with(**{where: "DEEP"}), JSON, 400, where)
         for where in (
+            "datatype",
+            "binary_data_size",
+            "parameters.classification",
             "parameters",
             "parameters.timeout",
             "parameters.session",
@@ -259,6 +284,16 @@ def test_bad_request(
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     assert message in response.json()["error"]
+
+
+@pytest.mark.parametrize("version", ["%C2%B2", "1" * 5000])
+@pytest.mark.parametrize("route", ["", "/ready", "/config", "/stats"])
+def test_a_bad_version_is_a_400_on_every_route(
+    server: ServerProcess, route: str, version: str
+) -> None:
+    r = httpx.get(f"{server.url}/v2/models/mlp/versions/{version}{route}")
+    assert r.status_code == 400, r.text
+    assert "model version must be a positive integer" in r.json()["error"]
 
 
 def test_server_serves_after_every_bad_request(server: ServerProcess) -> None:

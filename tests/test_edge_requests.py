@@ -353,6 +353,42 @@ def test_bytes_tensors_round_trip_exactly_as_binary_data(edge: ServerProcess) ->
     assert out.outputs["y"].tolist() == ODD_BYTES.tolist()
 
 
+def test_a_large_body_s_shape_or_header_length_is_refused_before_any_work(
+    edge: ServerProcess,
+) -> None:
+    """Over 1 MB a body is decoded off the loop, in slices; a shape claiming far more
+    BYTES elements than its bytes can hold, or a header length of thousands of digits, is
+    a 400 before anything is built for it (a 1 GB array of 134 million elements before)."""
+    data = b"\0" * 1_200_000  # 300,000 empty elements at most
+    claims = {
+        "inputs": [
+            {
+                "name": "x",
+                "datatype": "BYTES",
+                "shape": [1, 134_217_728],
+                "parameters": {"binary_data_size": len(data)},
+            }
+        ]
+    }
+    header = orjson.dumps(claims)
+    r = httpx.post(
+        f"{edge.url}/v2/models/bytes_echo/infer",
+        content=header + data,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+        timeout=30,
+    )
+    assert r.status_code == 400, r.text
+    assert "too few for the 134217728 BYTES elements" in r.json()["error"]
+    r = httpx.post(
+        f"{edge.url}/v2/models/bytes_echo/infer",
+        content=header + data,
+        headers={"Inference-Header-Content-Length": "0" * 5000 + str(len(header))},
+        timeout=30,
+    )
+    assert r.status_code == 400, r.text
+    assert "Inference-Header-Content-Length must be an integer" in r.json()["error"]
+
+
 def test_bytes_that_json_cannot_carry_are_refused_not_replaced(edge: ServerProcess) -> None:
     body, headers = encode_infer_request({"x": ODD_BYTES}, binary=True)
     doc_end = int(headers["Inference-Header-Content-Length"])
@@ -376,13 +412,27 @@ def test_an_onnx_string_model_gets_the_bytes_sent_or_says_why_not(edge: ServerPr
     assert r.status_code == 200, r.text
     out = decode_infer_response(r.content, r.headers.get("inference-header-content-length"))
     assert out.outputs["y"].tolist() == text.tolist()
+
     # Not UTF-8: the model gets the bytes, and onnxruntime cannot hand them back as bytes,
-    # so the answer is an error that says so, never U+FFFD in their place.
+    # so the answer is an error that says so, never U+FFFD in their place: the request's
+    # fault (400), which the model's breaker does not count against it.
+    def failures() -> int:
+        (view,) = [
+            b
+            for b in httpx.get(f"{edge.url}/admin/breakers").json()
+            if b["model"] == "onnx_strings"
+        ]
+        return int(view["window_failures"])
+
+    before = failures()
     odd = np.array([[b"\xff\xfe", b"ok", b"\xc3("]], dtype=object)
     body, headers = encode_infer_request({"x": odd}, outputs=["y"], binary=True)
-    r = httpx.post(f"{edge.url}/v2/models/onnx_strings/infer", content=body, headers=headers)
-    assert r.status_code == 500, r.text
-    assert "not UTF-8" in r.json()["error"]
+    for _ in range(3):
+        r = httpx.post(f"{edge.url}/v2/models/onnx_strings/infer", content=body, headers=headers)
+        assert r.status_code == 400, r.text
+        assert "not UTF-8" in r.json()["error"]
+        assert "Hint: send text" in r.json()["error"]
+    assert failures() == before
 
 
 @pytest.mark.parametrize(

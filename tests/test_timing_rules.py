@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.settings import LiveSettings
 from infergate.errors import (
     CircuitOpen,
+    DataNotServable,
     DeadlineExceeded,
     ModelExecutionError,
     Overloaded,
@@ -154,6 +156,46 @@ async def test_a_full_queue_refuses_and_a_higher_class_sheds_a_lower_one(
         )
         == 1
     )  # noqa: E501
+
+
+async def test_a_batch_one_request_s_data_broke_runs_again_request_by_request() -> None:
+    """A batch failing with DataNotServable (onnxruntime cannot return a string that is not
+    UTF-8: the data of one request in it) is not the others' fault: each request runs
+    again alone, the others are answered, and only the one whose data it was gets the
+    400."""
+    served = await Served(1, QueuePolicy(max_batch_size=4), backoff_initial_s=1000).start()
+    try:
+
+        def send(value: float) -> asyncio.Task[Any]:
+            x = np.full((1, 4), value, np.float32)
+            return asyncio.create_task(
+                served.scheduler.submit({"x": x}, "k", ("y",), BURST, BURST.deadline_s, 10.0)
+            )
+
+        first = send(0)
+        busy = await served.workers.next_call()
+        good, bad = send(1), send(2)
+        await asyncio.sleep(0)
+        busy.reply()  # the two queued behind it go as one batch
+        both = await served.workers.next_call(what="the two as one batch")
+        assert both.rows == 2
+        broken = DataNotServable("cannot serve this request's data: not UTF-8")
+        both._answer(broken)  # as the worker's reply would: the data of `bad` in it
+        for what in ("each again, alone", "the other, alone"):
+            call = await served.workers.next_call(what=what)
+            assert call.rows == 1
+            if call.inputs["x"][0, 0] == 2:  # bad's
+                call._answer(broken)
+            else:
+                call.reply()
+        await first
+        outputs, _ = await good
+        assert outputs["y"].tolist() == [[1.0] * 4]
+        with pytest.raises(DataNotServable, match="not UTF-8"):
+            await bad
+        assert not served.workers.pending()
+    finally:
+        await served.stop()
 
 
 def worker_of(call: FakeCall) -> FakeWorker:

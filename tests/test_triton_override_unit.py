@@ -55,6 +55,15 @@ def test_kind_gpu_lets_a_cpu_model_take_a_gpu() -> None:
         ('{"version_policy": {"specific": {"versions": []}}}', "specific.versions"),
         ('{"backend": "pytorch"}', "'backend' is 'pytorch'"),
         ('{"sequence_batching": {}}', "'sequence_batching' is not supported"),
+        # Digits int() does not take (superscript, or thousands of them): a 400, not a 500.
+        ('{"max_batch_size": "\u00b2"}', "'max_batch_size' must be an integer >= 0"),
+        ('{"max_batch_size": "' + "1" * 5000 + '"}', "got '11111111111"),
+        ('{"instance_group": [{"count": 1000000000}]}', "from 1 to 256"),
+        (
+            '{"instance_group": [{"count": 200}, {"count": 100}]}',
+            "asks for 300 instances in all; a model has at most 256",
+        ),
+        ('{"name": ' + "[" * 1000 + "1" + "]" * 1000 + "}", "'name' is [[[[...]]]]"),
     ],
 )
 def test_refusals_name_the_field(text: str, names: str) -> None:

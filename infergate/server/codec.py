@@ -129,7 +129,7 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
         for i, item in enumerate(flat):
             if not isinstance(item, (str, bytes)):
                 raise BadRequest(
-                    f"input {name!r} is BYTES but element {i} is {item!r}, not a string"
+                    f"input {name!r} is BYTES but element {i} is {shown(item)}, not a string"
                 )
             out[i] = item.encode("utf-8") if isinstance(item, str) else item
         return out.reshape(shape)
@@ -167,7 +167,7 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     if raw.size and raw.dtype.kind not in "biuf":
         raise BadRequest(
             f"input {name!r} is {datatype} but its data holds non-numeric values "
-            f"(such as {raw.reshape(-1)[0]!r})"
+            f"(such as {shown(raw.reshape(-1)[0])})"
         )
     if raw.size and dtype.kind != "b" and raw.dtype.kind == "b":
         raise BadRequest(f"input {name!r} is {datatype} but its data holds true/false values")
@@ -231,7 +231,7 @@ def decode_request(
         datatype = item.get("datatype")
         if type(datatype) is not str or datatype not in V2_TO_NUMPY:
             raise BadRequest(
-                f"input {name!r} has datatype {datatype!r}; expected one of "
+                f"input {name!r} has datatype {shown(datatype)}; expected one of "
                 f"{', '.join(V2_TO_NUMPY)}"
             )
         shape = _shape(name, item.get("shape"))
@@ -240,7 +240,7 @@ def decode_request(
         if size is not None:
             if type(size) is not int or size < 0 or offset + size > len(binary):
                 raise BadRequest(
-                    f"input {name!r} says binary_data_size {size} but only "
+                    f"input {name!r} says binary_data_size {shown(size)} but only "
                     f"{len(binary) - offset} bytes of binary data remain"
                 )
             try:
@@ -291,7 +291,7 @@ def _header_length(header_length: str, body_length: int) -> int:
         json_len = int(header_length)
     except ValueError:
         raise BadRequest(
-            f"Inference-Header-Content-Length must be an integer, got {header_length!r}"
+            f"Inference-Header-Content-Length must be an integer, got {shown(header_length)}"
         ) from None
     if not 0 <= json_len <= body_length:
         raise BadRequest(

@@ -247,6 +247,11 @@ async def bytes_in_slices(
 ) -> Array:
     """A binary BYTES tensor, its elements built a slice at a time."""
     count = math.prod(shape)
+    if count * 4 > len(data):  # each element has its 4-byte length: refused before allocating
+        raise BadRequest(
+            f"input {name!r} holds {len(data)} bytes of binary data, too few for the "
+            f"{count} BYTES elements of shape {list(shape)} (each takes at least 4)"
+        )
     out = np.empty(count, dtype=object)
     if keeper is not None:
         keeper.keep_elements(out)
@@ -341,8 +346,10 @@ class BodyDecoder:
         """Whether a large body's JSON is large too: all of it (no binary header length),
         or a header longer than what decodes inline."""
         return header_length is None or (
-            header_length.isdigit() and int(header_length) > self._inline_max
-        )
+            header_length.isascii()
+            and header_length.isdigit()
+            and (len(header_length) > 18 or int(header_length) > self._inline_max)
+        )  # (too many digits for int(): its 400 comes from the decoding)
 
     async def pass_through_header(
         self, body: Body, header_length: str | None

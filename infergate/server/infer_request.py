@@ -4,6 +4,7 @@ checked (400 naming what is wrong); and the engine's request made from them."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from infergate.engine.inference import InferenceRequest
@@ -11,12 +12,14 @@ from infergate.engine.scheduling.sequences import sequence_params
 from infergate.errors import BadRequest, shown
 from infergate.server.codec import DecodedRequest
 
+_VERSION = re.compile(r"[0-9]{1,18}")  # (ASCII digits: str.isdigit takes "²", int() not)
+
 
 def version_number(version: str | None) -> int | None:
     if version is None or version == "":
         return None
-    if not version.isdigit() or int(version) <= 0:
-        raise BadRequest(f"model version must be a positive integer, got {version!r}")
+    if _VERSION.fullmatch(version) is None or int(version) <= 0:
+        raise BadRequest(f"model version must be a positive integer, got {shown(version)}")
     return int(version)
 
 

@@ -6,6 +6,7 @@ load without one (as in Triton), so a file change picked up meanwhile keeps it."
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -17,13 +18,17 @@ from infergate.engine.repository.spec import (
     ModelEntry,
     VersionPolicy,
 )
-from infergate.errors import BadRequest
+from infergate.errors import BadRequest, shown
 
 # instance_group kinds -> model.toml device ("" keeps it; "auto" prefers a GPU).
 _KINDS = {"KIND_AUTO": "auto", "KIND_CPU": "cpu", "KIND_GPU": ""}
 
 BACKENDS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch"}
 
+
+_INTEGER = re.compile(r"-?[0-9]{1,18}")  # (ASCII digits, and few: int() has a limit)
+_LARGEST = 2**63 - 1
+_MOST_INSTANCES = 256  # as model.toml's `instances`
 
 # Fields an override may carry without changing anything, when they agree with what serves.
 _DESCRIPTIVE = ("name", "platform", "backend", "input", "output")
@@ -33,18 +38,19 @@ def _fail(name: str, message: str) -> BadRequest:
     return BadRequest(f"failed to load {name!r}: {message}")
 
 
-def _integer(name: str, field: str, value: Any, minimum: int) -> int:
+def _integer(name: str, field: str, value: Any, minimum: int, maximum: int = _LARGEST) -> int:
     """Protobuf's JSON form allows integers as strings ("16"); Triton's clients send both."""
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
         value = int(value)
-    if type(value) is not int or value < minimum:
-        raise _fail(name, f"config field {field!r} must be an integer >= {minimum}, got {value!r}")
+    if type(value) is not int or not minimum <= value <= maximum:
+        bounds = f">= {minimum}" if maximum == _LARGEST else f"from {minimum} to {maximum}"
+        raise _fail(name, f"config field {field!r} must be an integer {bounds}, got {shown(value)}")
     return value
 
 
 def _object(name: str, field: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _fail(name, f"config field {field!r} must be an object, got {value!r}")
+        raise _fail(name, f"config field {field!r} must be an object, got {shown(value)}")
     return value
 
 
@@ -84,14 +90,14 @@ def _override_version_policy(name: str, value: Any) -> VersionPolicy:
 def _check_descriptive(name: str, doc: dict[str, Any], platform: str | None) -> None:
     """name/platform/backend may be restated; tensors are what the model file says."""
     if "name" in doc and doc["name"] != name:
-        raise _fail(name, f"config field 'name' is {doc['name']!r}; it must be {name!r}")
+        raise _fail(name, f"config field 'name' is {shown(doc['name'])}; it must be {name!r}")
     for field in ("platform", "backend"):
         if field in doc and platform is not None:
             mine = platform if field == "platform" else BACKENDS.get(platform, platform)
             if doc[field] != mine:
                 raise _fail(
                     name,
-                    f"config field {field!r} is {doc[field]!r} but the model file runs on "
+                    f"config field {field!r} is {shown(doc[field])} but the model file runs on "
                     f"{mine!r}. Hint: the runtime follows the model file (or model.toml runtime)",
                 )
     for field in ("input", "output"):
@@ -126,7 +132,13 @@ def _instance_groups(name: str, groups: Any, config: ModelConfig) -> tuple[int, 
     for i, group in enumerate(groups):
         group = _object(name, f"instance_group[{i}]", group)
         _unknown(name, group, ("name", "kind", "count"), f"instance_group[{i}].")
-        count += _integer(name, f"instance_group[{i}].count", group.get("count", 1), 1)
+        field = f"instance_group[{i}].count"
+        count += _integer(name, field, group.get("count", 1), 1, _MOST_INSTANCES)
+        if count > _MOST_INSTANCES:
+            raise _fail(
+                name, f"config field 'instance_group' asks for {count} instances in all; "
+                f"a model has at most {_MOST_INSTANCES}",
+            )  # fmt: skip
         kind = group.get("kind")
         if kind is None:  # not said: model.toml's device stands
             devices.add(config.device)
@@ -135,7 +147,7 @@ def _instance_groups(name: str, groups: Any, config: ModelConfig) -> tuple[int, 
         else:
             raise _fail(
                 name,
-                f"config field 'instance_group[{i}].kind' is {kind!r}; "
+                f"config field 'instance_group[{i}].kind' is {shown(kind)}; "
                 f"expected one of {', '.join(_KINDS)}",
             )
     if len(devices) > 1:

@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from infergate.engine.repository.spec import TensorSpec
+from infergate.errors import DataNotServable
 from infergate.tensors import Array
 
 _ONNX_TYPES = {
@@ -109,9 +110,10 @@ class OnnxRuntime:
             results = self._session.run(output_names, feed)
         except UnicodeDecodeError as exc:
             # onnxruntime's Python API hands string outputs back as str only.
-            raise ValueError(
+            raise DataNotServable(
                 f"the model produced a string output that is not UTF-8 text ({exc.reason} at "
-                f"byte {exc.start}); onnxruntime cannot return it as bytes"
+                f"byte {exc.start}); onnxruntime cannot return it as bytes. Hint: send text "
+                "(UTF-8) in its BYTES inputs"
             ) from None
         return {name: np.asarray(r) for name, r in zip(output_names, results, strict=True)}
 

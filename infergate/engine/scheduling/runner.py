@@ -19,7 +19,13 @@ from infergate.engine.scheduling.queue import Job, JobQueue
 from infergate.engine.scheduling.tickets import Work
 from infergate.engine.triton.stats import VersionStats
 from infergate.engine.workers.protocol import Worker
-from infergate.errors import InfergateError, ModelExecutionError, WorkerFailed, WorkerOverMemory
+from infergate.errors import (
+    DataNotServable,
+    InfergateError,
+    ModelExecutionError,
+    WorkerFailed,
+    WorkerOverMemory,
+)
 from infergate.metrics import Metrics
 from infergate.tensors import Array
 
@@ -155,6 +161,10 @@ class BatchRunner:
             self._retry_or_fail(jobs, batch.instance, exc)  # queued again before the pump
             self._release(batch)
             return
+        except DataNotServable as exc:
+            self._alone_or_fail(jobs, exc)  # queued again before the pump
+            self._release(batch)
+            return
         except InfergateError as exc:
             batch.future.cancel()  # past its timeout, the worker is killed: no reply comes
             for w in works:
@@ -199,6 +209,32 @@ class BatchRunner:
                 cls = job.cls
                 series = metrics.child(queue_seconds, name, cls.name)
             series.observe(started - job.arrival)
+
+    def _alone_or_fail(self, jobs: list[Job[Work]], exc: DataNotServable) -> None:
+        """A batch that one request's data broke: each of its requests queued again to run
+        alone, so that the others are answered as if it had not been there and only its
+        sender gets the 400; a request that ran alone gets it."""
+        if len(jobs) == 1 or self.stopped:
+            for job in jobs:
+                job.payload.ticket.fail(exc)
+            return
+        now = self._clock.now()
+        again = [
+            Job(
+                j.payload,
+                j.cls,
+                now,
+                now + j.deadline - j.arrival,
+                j.rows,
+                None,
+                j.pin,
+                j.fair,
+                j.group,
+            )
+            for j in jobs
+        ]
+        self._queue.admit(again, force=True)
+        self._on_free(True)  # (the reply freed the instance, and the loop looked, before)
 
     def _retry_or_fail(self, jobs: list[Job[Work]], failed: Instance, exc: WorkerFailed) -> None:
         """Inference is idempotent: work on a worker that died gets one more try, on a

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from infergate.errors import BadRequest
+from infergate.errors import BadRequest, shown
 from infergate.tensors import Array
 
 LABELS_FILE = "labels.txt"
@@ -37,7 +37,7 @@ def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise BadRequest(
             f"output {name!r}: parameters.classification must be a positive integer "
-            f"(how many top classes to return), got {value!r}"
+            f"(how many top classes to return), got {shown(value)}"
         )
     return value
 

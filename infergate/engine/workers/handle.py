@@ -45,6 +45,7 @@ from infergate.engine.workers.messages import (
 from infergate.engine.workers.shm import OwnedArena, layout_size, read_tensor, write_tensors
 from infergate.engine.workers.worker import worker_main
 from infergate.errors import (
+    DataNotServable,
     DeadlineExceeded,
     ModelExecutionError,
     SharedMemoryUnavailable,
@@ -192,7 +193,7 @@ class WorkerHandle:
             if not call.future.done():
                 try:
                     outputs = self._outputs(message)
-                except ModelExecutionError as exc:
+                except (ModelExecutionError, DataNotServable) as exc:
                     call.fail(exc)
                 else:
                     call.succeed(outputs)
@@ -205,6 +206,11 @@ class WorkerHandle:
     def _outputs(self, reply: InferDone | InferFailed) -> dict[str, Array]:
         """The reply's tensors, copied out of the arena before the next call can reuse it."""
         if isinstance(reply, InferFailed):
+            if reply.request_fault:
+                raise DataNotServable(
+                    f"model {self.spec.model!r} version {self.spec.version} cannot serve "
+                    f"this request's data: {reply.reason.partition(': ')[2]}"
+                )
             raise ModelExecutionError(
                 f"model {self.spec.model!r} version {self.spec.version} failed: {reply.reason}"
             )

@@ -81,6 +81,7 @@ class InferDone(NamedTuple):
 class InferFailed(NamedTuple):
     id: int
     reason: str
+    request_fault: bool = False  # the data cannot be served (DataNotServable), not a model bug
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def encode(message: ToWorker | FromWorker) -> bytes:
             (_DONE, message.id, _refs(message.outputs), message.inline, message.needed)
         )
     if isinstance(message, InferFailed):
-        return marshal.dumps((_FAILED, message.id, message.reason))
+        return marshal.dumps((_FAILED, message.id, message.reason, message.request_fault))
     return marshal.dumps((_PICKLED, pickle.dumps(message)))
 
 
@@ -131,6 +132,6 @@ def decode(raw: bytes) -> ToWorker | FromWorker:
         _, id_, refs, inline, needed = body
         return InferDone(id_, tuple(map(_ref, refs)), inline, needed)
     if tag == _FAILED:
-        return InferFailed(body[1], body[2])
+        return InferFailed(body[1], body[2], body[3])
     message: ToWorker | FromWorker = pickle.loads(body[1])
     return message

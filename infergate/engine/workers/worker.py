@@ -30,7 +30,7 @@ from infergate.engine.workers.messages import (
     encode,
 )
 from infergate.engine.workers.shm import MappedArena, layout_size, read_tensor, write_tensors
-from infergate.errors import WarmupFailed
+from infergate.errors import DataNotServable, WarmupFailed
 from infergate.tensors import to_wire, v2_datatype
 
 
@@ -186,7 +186,8 @@ def worker_main(
             reply: InferDone | InferFailed = _answer(runtime, message, arenas)
         except Exception as exc:
             detail = str(exc).strip().splitlines()
-            reply = InferFailed(message.id, f"{type(exc).__name__}: {detail[0] if detail else ''}")
+            reason = f"{type(exc).__name__}: {detail[0] if detail else ''}"
+            reply = InferFailed(message.id, reason, isinstance(exc, DataNotServable))
             if os.environ.get("INFERGATE_WORKER_TRACEBACKS"):
                 traceback.print_exc()
         conn.send_bytes(encode(reply))
