@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.admission.tenants import Tenant
+from infergate.engine.admission.tenants import DEFAULT_TENANT, Tenant
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.inference import InferenceRequest, InferenceResult
 from infergate.engine.repository.modelconfig import parse_model_config
+from infergate.engine.scheduling.sequence_step import infer_in_sequence
 from infergate.engine.scheduling.sequences import (
     SequenceId,
     SequenceParams,
@@ -370,3 +371,89 @@ async def test_a_sequence_is_its_tenants_own(tmp_path: Path) -> None:
         assert await answer(rig, ask_as("b", 100, start=True)) == 100  # b's own 7
         assert await answer(rig, ask_as("a", 1)) == 6  # a's state, untouched by b's start
         assert await answer(rig, ask_as("b", 1)) == 101
+
+
+@pytest.mark.parametrize(
+    ("datatype", "low", "high"),
+    [
+        ("INT32", -(2**31), 2**31 - 1),
+        ("UINT32", 0, 2**32 - 1),
+        ("INT64", -(2**63), 2**63 - 1),
+        ("UINT64", 0, 2**64 - 1),
+    ],
+)
+async def test_a_sequence_id_its_corrid_cannot_hold_is_a_400_and_holds_no_place(
+    tmp_path: Path, datatype: str, low: int, high: int
+) -> None:
+    toml = MODEL_TOML.format(instances=1, idle_timeout_ms=5000)
+    toml = toml.replace('"CORRID"\ndatatype = "INT64"', f'"CORRID"\ndatatype = "{datatype}"')
+    async with started(tmp_path, toml=toml) as rig:  # max_sequences = 3
+        for sid in (high + 1, high + 2, high + 3, 2**100):
+            with pytest.raises(BadRequest) as bad:
+                await (await rig.ask(1, sid, start=True))
+            assert f"sequence_id {sid} is out of range for model 'm'" in str(bad.value)
+            assert f"{datatype} (input 'CORRID'): from {low} to {high}" in str(bad.value)
+        assert len(rig.table) == 0
+        assert rig.pending() == []  # the model never saw them
+        task = await rig.ask(1, high, start=True)
+        call = await rig.workers.next_call()
+        assert call.inputs["CORRID"].tolist() == [[high]]
+        accumulate(call)
+        await task
+        for sid in (1, 2):  # the other two places of max_sequences are free too
+            assert await answer(rig, await rig.ask(1, sid, start=True)) == 1
+
+
+async def test_a_corrid_of_no_integer_datatype_is_the_model_s_fault(tmp_path: Path) -> None:
+    toml = MODEL_TOML.format(instances=1, idle_timeout_ms=5000)
+    toml = toml.replace('"CORRID"\ndatatype = "INT64"', '"CORRID"\ndatatype = "FP32"')
+    async with started(tmp_path, toml=toml) as rig:
+        with pytest.raises(ModelFailed, match="corrid names input 'CORRID' of datatype FP32"):
+            await (await rig.ask(1, 5, start=True))
+        assert len(rig.table) == 0
+
+
+async def test_a_huge_batch_of_empty_rows_is_a_400_before_any_control_is_built(
+    tmp_path: Path,
+) -> None:
+    """[2**50, 0] holds no elements, but START/END/READY/CORRID/STATE_IN of 2**50 rows
+    would not fit in memory: the request's shapes are checked first."""
+    async with started(tmp_path) as rig:
+        for start in (True, False):
+            empty = np.zeros((2**50, 0), np.int32)
+            request = InferenceRequest("m", {"INPUT": empty}, sequence=SequenceParams(8, start))
+            with pytest.raises(
+                BadRequest, match=r"input 'INPUT' has shape \[1125899906842624, 0\]"
+            ):
+                await rig.engine.infer(request)
+        assert len(rig.table) == 0
+        assert rig.pending() == []
+
+
+async def test_a_sequence_continues_after_a_bad_request(tmp_path: Path) -> None:
+    """A request refused for its inputs changes nothing: the sequence and its state stay."""
+    async with started(tmp_path) as rig:
+        assert await answer(rig, await rig.ask(5, 9, start=True)) == 5
+        wrong = np.ones((1, 2), np.int32)
+        request = InferenceRequest("m", {"INPUT": wrong}, sequence=SequenceParams(9, True, True))
+        with pytest.raises(BadRequest, match="input 'INPUT' has shape"):
+            await rig.engine.infer(request)
+        assert await answer(rig, await rig.ask(1, 9, end=True)) == 6
+
+
+async def test_a_start_or_end_that_fails_with_any_error_holds_no_place(tmp_path: Path) -> None:
+    """Not only the engine's own errors: a bug's exception in a step must not leave its
+    sequence in the table, where it would hold a place of max_sequences."""
+
+    async def bug(request: InferenceRequest) -> InferenceResult:
+        raise RuntimeError("a bug")
+
+    async with started(tmp_path) as rig:
+        served = rig.engine.version("m")
+        x = np.ones((1, 1), np.int32)
+        assert await answer(rig, await rig.ask(1, 12, start=True)) == 1
+        for sid, start, end in ((11, True, False), (12, False, True)):
+            request = InferenceRequest("m", {"INPUT": x}, sequence=SequenceParams(sid, start, end))
+            with pytest.raises(RuntimeError, match="a bug"):
+                await infer_in_sequence(served, request, bug, DEFAULT_TENANT)
+        assert len(rig.table) == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -14,8 +15,10 @@ from tritonclient.utils import InferenceServerException
 from tests.conftest import write_profile
 from tests.sequence_models import (
     ACCUMULATOR_TOML,
+    CORRID_SUM_TOML,
     START_FLAG_TOML,
     make_accumulator,
+    make_corrid_sum,
     make_start_flag,
 )
 from tests.server import ServerProcess
@@ -31,6 +34,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     make_accumulator(models / "accumulator" / "1" / "model.onnx")
     (models / "accumulator" / "model.toml").write_text(ACCUMULATOR_TOML)
     make_simple(models / "simple" / "1" / "model.onnx")
+    make_corrid_sum(models / "seq32" / "1" / "model.onnx")
+    (models / "seq32" / "model.toml").write_text(CORRID_SUM_TOML)
     proc = ServerProcess(models, write_profile(folder), folder / "server.log").start()
     yield proc
     proc.stop()
@@ -165,3 +170,38 @@ def test_triton_tools_see_a_sequence_model(server: ServerProcess) -> None:
             "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}],
         }
     ]
+
+
+def test_a_sequence_id_its_corrid_cannot_hold_is_a_400_and_holds_no_place(
+    server: ServerProcess,
+) -> None:
+    c = client(server)
+    for sid in (2**31, 2**31 + 1, 2**32):  # CORRID is INT32; seq32 holds 2 sequences
+        with pytest.raises(InferenceServerException) as bad:
+            send(c, "seq32", 0, sid, start=True)
+        assert bad.value.status() == "400"
+        assert f"sequence_id {sid} is out of range for model 'seq32'" in str(bad.value)
+        assert "INT32 (input 'CORRID'): from -2147483648 to 2147483647" in str(bad.value)
+    # None of them kept a place of max_sequences: two sequences start.
+    assert send(c, "seq32", 0, 2**31 - 1, start=True) == 2**31 - 1
+    assert send(c, "seq32", 5, 7, start=True) == 12
+    assert send(c, "seq32", 0, 2**31 - 1, end=True) == 2**31 - 1
+    assert send(c, "seq32", 1, 7, end=True) == 8
+
+
+def test_a_huge_batch_of_empty_rows_is_a_400_and_holds_no_place(server: ServerProcess) -> None:
+    """[2**40, 0] holds no elements, but control tensors of 2**40 rows would not fit."""
+    for sid in (61, 62, 63):  # seq32 holds 2 sequences
+        body = {
+            "parameters": {"sequence_id": sid, "sequence_start": True},
+            "inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [2**40, 0], "data": []}],
+        }
+        response = httpx.post(f"{server.url}/v2/models/seq32/infer", json=body, timeout=30)
+        assert response.status_code == 400, response.text
+        assert "input 'INPUT' has shape [1099511627776, 0]" in response.json()["error"]
+    c = client(server)
+    assert c.is_server_ready()
+    assert send(c, "seq32", 1, 64, start=True) == 65
+    assert send(c, "seq32", 1, 65, start=True) == 66
+    assert send(c, "seq32", 1, 64, end=True) == 65
+    assert send(c, "seq32", 1, 65, end=True) == 66

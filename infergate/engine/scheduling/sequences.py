@@ -144,7 +144,7 @@ class SequenceTable:
             self._remember(
                 key,
                 BadRequest(
-                    f"sequence {seq.id!r} of model {self.model!r} was idle {idle:.1f} s, "
+                    f"sequence {shown(seq.id)} of model {self.model!r} was idle {idle:.1f} s, "
                     f"past the model's sequence idle timeout of {limit:g} s ([sequence] "
                     "idle_timeout_ms in model.toml), and was dropped with its state. Hint: "
                     "start it again (sequence_start), or raise idle_timeout_ms"
@@ -180,7 +180,7 @@ class SequenceTable:
                 if ended is not None:
                     raise type(ended)(str(ended))
                 raise BadRequest(
-                    f"sequence {sid!r} of model {self.model!r} is not started (no live "
+                    f"sequence {shown(sid)} of model {self.model!r} is not started (no live "
                     "sequence has this id). Hint: send its first request with "
                     "sequence_start=True"
                 )
@@ -200,7 +200,7 @@ class SequenceTable:
 
     def lose(self, seq: Sequence, why: str) -> None:
         error = SequenceLost(
-            f"sequence {seq.id!r} of model {self.model!r} is lost: {why} (instance "
+            f"sequence {shown(seq.id)} of model {self.model!r} is lost: {why} (instance "
             f"{seq.instance.index}), and its state with it. Hint: start the sequence again "
             "(sequence_start=True)"
         )
