@@ -59,7 +59,16 @@ from __future__ import annotations
 
 import reprlib
 
-_SHOWN = reprlib.Repr()
+
+class _Shown(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 1000:  # past about 300 digits: not written out (Python refuses
+            # to past 4,300, and a message would not show them all anyway)
+            return f"<an integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_SHOWN = _Shown()
 _SHOWN.maxlevel = 3
 _SHOWN.maxstring = _SHOWN.maxother = 60
 _SHOWN.maxlist = _SHOWN.maxdict = 8
@@ -68,7 +77,8 @@ _SHOWN.maxlist = _SHOWN.maxdict = 8
 def shown(value: object) -> str:
     """A client's value, as an error message names it: short, and read only a few levels
     deep (the repr of JSON nested a thousand levels passes Python's recursion limit, and
-    would turn a 400 into a 500)."""
+    one of an integer of thousands of digits Python's int-to-str limit: either would
+    turn a 400 into a 500)."""
     return _SHOWN.repr(value)
 
 

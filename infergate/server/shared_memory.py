@@ -11,7 +11,7 @@ from fastapi.responses import Response
 
 from infergate.engine.engine import Engine
 from infergate.engine.triton.shared_memory import SYSTEM_SHM
-from infergate.errors import BadRequest
+from infergate.errors import BadRequest, shown
 from infergate.server.codec import json_object
 
 
@@ -62,7 +62,9 @@ def shared_memory_router(engine: Engine, guard: list[Any]) -> APIRouter:
 
     @router.get("/v2/cudasharedmemory/region/{region}/status")
     async def cuda_region_status(region: str) -> Response:
-        raise BadRequest(f"CUDA shared memory region {region!r} is not registered: {no_cuda()}")
+        raise BadRequest(
+            f"CUDA shared memory region {shown(region)} is not registered: {no_cuda()}"
+        )
 
     @router.post("/v2/cudasharedmemory/unregister")
     @router.post("/v2/cudasharedmemory/region/{region}/unregister")

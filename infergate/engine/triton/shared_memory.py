@@ -1,9 +1,12 @@
 """Triton's system shared memory extension: clients register POSIX shared memory regions
 (`shm_open` names) and then name a region, offset and size instead of sending tensor bytes.
 
-A region is mapped read/write only as large as registered (offset + byte_size), checked
-against the object's real size first, and unmapped on unregister and at shutdown. POSIX
-shared memory objects live under /dev/shm on Linux, the gateway's platform.
+A region is a descriptor held open from register to unregister (and shutdown), checked
+against the object's real size when registered. It is read and written with pread and
+pwrite, never mapped: the client owns the object and may shrink it at any time, and a
+mapped page past a file's end kills the process with SIGBUS, while a short pread is only
+a short read (a 400 that says to register the region again). POSIX shared memory objects
+live under /dev/shm on Linux, the gateway's platform.
 
 The regions are the gateway process's, as Triton's are its server's: one registry per
 process (`SYSTEM_SHM`), which the HTTP codec reads tensors from and writes them to.
@@ -11,15 +14,14 @@ process (`SYSTEM_SHM`), which the HTTP codec reads tensors from and writes them 
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
-from infergate.errors import BadRequest
+from infergate.errors import BadRequest, shown
 from infergate.tensors import Array, from_wire, to_wire
 
 SHM_ROOT = Path("/dev/shm")
@@ -27,6 +29,23 @@ SHM_ROOT = Path("/dev/shm")
 _KEY = re.compile(r"^/?[^/\x00]{1,250}$")
 # multiprocessing's own names, which the gateway's worker arenas use: never a client's.
 _PRIVATE = "psm_"
+# Each region holds a descriptor open: bounded, so that clients cannot take the ones the
+# gateway keeps for its own work (cli/serve.py's reserve of 256).
+MAX_REGIONS = 128
+# The largest file offset (off_t): pread and pwrite take no more, and no object is larger.
+_MAX_OFFSET = 2**63 - 1
+_SHRUNK = "its object is now shorter than the registered range"
+
+
+class _Tensor(NamedTuple):
+    """The input or output a region is read or written for, as an error message names it:
+    put into words only for an error (shown() costs a microsecond a call)."""
+
+    kind: str  # "input" or "output"
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {shown(self.name)}"
 
 
 @dataclass
@@ -35,22 +54,51 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    _map: mmap.mmap
+    _fd: int
 
-    def view(self, offset: int, size: int, what: str) -> memoryview:
-        """The bytes [offset, offset + size) of the registered range; 400 past its end."""
+    def read(self, offset: int, size: int, what: _Tensor) -> bytes:
+        """The bytes [offset, offset + size) of the registered range (a copy: the client
+        may reuse the region as soon as it has its answer)."""
+        start = self._start(offset, size, what)
+        try:
+            data = os.pread(self._fd, size, start)
+        except OSError as exc:
+            raise self._unusable(what, exc.strerror) from None
+        if len(data) < size:
+            raise self._unusable(what, _SHRUNK)
+        return data
+
+    def write(self, offset: int, blob: bytes, what: _Tensor) -> None:
+        start = self._start(offset, len(blob), what)
+        # pwrite past the end would grow the object rather than fail: refuse a shrunk one.
+        try:
+            if os.fstat(self._fd).st_size < start + len(blob):
+                raise self._unusable(what, _SHRUNK)
+            written = os.pwrite(self._fd, blob, start)
+        except OSError as exc:
+            raise self._unusable(what, exc.strerror) from None
+        if written < len(blob):
+            raise self._unusable(what, f"only {written} of {len(blob)} bytes were written")
+
+    def _start(self, offset: int, size: int, what: _Tensor) -> int:
+        """Where [offset, offset + size) of the registered range starts in the object;
+        400 past the range's end."""
         if offset < 0 or size < 0 or offset + size > self.byte_size:
             raise BadRequest(
                 f"{what}: offset {offset} + byte size {size} is past the end of shared memory "
-                f"region {self.name!r}, which has {self.byte_size} bytes registered"
+                f"region {shown(self.name)}, which has {self.byte_size} bytes registered"
             )
-        start = self.offset + offset
-        return memoryview(self._map)[start : start + size]
+        return self.offset + offset
+
+    def _unusable(self, what: _Tensor, why: str | None) -> BadRequest:
+        return BadRequest(
+            f"{what}: shared memory region {shown(self.name)} (key {shown(self.key)}) can no "
+            f"longer be used: {why}. Hint: unregister the region, then register it again "
+            "once its object holds offset + byte_size bytes"
+        )
 
     def close(self) -> None:
-        # A view still exported: the map goes when it is collected.
-        with contextlib.suppress(BufferError):
-            self._map.close()
+        os.close(self._fd)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,9 +110,9 @@ class Region:
 
 
 def _non_negative(value: Any, field: str) -> int:
-    if type(value) is not int or value < 0:
-        raise BadRequest(f"'{field}' must be a non-negative integer, got {value!r}")
-    return value
+    if type(value) is int and 0 <= value <= _MAX_OFFSET:
+        return value
+    raise BadRequest(f"'{field}' must be an integer from 0 to 2**63 - 1, got {shown(value)}")
 
 
 class SharedMemoryRegions:
@@ -75,49 +123,48 @@ class SharedMemoryRegions:
     def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
         if name in self._regions:
             raise BadRequest(
-                f"shared memory region {name!r} is already registered. Hint: unregister it "
-                "first, or use another name"
+                f"shared memory region {shown(name)} is already registered. Hint: unregister "
+                "it first, or use another name"
             )
-        if not isinstance(key, str) or not _KEY.match(key) or key.strip("/") in (".", ".."):
+        if len(self._regions) >= MAX_REGIONS:
             raise BadRequest(
-                f"{key!r} is not a shared memory key; expected a POSIX shm name such as "
-                "'/input_simple' (one leading slash, no other)"
+                f"{MAX_REGIONS} shared memory regions are registered, the most the gateway "
+                "holds. Hint: unregister the regions no longer in use"
             )
-        if key.lstrip("/").startswith(_PRIVATE):
-            raise BadRequest(
-                f"{key!r} names one of the gateway's own segments (Python's psm_ names, "
-                "which its worker arenas use); register a region you created"
-            )
+        key = _key(key)
         offset = _non_negative(offset, "offset")
         byte_size = _non_negative(byte_size, "byte_size")
         if byte_size == 0:
             raise BadRequest("'byte_size' must be positive: a region of 0 bytes holds nothing")
-        path = self._root / key.lstrip("/")
+        fd = self._open(name, key)
         try:
-            fd = os.open(path, os.O_RDWR)
+            _check_size(fd, name, key, offset, byte_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._regions[name] = Region(name, key, offset, byte_size, fd)
+
+    def _open(self, name: str, key: str) -> int:
+        # O_NOFOLLOW, as shm_open itself opens: a link in /dev/shm names no region.
+        try:
+            return os.open(self._root / key.lstrip("/"), os.O_RDWR | os.O_NOFOLLOW)
         except OSError as exc:
             raise BadRequest(
-                f"unable to open shared memory region {name!r} with key {key!r}: "
+                f"unable to open shared memory region {shown(name)} with key {shown(key)}: "
                 f"{exc.strerror}. Hint: create it before registering it"
             ) from None
-        try:
-            actual = os.fstat(fd).st_size
-            if offset + byte_size > actual:
-                raise BadRequest(
-                    f"shared memory region {name!r}: offset {offset} + byte_size {byte_size} "
-                    f"is past the end of {key!r}, which is {actual} bytes"
-                )
-            mapped = mmap.mmap(fd, offset + byte_size)  # read/write, no larger than asked
-        finally:
-            os.close(fd)
-        self._regions[name] = Region(name, key, offset, byte_size, mapped)
 
     def get(self, name: Any) -> Region:
-        region = self._regions.get(name) if isinstance(name, str) else None
+        if not isinstance(name, str):
+            raise BadRequest(
+                f"'shared_memory_region' must be the name of a registered region (a string), "
+                f"got {shown(name)}"
+            )
+        region = self._regions.get(name)
         if region is None:
             raise BadRequest(
-                f"shared memory region {name!r} is not registered. Hint: register it with "
-                "POST /v2/systemsharedmemory/region/<name>/register"
+                f"shared memory region {shown(name)} is not registered. Hint: register it "
+                "with POST /v2/systemsharedmemory/region/<name>/register"
             )
         return region
 
@@ -141,30 +188,59 @@ class SharedMemoryRegions:
     def read_input(
         self, input_name: str, datatype: str, shape: tuple[int, ...], params: dict[str, Any]
     ) -> Array:
-        """An input whose parameters name a region (copied out: the client may reuse it)."""
+        """An input whose parameters name a region."""
         region = self.get(params.get("shared_memory_region"))
-        what = f"input {input_name!r}"
+        what = _Tensor("input", input_name)
         size = _non_negative(params.get("shared_memory_byte_size"), "shared_memory_byte_size")
         offset = _non_negative(params.get("shared_memory_offset", 0), "shared_memory_offset")
         try:
-            return from_wire(bytes(region.view(offset, size, what)), datatype, shape)
+            return from_wire(region.read(offset, size, what), datatype, shape)
         except ValueError as exc:
-            raise BadRequest(f"{what} in shared memory region {region.name!r} {exc}") from None
+            raise BadRequest(f"{what} in shared memory region {shown(region.name)} {exc}") from None
 
     def write_output(self, output_name: str, array: Array, params: dict[str, Any]) -> None:
         """Write an output into the region its parameters name. Its entry in the response
         then has no parameters at all: Triton's C++ client reads any it finds as binary
         data that follows the JSON."""
         region = self.get(params.get("shared_memory_region"))
+        what = _Tensor("output", output_name)
         size = _non_negative(params.get("shared_memory_byte_size"), "shared_memory_byte_size")
         offset = _non_negative(params.get("shared_memory_offset", 0), "shared_memory_offset")
         blob = to_wire(array)
         if len(blob) > size:
             raise BadRequest(
-                f"output {output_name!r} needs {len(blob)} bytes but its shared memory "
-                f"byte size is {size}. Hint: register and name a larger range"
+                f"{what} needs {len(blob)} bytes but its shared memory byte size is {size}. "
+                "Hint: register and name a larger range"
             )
-        region.view(offset, len(blob), f"output {output_name!r}")[:] = blob
+        region.write(offset, blob, what)
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str) or not _KEY.match(key) or key.strip("/") in (".", ".."):
+        raise BadRequest(
+            f"'key' {shown(key)} is not a shared memory key; expected a POSIX shm name "
+            "such as '/input_simple' (one leading slash, no other)"
+        )
+    if key.lstrip("/").startswith(_PRIVATE):
+        raise BadRequest(
+            f"{shown(key)} names one of the gateway's own segments (Python's psm_ names, "
+            "which its worker arenas use); register a region you created"
+        )
+    return key
+
+
+def _check_size(fd: int, name: str, key: str, offset: int, byte_size: int) -> None:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise BadRequest(
+            f"shared memory region {shown(name)}: {shown(key)} is not a shared memory object "
+            "(not a regular file). Hint: create it with shm_open"
+        )
+    if offset + byte_size > info.st_size:
+        raise BadRequest(
+            f"shared memory region {shown(name)}: offset {offset} + byte_size {byte_size} "
+            f"is past the end of {shown(key)}, which is {info.st_size} bytes"
+        )
 
 
 SYSTEM_SHM = SharedMemoryRegions()
