@@ -35,7 +35,13 @@ from starlette.types import Receive, Scope, Send
 
 from infergate.errors import BrokenOff
 from infergate.server.decoding import Keeper
-from infergate.server.drain import NOT_WAITED_FOR, Drain, DrainingServer
+from infergate.server.drain import (
+    NOT_WAITED_FOR,
+    OUT_OF_TIME,
+    Drain,
+    DrainingServer,
+    shutting_down,
+)
 from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import InferLane
 from infergate.server.infer_request import api_key
@@ -245,7 +251,7 @@ class ForwardApp:
         if counted:
             self._drain.in_flight += 1
         pump = asyncio.create_task(self._pump(rid, receive, stream))
-        finished = False
+        finished = started = False
         try:
             while not finished:
                 message = await stream.get()
@@ -256,6 +262,7 @@ class ForwardApp:
                         f"{scope['method']} {scope['path']}: the engine's answer broke off"
                     )
                 if message[0] == "start":
+                    started = True
                     await send(
                         {"type": "http.response.start", "status": message[2], "headers": message[3]}
                     )
@@ -263,6 +270,15 @@ class ForwardApp:
                     _, _, body, more = message
                     await send({"type": "http.response.body", "body": body, "more_body": more})
                     finished = not more
+        except asyncio.CancelledError:
+            if not self._drain.draining:
+                raise
+            # The drain time ran out before the engine answered, and uvicorn cancelled
+            # this: the JSON 503 one process gives (uvicorn's own is a text/plain 500).
+            if not started:
+                headers, content = shutting_down(OUT_OF_TIME)
+                await send({"type": "http.response.start", "status": 503, "headers": headers})
+                await send({"type": "http.response.body", "body": content})
         finally:
             pump.cancel()
             self._engine.close_stream(rid)

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from uvicorn.lifespan.on import LifespanOn
 
 from infergate.errors import FrontFailed
 from infergate.server.drain import ARRIVED_KEY, NEW_REQUEST, OUT_OF_TIME, Drain, shutting_down
+from infergate.server.errors import error_body
 from infergate.server.http_protocol import ConnectionLimits
 from infergate.server.infer_route import InferRoute, Reply, internal_error
 from infergate.server.link import LinkProtocol
@@ -50,6 +52,7 @@ _RESTART_MAX_S = 10.0  # the longest wait before a front that keeps dying is sta
 _STEADY_S = 30.0  # a front up this long has its restart delay reset
 _LISTEN_TIMEOUT_S = 60.0  # a front not listening by then is killed (FrontFailed)
 _SECOND_SIGNAL_GRACE_S = 3.0  # after a second signal: the fronts' 503s, then SIGKILL
+_PIECE = 64 << 20  # a forwarded answer's body goes to its front in pieces of at most this
 
 
 class _Forwarded:
@@ -99,7 +102,7 @@ class FrontLink:
         self._infers: set[asyncio.Task[None]] = set()  # of those, the infer requests'
         # What the infer requests answered without a task wait on, by request id.
         self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self.link = LinkProtocol(self._on_message, self._on_lost)
+        self.link = LinkProtocol(self._on_message, self._on_lost, in_place_of)
 
     def _on_message(self, message: LinkMessage) -> None:
         kind = message[0]
@@ -254,8 +257,9 @@ class FrontLink:
             elif message["type"] == "http.response.body":
                 more = bool(message.get("more_body", False))
                 ended = not more
-                self.link.send(("chunk", rid, bytes(message.get("body", b"")), more))
-                await self.link.drained()  # a front that does not keep up holds the app
+                for piece, further in pieces(message.get("body", b""), more):
+                    self.link.send(("chunk", rid, piece, further))
+                    await self.link.drained()  # a front that does not keep up holds the app
 
         try:
             await self._app(scope, forwarded.receive, send)
@@ -268,6 +272,34 @@ class FrontLink:
                 self.link.send(("chunk", rid, b"Internal Server Error", False))
             elif not ended:  # broke off mid-answer: the front closes the connection
                 self.link.send(("abort", rid))
+
+
+def pieces(body: bytes, more: bool, size: int = _PIECE) -> Iterator[tuple[bytes, bool]]:
+    """A forwarded answer's body as the link carries it (marshal takes less than 2 GiB a
+    piece): pieces of at most `size`, each with whether more of the answer follows."""
+    view = memoryview(body)
+    if not view:
+        yield b"", more
+    for start in range(0, len(view), size):
+        yield bytes(view[start : start + size]), more or start + size < len(view)
+
+
+def in_place_of(message: LinkMessage) -> LinkMessage | None:
+    """What goes to a front in place of an answer the link cannot carry (a piece of 2 GiB
+    or more: one tensor of an infer lane's answer): a 500 that says so; a forwarded
+    answer's piece is split before, and one that is not goes as the answer breaking off."""
+    kind, rid = message[0], message[1]
+    if kind == "reply" or kind == "result":
+        tenant = message[5] if kind == "reply" else message[2]
+        body = error_body(
+            "the answer is too large to pass from the engine to its front process (a tensor "
+            "of 2 GiB or more). Hint: ask for fewer rows, or serve it without [server] fronts"
+        )
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        return ("reply", rid, 500, headers, body, tenant)
+    if kind == "chunk":
+        return ("abort", rid)
+    return None
 
 
 def front_config(

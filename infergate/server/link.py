@@ -12,10 +12,13 @@ and only they can reach the socket (its folder is the engine's, mode 0700).
 from __future__ import annotations
 
 import asyncio
+import logging
 import marshal
 import struct
 from collections.abc import Callable
 from typing import Any, cast
+
+log = logging.getLogger("infergate.server")
 
 _LENGTH = struct.Struct("<Q")
 Message = tuple[Any, ...]
@@ -25,10 +28,15 @@ class LinkProtocol(asyncio.Protocol):
     """One end of a link: each message received goes to `on_message`, in order."""
 
     def __init__(
-        self, on_message: Callable[[Message], None], on_lost: Callable[[], None] | None = None
+        self,
+        on_message: Callable[[Message], None],
+        on_lost: Callable[[], None] | None = None,
+        instead: Callable[[Message], Message | None] | None = None,
     ) -> None:
         self._on_message = on_message
         self._on_lost = on_lost
+        # What to send in place of a message marshal cannot carry (None: nothing).
+        self._instead = instead
         self._buf = bytearray()
         self._pending: list[Message] = []
         self.transport: asyncio.Transport | None = None
@@ -97,5 +105,24 @@ class LinkProtocol(asyncio.Protocol):
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
         if self.transport is not None and pending:
-            body = marshal.dumps(pending)
+            try:
+                body = marshal.dumps(pending)
+            except ValueError:  # one it cannot carry (bytes of 2 GiB or more): the others go
+                self._flush_apart(pending)
+                return
+            self.transport.write(_LENGTH.pack(len(body)) + body)
+
+    def _flush_apart(self, pending: list[Message]) -> None:
+        """A step's messages one frame each, the ones marshal cannot carry replaced by what
+        `instead` says (an error answer to their request), or logged and dropped."""
+        assert self.transport is not None
+        for message in pending:
+            try:
+                body = marshal.dumps([message])
+            except ValueError as exc:
+                replaced = self._instead(message) if self._instead is not None else None
+                log.error("the link could not carry a %r message (%s)", message[0], exc)
+                if replaced is None:
+                    continue
+                body = marshal.dumps([replaced])
             self.transport.write(_LENGTH.pack(len(body)) + body)

@@ -1,0 +1,78 @@
+"""The link between a front and the engine (server/link.py, server/fronts.py): a message
+marshal cannot carry (bytes of 2 GiB or more) costs only its own request, never the
+others sent in the same event-loop step, and a forwarded answer's body goes in pieces
+small enough to carry. Both ends are real LinkProtocols over a real Unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import marshal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from infergate.server.fronts import in_place_of, pieces
+from infergate.server.link import LinkProtocol, Message
+
+
+async def test_a_message_the_link_cannot_carry_costs_only_its_own_request(
+    tmp_path: Path,
+) -> None:
+    got: list[Message] = []
+    arrived = asyncio.Event()
+
+    def received(message: Message) -> None:
+        got.append(message)
+        if message[0] == "last":
+            arrived.set()
+
+    front = LinkProtocol(received)
+    engine = LinkProtocol(lambda _: None, instead=in_place_of)
+    path = str(tmp_path / "link.sock")
+    loop = asyncio.get_running_loop()
+    server = await loop.create_unix_server(lambda: front, path)
+    await loop.create_unix_connection(lambda: engine, path)
+    # (object() stands for a 2 GiB body: marshal refuses both with ValueError)
+    unmarshallable = object()
+    with pytest.raises(ValueError, match="unmarshallable"):
+        marshal.dumps(unmarshallable)  # type: ignore[arg-type]  # what it checks
+    try:
+        engine.send(("reply", 1, 200, [], b"{}", "a"))  # all in one step
+        engine.send(("reply", 2, 200, [], unmarshallable, "b"))
+        engine.send(("result", 3, "c", ("m", 1, [("y", "FP32", (1,), unmarshallable)])))
+        engine.send(("chunk", 4, unmarshallable, True))
+        engine.send(("start", 5, 200, unmarshallable))  # nothing to send in its place
+        engine.send(("last", 6))
+        await asyncio.wait_for(arrived.wait(), 10)
+        assert [m[:3] for m in got] == [
+            ("reply", 1, 200),
+            ("reply", 2, 500),  # answered, as the tenant's own
+            ("reply", 3, 500),
+            ("abort", 4),
+            ("last", 6),
+        ]
+        assert (got[1][5], got[2][5]) == ("b", "c")
+        assert b"too large to pass from the engine to its front" in got[1][4]
+        engine.send(("reply", 7, 200, [], b"{}", "a"))  # the link carries on
+        await asyncio.wait_for(_until(lambda: got[-1][1] == 7), 10)
+    finally:
+        for end in (front, engine):
+            if end.transport is not None:
+                end.transport.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    while not check():
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(("size", "more"), [(0, False), (0, True), (5, False), (10, True)])
+def test_a_forwarded_answer_goes_in_pieces_that_say_what_follows(size: int, more: bool) -> None:
+    body = bytes(range(size))
+    got = list(pieces(body, more, size=4))
+    assert b"".join(p for p, _ in got) == body
+    assert all(len(p) <= 4 for p, _ in got)
+    assert [f for _, f in got] == [True] * (len(got) - 1) + [more]
