@@ -301,6 +301,7 @@ def test_a_client_that_leaves_a_stream_ends_it_in_the_engine() -> None:
             return {"type": "http.disconnect"}
 
         app = ForwardApp(engine, Drain(), 1000)  # type: ignore[arg-type]  # a fake link
+        await engine.stream.put(("want", 7))  # the stream listens for the client leaving
         await engine.stream.put(("start", 7, 200, []))
         await engine.stream.put(("chunk", 7, b"event 1\n", True))
         await asyncio.wait_for(app(_scope(), receive, _ignore), 5)
@@ -308,6 +309,37 @@ def test_a_client_that_leaves_a_stream_ends_it_in_the_engine() -> None:
 
     sent = asyncio.run(scenario())
     assert [m[0] for m in sent] == ["http", "body", "cancel", "cancel"]
+
+
+def test_a_request_refused_at_its_head_sends_no_body() -> None:
+    """The front reads the body (and passes it on) only once the engine's app asks for it:
+    a request the engine refuses at its head (401) costs no upload, and uvicorn sends no
+    `100 Continue` (it does at the first read), as in one process."""
+    from infergate.server.front import ForwardApp
+
+    async def scenario() -> tuple[int, list[tuple[Any, ...]]]:
+        engine = _FakeEngine()
+        reads = 0
+
+        async def receive() -> dict[str, Any]:
+            nonlocal reads
+            reads += 1
+            if reads > 1:
+                await asyncio.Future()  # the client waits for its answer
+            return {"type": "http.request", "body": b"x" * 100, "more_body": False}
+
+        app = ForwardApp(engine, Drain(), 1000)  # type: ignore[arg-type]  # a fake link
+        task = asyncio.ensure_future(app(_scope("/v2/models/m/infer"), receive, _ignore))
+        for _ in range(50):  # the time the engine takes to answer
+            await asyncio.sleep(0)
+        await engine.stream.put(("start", 7, 401, []))  # no ("want", 7) first
+        await engine.stream.put(("chunk", 7, b"{}", False))
+        await asyncio.wait_for(task, 5)
+        return reads, engine.sent
+
+    reads, sent = asyncio.run(scenario())
+    assert reads == 0
+    assert [m[0] for m in sent] == ["http"]
 
 
 def test_a_body_over_the_limit_is_not_all_passed_on() -> None:
@@ -325,6 +357,7 @@ def test_a_body_over_the_limit_is_not_all_passed_on() -> None:
             return {"type": "http.request", "body": b"x" * 10_000, "more_body": True}
 
         app = ForwardApp(engine, Drain(), 25_000)  # type: ignore[arg-type]  # a fake link
+        await engine.stream.put(("want", 7))  # the engine reads the body
         task = asyncio.ensure_future(app(_scope("/v2/models/m/infer"), receive, _ignore))
         for _ in range(50):  # let the pump run as far as it would
             await asyncio.sleep(0)

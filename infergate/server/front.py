@@ -83,7 +83,7 @@ class EngineLink:
             waiter = self._replies.pop(rid, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
-        else:  # "start", "chunk" or "abort" of a forwarded request's answer
+        else:  # "want" (its body), "start", "chunk" or "abort" of a forwarded request
             stream = self._streams.get(rid)
             if stream is not None:
                 stream.put_nowait(message)
@@ -250,11 +250,14 @@ class ForwardApp:
         self._engine.send(head)
         if counted:
             self._drain.in_flight += 1
-        pump = asyncio.create_task(self._pump(rid, receive, stream))
+        pump: asyncio.Task[None] | None = None  # started once the engine wants the body
         finished = started = False
         try:
             while not finished:
                 message = await stream.get()
+                if message[0] == "want":
+                    pump = asyncio.create_task(self._pump(rid, receive, stream))
+                    continue
                 if message[0] == "gone":  # the client left (the pump saw it)
                     return
                 if message[0] == "abort":
@@ -280,7 +283,8 @@ class ForwardApp:
                 await send({"type": "http.response.start", "status": 503, "headers": headers})
                 await send({"type": "http.response.body", "body": content})
         finally:
-            pump.cancel()
+            if pump is not None:
+                pump.cancel()
             self._engine.close_stream(rid)
             if counted:
                 self._drain.in_flight -= 1

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -56,14 +56,18 @@ _PIECE = 64 << 20  # a forwarded answer's body goes to its front in pieces of at
 
 
 class _Forwarded:
-    """One forwarded request's body, as its pieces arrive, for the app's `receive`."""
+    """One forwarded request's body, as its pieces arrive, for the app's `receive`. The
+    front sends none until the app first asks for it (`want`): a request the app refuses
+    at its head (401, 403, 404, 429) costs its client no upload, and gets no `100
+    Continue`, as in one process."""
 
-    __slots__ = ("pieces", "gone", "_waiter")
+    __slots__ = ("pieces", "gone", "_waiter", "_want")
 
-    def __init__(self) -> None:
+    def __init__(self, want: Callable[[], None]) -> None:
         self.pieces: deque[tuple[bytes, bool]] = deque()
         self.gone = False
         self._waiter: asyncio.Future[None] | None = None
+        self._want: Callable[[], None] | None = want
 
     def feed(self, body: bytes, more: bool) -> None:
         self.pieces.append((body, more))
@@ -78,6 +82,9 @@ class _Forwarded:
             self._waiter.set_result(None)
 
     async def receive(self) -> Message:
+        if self._want is not None:
+            want, self._want = self._want, None
+            want()
         while not self.pieces and not self.gone:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
@@ -117,7 +124,9 @@ class FrontLink:
             if forwarded is not None:
                 forwarded.feed(message[2], message[3])
         elif kind == "http":
-            forwarded = self._forwarded[message[1]] = _Forwarded()
+            rid = message[1]
+            want = partial(self.link.send, ("want", rid))
+            forwarded = self._forwarded[rid] = _Forwarded(want)
             self._start(self._http(forwarded, *message[1:]))
         elif kind == "cancel":
             forwarded = self._forwarded.get(message[1])
