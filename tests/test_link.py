@@ -42,20 +42,22 @@ async def test_a_message_the_link_cannot_carry_costs_only_its_own_request(
         engine.send(("reply", 2, 200, [], unmarshallable, "b"))
         engine.send(("result", 3, "c", ("m", 1, [("y", "FP32", (1,), unmarshallable)])))
         engine.send(("chunk", 4, unmarshallable, True))
-        engine.send(("start", 5, 200, unmarshallable))  # nothing to send in its place
-        engine.send(("last", 6))
+        engine.send(("start", 5, 200, unmarshallable))
+        engine.send(("http", 6, unmarshallable))  # nothing to send in its place
+        engine.send(("last", 7))
         await asyncio.wait_for(arrived.wait(), 10)
         assert [m[:3] for m in got] == [
             ("reply", 1, 200),
             ("reply", 2, 500),  # answered, as the tenant's own
             ("reply", 3, 500),
             ("abort", 4),
-            ("last", 6),
+            ("abort", 5),
+            ("last", 7),
         ]
         assert (got[1][5], got[2][5]) == ("b", "c")
         assert b"too large to pass from the engine to its front" in got[1][4]
-        engine.send(("reply", 7, 200, [], b"{}", "a"))  # the link carries on
-        await asyncio.wait_for(_until(lambda: got[-1][1] == 7), 10)
+        engine.send(("reply", 8, 200, [], b"{}", "a"))  # the link carries on
+        await asyncio.wait_for(_until(lambda: got[-1][1] == 8), 10)
     finally:
         for end in (front, engine):
             if end.transport is not None:

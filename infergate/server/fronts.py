@@ -266,7 +266,9 @@ class FrontLink:
             elif message["type"] == "http.response.body":
                 more = bool(message.get("more_body", False))
                 ended = not more
-                for piece, further in pieces(message.get("body", b""), more):
+                for i, (piece, further) in enumerate(pieces(message.get("body", b""), more)):
+                    if i:  # the piece before goes out in a frame of its own first
+                        await asyncio.sleep(0)
                     self.link.send(("chunk", rid, piece, further))
                     await self.link.drained()  # a front that does not keep up holds the app
 
@@ -286,9 +288,10 @@ class FrontLink:
 def pieces(body: bytes, more: bool, size: int = _PIECE) -> Iterator[tuple[bytes, bool]]:
     """A forwarded answer's body as the link carries it (marshal takes less than 2 GiB a
     piece): pieces of at most `size`, each with whether more of the answer follows."""
+    if len(body) <= size:  # the usual answer: one piece, not copied again
+        yield bytes(body), more
+        return
     view = memoryview(body)
-    if not view:
-        yield b"", more
     for start in range(0, len(view), size):
         yield bytes(view[start : start + size]), more or start + size < len(view)
 
@@ -306,7 +309,7 @@ def in_place_of(message: LinkMessage) -> LinkMessage | None:
         )
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         return ("reply", rid, 500, headers, body, tenant)
-    if kind == "chunk":
+    if kind == "chunk" or kind == "start":
         return ("abort", rid)
     return None
 
