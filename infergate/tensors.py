@@ -30,7 +30,8 @@ V2_TO_NUMPY: Final[dict[str, np.dtype[np.generic]]] = {
     "BYTES": np.dtype(np.object_),
 }
 
-_NUMPY_KIND_TO_V2: Final[dict[np.dtype[np.generic], str]] = {
+# Native numpy dtypes to their V2 datatype: every one but BYTES (an object array).
+NUMPY_TO_V2: Final[dict[np.dtype[np.generic], str]] = {
     dt: name for name, dt in V2_TO_NUMPY.items() if name != "BYTES"
 }
 
@@ -39,13 +40,13 @@ Array = npt.NDArray[np.generic]
 
 def v2_datatype(dtype: np.dtype[np.generic]) -> str:
     """The V2 datatype name of a numpy dtype; strings and bytes are BYTES."""
-    name = _NUMPY_KIND_TO_V2.get(dtype)
+    name = NUMPY_TO_V2.get(dtype)
     if name is not None:
         return name
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"
     try:
-        return _NUMPY_KIND_TO_V2[dtype.newbyteorder("=")]
+        return NUMPY_TO_V2[dtype.newbyteorder("=")]
     except KeyError:
         raise ValueError(f"numpy dtype {dtype} has no KServe V2 datatype") from None
 

@@ -1,4 +1,4 @@
-"""The link between a front and the engine (server/link.py, server/fronts.py): a message
+"""The link between a front and the engine (server/link.py, server/front_link.py): a message
 marshal cannot carry (bytes of 2 GiB or more) costs only its own request, never the
 others sent in the same event-loop step, and a forwarded answer's body goes in pieces
 small enough to carry. Both ends are real LinkProtocols over a real Unix socket."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infergate.server.fronts import in_place_of, pieces
+from infergate.server.front_link import in_place_of, pieces
 from infergate.server.link import LinkProtocol, Message
 
 

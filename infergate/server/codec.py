@@ -379,6 +379,17 @@ def _json_data(name: str, array: Array) -> list[Any] | Array:
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("=")).reshape(-1)
 
 
+_JSON = (b"content-type", b"application/json")
+_BINARY = (b"content-type", b"application/octet-stream")
+
+
+def response_headers(json_length: int | None) -> list[tuple[bytes, bytes]]:
+    """An answer's content headers, from `encode_response`'s JSON header length."""
+    if json_length is None:
+        return [_JSON]
+    return [_BINARY, (b"inference-header-content-length", b"%d" % json_length)]
+
+
 def encode_response(
     model: str,
     version: int,

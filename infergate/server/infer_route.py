@@ -28,7 +28,13 @@ from infergate.errors import BadRequest, InfergateError
 from infergate.metrics import Finished
 from infergate.server.access_log import TENANT_KEY
 from infergate.server.body import read_body
-from infergate.server.codec import Body, DecodedRequest, decode_request, encode_response
+from infergate.server.codec import (
+    Body,
+    DecodedRequest,
+    decode_request,
+    encode_response,
+    response_headers,
+)
 from infergate.server.compression import MIN_BYTES, compress_response
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
@@ -47,7 +53,6 @@ log = logging.getLogger("infergate.server")
 
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]*))?/infer$")
 _JSON = (b"content-type", b"application/json")
-_BINARY = (b"content-type", b"application/octet-stream")
 
 
 class Reply(NamedTuple):
@@ -388,9 +393,7 @@ class InferRoute:
                 outputs, decoded.output_parameters, served.batchable, served.file.path
             )
         content, json_length = encode_response(result.model, result.version, outputs, decoded)
-        if json_length is None:
-            return [_JSON], content
-        return [_BINARY, (b"inference-header-content-length", b"%d" % json_length)], content
+        return response_headers(json_length), content
 
 
 class _Waiting:

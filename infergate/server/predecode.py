@@ -22,14 +22,19 @@ and compression as the engine's), unless it holds what only the engine encodes
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
-from infergate.server.codec import DecodedRequest, decode_request, encode_response
+from infergate.server.codec import (
+    DecodedRequest,
+    decode_request,
+    encode_response,
+    response_headers,
+)
 from infergate.server.compression import MIN_BYTES, compress_response
 from infergate.server.infer_request import HEADER_LENGTH
-from infergate.tensors import V2_TO_NUMPY, Array
+from infergate.tensors import NUMPY_TO_V2, V2_TO_NUMPY, Array
 
 # (id, [(input, datatype, shape, bytes)], outputs, binary outputs, binary by default,
 # parameters, output parameters): plain values, which marshal carries.
@@ -37,9 +42,6 @@ Packed = tuple[Any, ...]
 # (model, version, [(output, datatype, shape, bytes)]): an answer's outputs, likewise.
 PackedOutputs = tuple[str, int, list[tuple[str, str, tuple[int, ...], bytes]]]
 
-_DATATYPES: Final[dict[np.dtype[np.generic], str]] = {
-    dtype: name for name, dtype in V2_TO_NUMPY.items() if name != "BYTES"
-}
 _LOCAL_ONLY = b"shared_memory"
 
 
@@ -57,7 +59,7 @@ def pack(
         return None
     tensors = []
     for name, array in decoded.inputs.items():
-        datatype = _DATATYPES.get(array.dtype)  # native numbers only
+        datatype = NUMPY_TO_V2.get(array.dtype)  # native numbers only
         if datatype is None:
             return None
         tensors.append((name, datatype, array.shape, array.tobytes()))
@@ -94,7 +96,7 @@ def pack_outputs(
         return None
     tensors = []
     for name, array in outputs.items():
-        datatype = _DATATYPES.get(array.dtype)
+        datatype = NUMPY_TO_V2.get(array.dtype)
         if datatype is None:
             return None
         tensors.append((name, datatype, array.shape, array.tobytes()))
@@ -112,13 +114,7 @@ def encode_answer(
         for name, datatype, shape, data in tensors
     }
     body, json_length = encode_response(model, version, outputs, decoded)
-    if json_length is None:
-        headers = [(b"content-type", b"application/json")]
-    else:
-        headers = [
-            (b"content-type", b"application/octet-stream"),
-            (b"inference-header-content-length", b"%d" % json_length),
-        ]
+    headers = response_headers(json_length)
     if len(body) >= MIN_BYTES:
         body = compress_response(request_headers, headers, body, 200)
     headers.append((b"content-length", b"%d" % len(body)))
