@@ -1,7 +1,7 @@
 """Where a request's Python goes: the interpreter's opcodes per function, per request.
 
     .venv/bin/python benchmarks/opcodes.py [--tree PATH] [--requests N] [--concurrency C]
-        [--top K] [--json]
+        [--top K] [--lines] [--json]
 
 `benchmarks/instructions.py` says how many instructions a request costs, not where; a
 sampling profiler says where, but its samples follow the host's speed and the profiler's
@@ -13,7 +13,9 @@ source file and of the top functions. The counts do not depend on the host (batc
 a little: a batch's work is shared by its rows). Traced, the gateway runs many times
 slower, so the figures are for comparing code, not for timing it. C functions (numpy,
 orjson, dict and list operations) execute no opcodes: their cost is in
-`instructions.py`'s count only.
+`instructions.py`'s count only. `--lines` lists source lines instead of functions, and
+names each dataclass `__init__` and NamedTuple constructor (code Python makes from a
+string, `<string>` otherwise) by the class it builds: where a function's opcodes go.
 """
 
 from __future__ import annotations
@@ -44,9 +46,25 @@ def _tracer(frame: FrameType, event: str, arg: object) -> Any:
     return _tracer
 
 
+def _line_tracer(frame: FrameType, event: str, arg: object) -> Any:
+    """`--lines`: by source line; code made from a string (a dataclass's `__init__`, a
+    NamedTuple's `__new__`) is named by the class it builds."""
+    frame.f_trace_opcodes = True
+    if event == "opcode":
+        code = frame.f_code
+        if code.co_filename == "<string>":
+            made = frame.f_locals.get("self", frame.f_locals.get("_cls"))
+            made = made if isinstance(made, type) else type(made)
+            where = f"{code.co_name}[{made.__name__}]"
+        else:
+            where = f"{code.co_name}:{frame.f_lineno}"
+        _COUNTS[(code.co_filename, where)] += 1
+    return _line_tracer
+
+
 def _start(*_: object) -> None:
     _COUNTS.clear()
-    sys.settrace(_tracer)
+    sys.settrace(_line_tracer if os.environ.get("OPCODES_LINES") else _tracer)
 
 
 def _stop(*_: object) -> None:
@@ -65,7 +83,9 @@ def serve_traced(argv: list[str]) -> None:
     cli()
 
 
-def count(tree: Path, requests: int, concurrency: int) -> list[tuple[int, str, str]]:
+def count(
+    tree: Path, requests: int, concurrency: int, lines: bool = False
+) -> list[tuple[int, str, str]]:
     sys.path[:0] = [str(tree), str(ROOT / "benchmarks")]
     import uvloop
     from http_cpu import drive, tiny_setup
@@ -76,6 +96,8 @@ def count(tree: Path, requests: int, concurrency: int) -> list[tuple[int, str, s
     models, profile, body, headers = tiny_setup(work)
     port, out, log = free_port(), work / "opcodes.json", work / "gateway.log"
     env = {**os.environ, "PYTHONPATH": str(tree), "OPCODES_OUT": str(out)}
+    if lines:
+        env["OPCODES_LINES"] = "1"
     command = [sys.executable, __file__, "--serve-traced", "--models", str(models)]
     command += ["--profile", str(profile), "--port", str(port)]
     with log.open("wb") as sink:
@@ -115,9 +137,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3_000, help="traced")
     parser.add_argument("--top", type=int, default=40, help="functions to list")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--lines", action="store_true", help="by source line (the functions list's rows)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = count(args.tree.resolve(), args.requests, args.concurrency)
+    rows = count(args.tree.resolve(), args.requests, args.concurrency, args.lines)
     per = args.requests
     total = sum(n for n, _, _ in rows)
     by_file: collections.Counter[str] = collections.Counter()
@@ -132,7 +157,7 @@ def main() -> None:
     )
     for file, n in by_file.most_common(15):
         print(f"  {n / per:7.1f} {100 * n / total:5.1f}%  {file}")
-    print("  by function:")
+    print("  by line:" if args.lines else "  by function:")
     for n, file, name in rows[: args.top]:
         print(f"  {n / per:7.1f} {100 * n / total:5.1f}%  {file}:{name}")
 
