@@ -48,16 +48,32 @@ def normalize_url(text: str) -> str:
     return text if "://" in text else f"http://{text}"
 
 
+PROJECT_PROFILE = Path("profiles") / "default.toml"
+
+
 def project_port(folder: Path | None = None) -> int | None:
     """The port of profiles/default.toml in `folder` (the working directory), if any: run
     in a project folder, the CLI finds the server that `infergate serve` started there."""
-    path = (folder or Path.cwd()) / "profiles" / "default.toml"
+    path = (folder or Path.cwd()) / PROJECT_PROFILE
     try:
         doc = tomllib.loads(path.read_text())
     except (OSError, ValueError):
         return None
     port = doc.get("server", {}).get("port") if isinstance(doc.get("server"), dict) else None
     return port if isinstance(port, int) and 0 < port < 65536 else None
+
+
+def project_profile_unread(folder: Path | None = None) -> str | None:
+    """Why ./profiles/default.toml, present, gave no port (a broken edit): the server that
+    started from it may listen elsewhere than the URL tried. None when it did, or is absent."""
+    path = (folder or Path.cwd()) / PROJECT_PROFILE
+    if os.environ.get("INFERGATE_URL", "").strip() or not path.is_file():
+        return None
+    try:
+        tomllib.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{PROJECT_PROFILE} does not parse ({exc}), so its port was not used"
+    return None
 
 
 def default_url() -> str:
@@ -169,10 +185,12 @@ class Client:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
+            unread = project_profile_unread() if self.url == DEFAULT_URL else None
             raise ClientError(
                 0,
                 f"cannot reach infergate at {self.url}: {exc}. Hint: is "
-                "`infergate serve` running? Set --url or INFERGATE_URL",
+                "`infergate serve` running? Set --url or INFERGATE_URL"
+                + (f" ({unread})" if unread else ""),
             ) from None
         if response.status_code >= 400:
             try:

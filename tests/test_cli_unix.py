@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,10 +21,11 @@ import pytest
 from typer.testing import CliRunner
 
 from infergate.cli.main import app
-from infergate.client import default_url
+from infergate.client import default_url, project_profile_unread
 from infergate.engine.admission.tenants import hash_key
 from tests.conftest import REPO, write_profile
 from tests.onnx_models import make_mlp
+from tests.polling import wait_until
 from tests.server import ServerProcess
 
 runner = CliRunner()
@@ -215,6 +217,26 @@ def test_default_url_without_anything(tmp_path: Path, monkeypatch: pytest.Monkey
     assert default_url() == "https://gw.example:9000"
 
 
+def test_a_project_profile_that_does_not_parse_is_named_when_the_server_is_unreachable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its port cannot be read, so the CLI tries 127.0.0.1:8000; if nothing answers there,
+    the error says why the profile's port was not used (it said only 'is serve running?')."""
+    monkeypatch.delenv("INFERGATE_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert project_profile_unread() is None  # no profile: nothing to say
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "default.toml").write_text("[server]\nport = 18123\n")
+    assert project_profile_unread() is None  # read: its port is the URL
+    (tmp_path / "profiles" / "default.toml").write_text("[server]\nport = 18123\nbroken =\n")
+    assert default_url() == "http://127.0.0.1:8000"
+    unread = project_profile_unread()
+    assert unread is not None
+    assert unread.startswith("profiles/default.toml does not parse (")
+    monkeypatch.setenv("INFERGATE_URL", "127.0.0.1:18123")
+    assert project_profile_unread() is None  # the URL is the user's own choice
+
+
 def test_tenant_and_admin_tokens_are_separate(unix_server: ServerProcess) -> None:
     code, out = run("model", "list", "--url", unix_server.url, env={"INFERGATE_TOKEN": ADMIN})
     assert code == 1  # the tenant token is not sent to admin commands
@@ -321,6 +343,33 @@ def test_serve_mistakes_are_one_line_and_an_exit_code(
     done = cli("serve", "--models", models, cwd=tmp_path, env={"INFERGATE_PORT": "70000"})
     assert done.returncode == 2
     assert "port 70000 is out of range" in done.stderr
+
+
+def test_port_0_serves_on_a_free_port_that_the_listening_line_names(
+    unix_server: ServerProcess, tmp_path: Path
+) -> None:
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERGATE_")}
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "infergate", "serve", "--models", str(unix_server.models)]
+            + ["--port", "0"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**env, "PYTHONPATH": str(REPO)},
+            cwd=tmp_path,
+        )
+    try:
+        found = wait_until(
+            lambda: re.search(rb"listening on (http://127\.0\.0\.1:(\d+))", log.read_bytes()),
+            timeout_s=60,
+            what="the listening line",
+        )
+        assert int(found.group(2)) > 0
+        assert httpx.get(found.group(1).decode() + "/v2/health/live", timeout=10).status_code == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
 
 
 def test_model_verify_on_a_non_model_exits_1(tmp_path: Path) -> None:

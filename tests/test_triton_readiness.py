@@ -8,10 +8,13 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import pytest
 
+from infergate.server.views import repository_index
 from tests.conftest import write_profile
 from tests.server import ServerProcess
 from tests.triton_models import make_simple
@@ -50,3 +53,33 @@ def test_only_strict_readiness_follows_failed_models(
     assert "strict_readiness" in response.json()["error"]
     shutil.rmtree(broken)
     assert _wait_ready(strict_server, 200).status_code == 200
+
+
+def test_the_repository_index_speaks_only_tritons_states() -> None:
+    """Clients switch on Triton's index states (READY, LOADING, UNAVAILABLE); a version
+    whose workers are restarting, failed or stopped is UNAVAILABLE, its reason saying
+    which (what a real gateway's views hold: only the fields the index reads)."""
+
+    def version(number: int, state: str, reason: str | None) -> SimpleNamespace:
+        return SimpleNamespace(version=number, state=state, ready=state == "ready", reason=reason)
+
+    model = SimpleNamespace(
+        name="m",
+        versions=(
+            version(1, "ready", None),
+            version(2, "loading", None),
+            version(3, "restarting", "worker exited with code -9"),
+            version(4, "failed", None),
+            version(5, "stopped", None),
+        ),
+        failures={6: "bad file"},
+    )
+    rows = repository_index([cast(Any, model)])
+    assert [(r["version"], r["state"], r["reason"]) for r in rows] == [
+        ("1", "READY", ""),
+        ("2", "LOADING", ""),
+        ("3", "UNAVAILABLE", "restarting: worker exited with code -9"),
+        ("4", "UNAVAILABLE", "failed"),
+        ("5", "UNAVAILABLE", "stopped"),
+        ("6", "UNAVAILABLE", "bad file"),
+    ]

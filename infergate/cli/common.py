@@ -66,7 +66,9 @@ AdminTokenOption = Annotated[
         show_envvar=False,
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (same as --format json)")]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print JSON (on a list, the same as --format json)")
+]
 
 
 class Format(str, Enum):

@@ -61,7 +61,10 @@ def serve(
         int | None,
         typer.Option(
             envvar="INFERGATE_PORT",
-            help="Port, 1-65535 [default: the profile's, else 8000; env: INFERGATE_PORT]",
+            help=(
+                "Port, 0-65535 (0: any free one) [default: the profile's, else 8000; env: "
+                "INFERGATE_PORT]"
+            ),
         ),
     ] = None,
     log_level: Annotated[
@@ -108,8 +111,8 @@ def serve(
             EXIT_USAGE,
         )
     bind_port = settings.port if port is None else port
-    if not 1 <= bind_port <= 65535:
-        fail(f"port {bind_port} is out of range: give one from 1 to 65535", EXIT_USAGE)
+    if not 0 <= bind_port <= 65535:  # 0: any free port (the listening line names it)
+        fail(f"port {bind_port} is out of range: give one from 0 to 65535", EXIT_USAGE)
     # Before any worker starts: a clash leaves nothing behind. Fronts share the port.
     sock = _bind(bind, bind_port, shared=settings.fronts > 0)
     configure_logging(log_level, log_format, access_log)

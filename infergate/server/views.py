@@ -99,13 +99,22 @@ def repository_index(models: list[ModelView]) -> list[dict[str, Any]]:
     for record in models:
         served_versions = {v.version for v in record.versions}
         for served in record.versions:
-            state = "READY" if served.ready else served.state.upper()
+            # Triton's words only (READY, LOADING, UNAVAILABLE): clients switch on them.
+            # Ours that Triton lacks (restarting, failed, stopped) are UNAVAILABLE, named
+            # in the reason.
+            if served.ready:
+                state, reason = "READY", served.reason or ""
+            elif served.state == "loading":
+                state, reason = "LOADING", served.reason or ""
+            else:
+                state = "UNAVAILABLE"
+                reason = f"{served.state}: {served.reason}" if served.reason else served.state
             rows.append(
                 {
                     "name": record.name,
                     "version": str(served.version),
                     "state": state,
-                    "reason": served.reason or "",
+                    "reason": reason,
                 }
             )
         for version, why in record.failures.items():
