@@ -214,6 +214,7 @@ LONGEST_FIRST = (  # by their wall seconds in full parallel runs (INFERGATE_TEST
     "test_edge_connections.py",
     "test_private_models.py",
     "test_fronts.py",
+    "test_fronts_parity.py",
     "test_devices.py",
     "test_models_verified_store.py",
     *TRITON_FILES,  # one unit of work: the six take about as long as that together

@@ -129,22 +129,37 @@ class EngineLink:
         self._streams.pop(rid, None)
 
 
-_KNOWN_KEYS = 4096  # the keys a front remembers the engine accepting
+# What a front remembers of the engine's answers, to decide what it decodes: the paths a
+# key was served on, and the keys told to come back later.
+_KNOWN_PATHS = 4096
+_HELD_KEYS = 4096
+_HOLD_MAX_S = 10.0  # the longest a Retry-After stops decoding (a remote model's may be hours)
+# Refusals the engine gives a key on a path before decoding its body (401 no key, 403 not
+# allowed, 404 no such model or version, 424 a model that failed to load).
+_REFUSED = frozenset({401, 403, 404, 424})
+
+# A key (None: no key), a model and the version its path names.
+InferPath = tuple[str | None, str, str | None]
 
 
 class ForwardRoute:
     """The infer lane's route in a front: the engine's `InferRoute` answers. The usual
-    request goes decoded here (server/predecode.py), beside its body, once its key is
-    known: one the engine has accepted before (no key at all, when it admitted one
-    without). A stranger's request is not decoded here, as the engine refuses it (401)
-    before decoding it in one process: a bad key costs no decoding in either."""
+    request goes decoded here (server/predecode.py), beside its body, once the engine has
+    served its key on its path (model and version) before, and has not since refused it
+    there or told the key to come back later. Anything else goes as its body alone, and
+    the engine refuses it before decoding it as in one process: a stranger's key (401), a
+    model it may not use (403) or that does not exist (404), a tenant over its rate or
+    concurrency (429, until its Retry-After) costs no decoding in the front either, where
+    it would cost other tenants' requests a front's time (a 64 KiB body: milliseconds)."""
 
     def __init__(self, engine: EngineLink, max_body: int) -> None:
         self._engine = engine
         self._max_body = max_body
-        # Keys the engine accepted lately, oldest first (None: no key); one it refuses
-        # (401: revoked, say) is forgotten.
-        self._known: dict[str | None, None] = {}
+        # Paths the engine answered 200 on lately, oldest first; one it refuses (401:
+        # revoked, say) is forgotten.
+        self._known: dict[InferPath, None] = {}
+        # Keys answered with a Retry-After (over a limit, a model not ready), until when.
+        self._held: dict[str | None, float] = {}
 
     async def reply(
         self,
@@ -178,8 +193,8 @@ class ForwardRoute:
         stopping). What the answer waits on is returned, for the lane's drain to cancel."""
         arrived = time.monotonic()
         headers_in = dict(raw_headers)
-        key = api_key(headers_in)
-        both = pack(whole, headers_in, self._max_body) if key in self._known else None
+        path = (api_key(headers_in), name, version)
+        both = pack(whole, headers_in, self._max_body) if self._decodes(path, arrived) else None
         decoded, packed = (None, None) if both is None else both
 
         def answered(waiter: asyncio.Future[Message]) -> None:
@@ -199,7 +214,7 @@ class ForwardRoute:
                 status = 200
             else:
                 _, _, status, headers, content, tenant = message
-            self._learn(key, status, tenant)
+            self._learn(path, status, headers)
             respond(Reply(status, headers, content, tenant, _KEPT_NOTHING))
 
         return self._engine.ask_soon(
@@ -207,16 +222,42 @@ class ForwardRoute:
             answered,
         )
 
-    def _learn(self, key: str | None, status: int, tenant: str) -> None:
-        """What the engine's answer says of `key`: accepted (it names a tenant), or
-        refused."""
+    def _decodes(self, path: InferPath, now: float) -> bool:
+        """Whether a request on `path` is decoded here (see the class docstring)."""
+        if path not in self._known:
+            return False
+        held = self._held
+        if held:
+            until = held.get(path[0])
+            if until is not None:
+                if now < until:
+                    return False
+                del held[path[0]]
+        return True
+
+    def _learn(self, path: InferPath, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """What the engine's answer says of `path`: served (200), refused before any
+        decoding, or to come back later (its Retry-After)."""
         known = self._known
-        if status == 401:
-            known.pop(key, None)
-        elif tenant != "-" and key not in known:
-            if len(known) >= _KNOWN_KEYS:
-                del known[next(iter(known))]
-            known[key] = None
+        if status == 200:
+            if path not in known:
+                if len(known) >= _KNOWN_PATHS:
+                    del known[next(iter(known))]
+                known[path] = None
+            return
+        if status in _REFUSED:
+            known.pop(path, None)
+        if path not in known:  # (a stranger's answer: nothing to hold)
+            return
+        for name, value in headers:
+            if name == b"retry-after":
+                if value.isdigit() and len(value) < 8:
+                    held = self._held
+                    held.pop(path[0], None)  # (to the end: the oldest go first)
+                    if len(held) >= _HELD_KEYS:
+                        del held[next(iter(held))]
+                    held[path[0]] = time.monotonic() + min(int(value), _HOLD_MAX_S)
+                break
 
 
 class ForwardApp:

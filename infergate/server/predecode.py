@@ -10,8 +10,10 @@ decoding. Anything else goes as before, the body alone, and the engine decodes i
 that does not decode (so that the engine's answer and its order of checks stay its own: a
 stranger's bad body gets 401, not 400), one that names shared memory (the regions are
 registered in the engine), BYTES or other object tensors, a compressed body, or one past
-the size limit. The front decodes only for a key the engine has accepted before
-(server/front.py), so that a stranger's request costs no decoding there, as in one
+the size limit. The front decodes only for a key the engine has served before on the
+request's model and version, not refused there since nor told to retry later
+(server/front.py), so that a request the engine refuses before decoding it (a stranger's
+key, an unknown model, a tenant over its rate) costs no decoding there, as in one
 process. orjson reads JSON up to 1,024 levels deep, within the 2,000 that marshal carries.
 
 The answer to a request the front decoded comes back the same way: its outputs as raw
@@ -43,6 +45,9 @@ Packed = tuple[Any, ...]
 PackedOutputs = tuple[str, int, list[tuple[str, str, tuple[int, ...], bytes]]]
 
 _LOCAL_ONLY = b"shared_memory"
+# A BYTES tensor goes to the engine as its body: one named so (as JSON writes it, unescaped)
+# is not decoded here first only to be decoded again there.
+_STRINGS = b'"BYTES"'
 
 
 def pack(
@@ -50,7 +55,12 @@ def pack(
 ) -> tuple[DecodedRequest, Packed] | None:
     """The request in `body` decoded, and as the link carries it; None when the engine
     must decode it itself (see the module docstring)."""
-    if len(body) > max_body or b"content-encoding" in headers or _LOCAL_ONLY in body:
+    if (
+        len(body) > max_body
+        or b"content-encoding" in headers
+        or _LOCAL_ONLY in body
+        or _STRINGS in body
+    ):
         return None
     length = headers.get(HEADER_LENGTH)
     try:
