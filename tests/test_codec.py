@@ -90,6 +90,13 @@ def test_outputs_binary_per_output_and_by_default() -> None:
         ([1.5, [2.0]], "FP32", "ragged"),
         ([1.5, {}], "FP64", "non-numeric values"),
         ([1, "x"], "BYTES", "element 0 is 1, not a string"),
+        # Integers numpy holds as floats (from 2**63) or objects (from 2**64), or that JSON
+        # reads as floats (from 2**64): out of range, not "fractional"
+        ([-1, 2**64 - 1], "INT64", "out of range for INT64"),
+        ([-1, 2**64 - 1], "UINT64", "out of range for UINT64"),
+        ([2**64, 0], "UINT64", "out of range for UINT64"),
+        ([2**63, 1.5], "UINT64", "fractional"),
+        ([2**64 - 1, "x"], "UINT64", "non-numeric values"),
     ],
 )
 def test_json_data_checks(data: list[object], datatype: str, message: str) -> None:
@@ -99,6 +106,20 @@ def test_json_data_checks(data: list[object], datatype: str, message: str) -> No
     )
     with pytest.raises(BadRequest, match=message):
         decode_request(body, None)
+
+
+@pytest.mark.parametrize("data", [[2**64 - 1, 0], [2**63, 1], [[2**63], [2**64 - 1]]])
+def test_uint64_takes_its_upper_half_from_json(data: list[object]) -> None:
+    """numpy makes floats of integers from 2**63 mixed with smaller ones: they were
+    refused as "fractional" though UINT64 holds them."""
+    shape = [2] if type(data[0]) is int else [2, 1]
+    body = b'{"inputs":[{"name":"x","datatype":"UINT64","shape":%s,"data":%s}]}' % (
+        orjson.dumps(shape),
+        str(data).encode(),
+    )
+    got = decode_request(body, None).inputs["x"]
+    assert got.dtype == np.uint64
+    assert got.tolist() == data
 
 
 _BIGGEST_PRINTED = {"FP16": 65504.0, "FP32": 3.4028235e38, "FP64": 1.7976931348623157e308}

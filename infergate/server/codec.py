@@ -164,6 +164,13 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
         # general path's eight (this runs for every input of every JSON request).
         _check_float_range(name, datatype, raw)
         return raw.astype(dtype, copy=False).reshape(shape)
+    if raw.size and dtype.kind in "iu" and raw.dtype.kind in "fO":
+        # Integers numpy would not keep as integers (one from 2**63 makes floats of all,
+        # one from 2**64 objects): an UINT64's upper half is valid, and a value too
+        # large for any is out of range, not fractional. Anything else falls through.
+        whole = _whole_numbers(name, datatype, dtype, data)
+        if whole is not None:
+            return whole.reshape(shape)
     if raw.size and raw.dtype.kind not in "biuf":
         raise BadRequest(
             f"input {name!r} is {datatype} but its data holds non-numeric values "
@@ -172,12 +179,21 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     if raw.size and dtype.kind != "b" and raw.dtype.kind == "b":
         raise BadRequest(f"input {name!r} is {datatype} but its data holds true/false values")
     if raw.size and dtype.kind in "iu":
+        info = np.iinfo(dtype)  # type: ignore[type-var]  # dtype.kind is "i" or "u" here
         if raw.dtype.kind == "f":
+            # An integer past 64 bits comes from JSON as a float: out of range, not
+            # fractional (compared as Python numbers: exact, where numpy's are not).
+            values = raw.reshape(-1).tolist()
+            if all(math.isfinite(v) and v == int(v) for v in values) and (
+                min(values) < info.min or max(values) > info.max
+            ):
+                raise BadRequest(
+                    f"input {name!r}: values out of range for {datatype} ({info.min}..{info.max})"
+                )
             raise BadRequest(
                 f"input {name!r} is {datatype} but its data holds fractional "
                 "numbers; send integers or change the datatype"
             )
-        info = np.iinfo(dtype)  # type: ignore[type-var]  # dtype.kind is "i" or "u" here
         if raw.min() < info.min or raw.max() > info.max:
             raise BadRequest(
                 f"input {name!r}: values out of range for {datatype} ({info.min}..{info.max})"
@@ -187,6 +203,20 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     if raw.size:  # integers into a narrow float type
         _check_float_range(name, datatype, raw)
     return raw.astype(dtype, copy=False).reshape(shape)
+
+
+def _whole_numbers(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -> Array | None:
+    """`data` as integers of `dtype` when every item is a JSON integer (400 when one is out
+    of the type's range), else None: the general checks say what is wrong."""
+    items = np.array(data, dtype=object).reshape(-1)
+    if not all(type(x) is int for x in items):
+        return None
+    info = np.iinfo(dtype)
+    if min(items) < info.min or max(items) > info.max:
+        raise BadRequest(
+            f"input {name!r}: values out of range for {datatype} ({info.min}..{info.max})"
+        )
+    return np.array(items.tolist(), dtype=dtype)
 
 
 def _check_float_range(name: str, datatype: str, raw: Array) -> None:
