@@ -389,3 +389,33 @@ def test_an_answer_that_breaks_off_closes_the_connection() -> None:
 
     with pytest.raises(BrokenOff):
         asyncio.run(scenario())
+
+
+def test_an_answer_its_client_does_not_read_breaks_off_at_a_bounded_backlog() -> None:
+    """An event stream whose client never reads: the front holds at most STREAM_BACKLOG of
+    its pieces (as one process's event bus keeps a slow reader's last 1,000), then asks
+    the engine to stop and the answer breaks off (the connection closes)."""
+    from infergate.server.front import STREAM_BACKLOG, EngineLink
+
+    class Link:
+        def __init__(self) -> None:
+            self.sent: list[tuple[Any, ...]] = []
+
+        def send(self, message: tuple[Any, ...]) -> None:
+            self.sent.append(message)
+
+    async def scenario() -> tuple[int, tuple[Any, ...], list[tuple[Any, ...]]]:
+        engine = EngineLink()
+        link = Link()
+        engine.link = link  # type: ignore[assignment]  # what the front sends, recorded
+        rid, stream = engine.open_stream()
+        engine._on_message(("start", rid, 200, []))
+        for n in range(3 * STREAM_BACKLOG):  # the engine goes on sending events
+            engine._on_message(("chunk", rid, b"event %d\n" % n, True))
+        items = [stream.get_nowait() for _ in range(stream.qsize())]
+        return len(items), items[-1], link.sent
+
+    held, last, sent = asyncio.run(scenario())
+    assert held == STREAM_BACKLOG + 1  # the pieces, then the break
+    assert last[0] == "abort"
+    assert [m[0] for m in sent] == ["cancel"]  # once, and nothing held after it

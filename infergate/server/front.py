@@ -54,6 +54,11 @@ log = logging.getLogger("infergate.server")
 _KEPT_NOTHING = Keeper()  # a forwarded answer holds nothing of the request's in this process
 
 
+# Pieces of one forwarded answer waiting for a slow client: as many as the event bus keeps
+# for a slow reader of /admin/events in one process (engine/events.py).
+STREAM_BACKLOG = 1000
+
+
 class EngineLink:
     """The front's end of the link: requests out, each answer to whoever waits for it."""
 
@@ -85,8 +90,17 @@ class EngineLink:
                 waiter.set_result(message)
         else:  # "want" (its body), "start", "chunk" or "abort" of a forwarded request
             stream = self._streams.get(rid)
-            if stream is not None:
+            if stream is None:
+                return
+            if stream.qsize() < STREAM_BACKLOG:
                 stream.put_nowait(message)
+                return
+            # Its client reads slower than the engine answers, without end (an event
+            # stream it does not read): the answer breaks off here rather than fill the
+            # front's memory, and the engine stops producing it.
+            del self._streams[rid]
+            self.send(("cancel", rid))
+            stream.put_nowait(("abort", rid))
 
     async def ask(self, message: Callable[[int], Message]) -> Message:
         """Send the message `message(rid)` and await the engine's reply to it."""

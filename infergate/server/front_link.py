@@ -85,6 +85,7 @@ class FrontLink:
         # What the infer requests answered without a task wait on, by request id.
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self.link = LinkProtocol(self._on_message, self._on_lost, in_place_of)
+        self.closed = False  # its front is gone
 
     def _on_message(self, message: LinkMessage) -> None:
         kind = message[0]
@@ -121,12 +122,24 @@ class FrontLink:
         its infer requests are cancelled, as the drain cancels them in one process (their
         answers have nowhere to go, and a worker's call no request awaits is cut short
         when the engine stops)."""
+        self.closed = True
         for forwarded in self._forwarded.values():
             forwarded.leave()
         for task in self._infers:
             task.cancel()
         for waiting in list(self._waiting.values()):
             waiting.cancel()
+
+    def cut_off(self) -> None:
+        """The gateway is stopping and the fronts have gone: what still runs for this
+        front's clients (requests passed on to the app) is cancelled (Fronts.cut_off)."""
+        for task in self._tasks:
+            task.cancel()
+        for waiting in list(self._waiting.values()):
+            waiting.cancel()
+
+    def running(self) -> list[asyncio.Task[None]]:
+        return list(self._tasks)
 
     def _infer_now(
         self,

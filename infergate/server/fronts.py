@@ -46,6 +46,7 @@ _RESTART_MAX_S = 10.0  # the longest wait before a front that keeps dying is sta
 _STEADY_S = 30.0  # a front up this long has its restart delay reset
 _LISTEN_TIMEOUT_S = 60.0  # a front not listening by then is killed (FrontFailed)
 _SECOND_SIGNAL_GRACE_S = 3.0  # after a second signal: the fronts' 503s, then SIGKILL
+_CUT_OFF_GRACE_S = 1.0  # what the fronts left running ends within it (uvicorn's, in one process)
 
 
 def front_config(
@@ -100,6 +101,7 @@ class Fronts:
         self._listening: dict[int, asyncio.Future[None]] = {}
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._links: list[FrontLink] = []
 
     def listening(self, pid: int) -> None:
         waiter = self._listening.pop(pid, None)
@@ -110,9 +112,27 @@ class Fronts:
         """Start every front and return once each listens (FrontFailed if one exits
         first)."""
         loop = asyncio.get_running_loop()
-        await loop.create_unix_server(lambda: FrontLink(self).link, self._link_path)
+        await loop.create_unix_server(self._link, self._link_path)
         await asyncio.gather(*(self._spawn(i) for i in range(self.count)))
         self._watchers = [loop.create_task(self._watch(i)) for i in range(self.count)]
+
+    def _link(self) -> asyncio.Protocol:
+        """A front's link, kept until its front has gone (`cut_off`)."""
+        link = FrontLink(self)
+        self._links = [kept for kept in self._links if not kept.closed]
+        self._links.append(link)
+        return link.link
+
+    async def cut_off(self, grace_s: float) -> None:
+        """Once the fronts have gone: cancel what the engine still runs for their clients
+        (requests passed on to its app), as uvicorn cancels its tasks after the drain in
+        one process, and wait up to `grace_s` for them to end. A model's call no request
+        awaits any more is then cut short when the engine stops."""
+        for link in self._links:
+            link.cut_off()
+        running = [task for link in self._links for task in link.running()]
+        if running:
+            await asyncio.wait(running, timeout=grace_s)
 
     async def _spawn(self, index: int) -> None:
         process = await asyncio.create_subprocess_exec(
@@ -271,6 +291,7 @@ def serve_with_fronts(
                 fronts.kill()
                 await stopping
             second.cancel()
+            await fronts.cut_off(_CUT_OFF_GRACE_S)
             return 0
         finally:
             await lifespan.shutdown()
