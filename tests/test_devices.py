@@ -117,10 +117,13 @@ def test_a_worker_over_its_memory_is_killed_and_restarted(hog_server: ServerProc
     assert instance["memory_limit_mb"] == 300
     assert [instance["pid"]] != old
     assert httpx.post(url, json=hog(10)).status_code == 200
-    # A second kill within the window: the model is failed, with the reason, not looped.
+    # A second kill within the window (max_kills = 2), again while a request ran: that
+    # request's doing, not the model's own growth (which max_kills judges, see
+    # test_timing_rules), so the model restarts and serves: a tenant's requests cannot
+    # fail it for every tenant (tests/test_tenant_isolation.py).
     assert httpx.post(url, json=hog(400, hold=1), timeout=60).status_code == 503
-    failed = hog_server.wait_model_state("hog", "failed")
-    assert "killed 2 times within 60 s" in failed["reason"]
+    hog_server.wait_model_state("hog", "ready")
+    assert httpx.post(url, json=hog(10)).status_code == 200
     assert mlp_ok(hog_server)
 
 

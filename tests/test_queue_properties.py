@@ -106,8 +106,19 @@ def test_queue_promises(
             for job in parts:
                 jobs[job.payload] = job
             try:
+                held = {
+                    t: sum(1 for j in queue.waiting() if j.cls == r.cls and j.fair.tenant == t)
+                    for t in range(3)
+                }
                 for victim in queue.admit(parts):
-                    assert victim.cls.rank > r.cls.rank  # only lower classes are shed
+                    # Lower classes are shed, or in its class a tenant that held more of the
+                    # queue (weighted) than this request's will.
+                    tenant = int(victim.fair.tenant)  # type: ignore[call-overload]
+                    assert victim.cls.rank > r.cls.rank or (
+                        victim.cls.rank == r.cls.rank
+                        and held[tenant] / victim.fair.weight
+                        > (held[r.tenant] + len(parts)) / fair.weight
+                    )
                     assert victim.expirable  # a started request keeps its chunks
                     record(victim, "shed")
             except QueueFull:

@@ -277,7 +277,7 @@ class Engine:
         result, timing = outcome
         # Its execution time (the longest batch it ran in), not its queue wait: other
         # tenants' traffic is not the model's doing, nor is the size of a chunked request.
-        served.breaker.record(running.admission, True, timing.slowest_s)
+        served.breaker.record(running.admission, True, timing.slowest_s, running.tenant)
         return InferenceResult(served.name, served.version, result)
 
     def fail(self, running: Running, error: BaseException) -> None:
@@ -289,7 +289,7 @@ class Engine:
             return
         served.end(running.started, None, error)
         if isinstance(error, Exception):
-            served.breaker_failed(running.admission, error)
+            served.breaker_failed(running.admission, error, running.tenant)
 
     async def _awaited(self, running: InferenceResult | Running) -> InferenceResult:
         if isinstance(running, InferenceResult):
@@ -323,9 +323,10 @@ class Engine:
         queue_deadline = cls.deadline_s
         if request.timeout_s is not None:
             queue_deadline = min(queue_deadline, request.timeout_s)
-        admission = served.breaker.allow()
+        who = tenant.tenant.name  # the breaker cuts off one tenant that alone fails it
+        admission = served.breaker.allow(who)
         if admission == "refused":
-            raise served.circuit_open()
+            raise served.circuit_open(who)
         try:
             waiting, started = served.begin(
                 request.inputs,
@@ -339,9 +340,9 @@ class Engine:
                 request.instance,
             )
         except Exception as exc:
-            served.breaker_failed(admission, exc)
+            served.breaker_failed(admission, exc, who)
             raise
-        return Running(waiting, served, admission, started)
+        return Running(waiting, served, admission, started, who)
 
 
 class Running(NamedTuple):
@@ -351,6 +352,7 @@ class Running(NamedTuple):
     served: ServedVersion | None = None  # None: `waiting` gives the InferenceResult itself
     admission: Admission = "normal"
     started: float = 0.0
+    tenant: str | None = None  # whose request, for the breaker
 
 
 def is_empty_batch(inputs: dict[str, Array]) -> bool:

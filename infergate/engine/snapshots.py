@@ -11,7 +11,7 @@ cheap next to the JSON built from it, and never stale.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from infergate.engine.admission.breaker import BreakerPolicy
@@ -51,6 +51,8 @@ class BreakerView:
     window_failures: int
     window_p99_s: float | None  # None: no latency measured in the window
     policy: BreakerPolicy
+    # Tenants refused on their own (their requests alone failed it), with the seconds left.
+    cut_off: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ def breaker_view(served: ServedVersion) -> BreakerView:
         window_failures=failed,
         window_p99_s=p99,
         policy=b.policy,
+        cut_off={str(t): left for t, left in b.cut_off_tenants().items()},
     )
 
 

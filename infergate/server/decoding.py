@@ -19,6 +19,11 @@ machine) all happen there, with the GIL released. What needs Python objects (bui
 BYTES elements) runs on the loop in slices. A large binary request has only a small JSON
 header to parse; its numbers are views of the body, and its BYTES are built in the same
 slices.
+
+The helper decodes one body at a time, and the tenants whose bodies wait take turns
+(`_Turns`): a tenant that sends many large bodies at once delays another's by at most
+one of its own, not by its whole backlog, and only the body being decoded is held in
+/dev/shm.
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -314,11 +321,66 @@ def _start_helper(gateway: int) -> None:
         os._exit(0)
 
 
+class _Turns:
+    """Who goes next in the helper: one body at a time, the tenants that wait in turn
+    (round robin: each tenant's own bodies in arrival order)."""
+
+    def __init__(self) -> None:
+        self._holder: Hashable = None
+        self._held = False
+        self._waiting: dict[Hashable, deque[asyncio.Future[None]]] = {}  # in turn order
+
+    async def take(self, tenant: Hashable) -> None:
+        """Wait for `tenant`'s turn; the caller must `give` it back."""
+        if not self._held:
+            self._held, self._holder = True, tenant
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(tenant, deque()).append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.give()  # it was given this turn as it gave up: the next one's
+            else:
+                queue = self._waiting.get(tenant)
+                if queue is not None and turn in queue:
+                    queue.remove(turn)
+                    if not queue:
+                        del self._waiting[tenant]
+            raise
+
+    def give(self) -> None:
+        """The turn is over: the next tenant that waits (not the one that just went,
+        while another waits) gets it."""
+        waiting = self._waiting
+        if len(waiting) > 1 and next(iter(waiting)) == self._holder:
+            waiting[self._holder] = waiting.pop(self._holder)  # to the back of the line
+        while waiting:
+            tenant = next(iter(waiting))
+            queue = waiting.pop(tenant)
+            turn = queue.popleft()
+            if queue:
+                waiting[tenant] = queue  # its next body waits for the others' turns
+            if not turn.done():
+                self._holder = tenant
+                turn.set_result(None)
+                return
+        self._held = False
+
+
+def _give_back(loop: asyncio.AbstractEventLoop, turns: _Turns, job: Future[Any]) -> None:
+    """A job whose caller gave up is done: its turn is over (called on a helper thread)."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: the gateway has stopped
+        loop.call_soon_threadsafe(turns.give)
+
+
 class BodyDecoder:
     def __init__(self, inline_max_bytes: int = INLINE_MAX_BYTES) -> None:
         self._inline_max = inline_max_bytes
         self._pool: ProcessPoolExecutor | None = None
         self._io: ThreadPoolExecutor | None = None
+        self._turns = _Turns()
 
     def inline(self, body: Body) -> bool:
         """Whether `decode` decodes `body` on the spot (its caller may then call
@@ -326,8 +388,13 @@ class BodyDecoder:
         return len(body) <= self._inline_max
 
     async def decode(
-        self, body: Body, header_length: str | None, keeper: Keeper | None = None
+        self,
+        body: Body,
+        header_length: str | None,
+        keeper: Keeper | None = None,
+        tenant: Hashable = None,
     ) -> DecodedRequest:
+        """The request in `body`; `tenant`: whose it is, for its turn in the helper."""
         if self.inline(body):
             return decode_request(body, header_length)
         if keeper is not None:
@@ -340,7 +407,7 @@ class BodyDecoder:
             for name, (data, shape) in decoded.deferred.items():
                 inputs[name] = await bytes_in_slices(name, data, shape, keeper)
             return decoded._replace(inputs=inputs, deferred=None)
-        return await self._in_helper(body, header_length, keeper)
+        return await self._in_helper(body, header_length, keeper, tenant)
 
     def _json_heavy(self, header_length: str | None) -> bool:
         """Whether a large body's JSON is large too: all of it (no binary header length),
@@ -352,7 +419,7 @@ class BodyDecoder:
         )  # (too many digits for int(): its 400 comes from the decoding)
 
     async def pass_through_header(
-        self, body: Body, header_length: str | None
+        self, body: Body, header_length: str | None, tenant: Hashable = None
     ) -> dict[str, Any] | None:
         """`codec.pass_through_header` (a remote model's request header), in the helper
         when the JSON to parse is large: parsed on the loop, 60 MB of JSON numbers held
@@ -362,15 +429,13 @@ class BodyDecoder:
         if len(body) <= self._inline_max or not self._json_heavy(header_length):
             return pass_through_header(body, header_length)
         return await self._call_helper(
-            body, _pass_through_header_in_helper, header_length, on_cancel=None
+            body, _pass_through_header_in_helper, header_length, None, tenant
         )
 
     async def _in_helper(
-        self, body: Body, header_length: str | None, keeper: Keeper | None
+        self, body: Body, header_length: str | None, keeper: Keeper | None, tenant: Hashable
     ) -> DecodedRequest:
-        decoded = await self._call_helper(
-            body, _decode_in_helper, header_length, on_cancel=_discard
-        )
+        decoded = await self._call_helper(body, _decode_in_helper, header_length, _discard, tenant)
         # The read unlinks the helper's segment whether or not this request is still
         # waiting for it.
         raw = await asyncio.wrap_future(self._io_thread().submit(_read_segment, decoded))
@@ -382,10 +447,15 @@ class BodyDecoder:
         call: Callable[[str, int, str | None], T],
         header_length: str | None,
         on_cancel: Callable[[Future[T]], None] | None,
+        tenant: Hashable = None,
     ) -> T:
-        """`call(segment, size, header_length)` in the helper, the body handed over in a
-        shared-memory segment written and unlinked on the I/O thread. `on_cancel` gets
-        the job when the caller gives up before it is done (to release what it makes)."""
+        """`call(segment, size, header_length)` in the helper, in `tenant`'s turn, the body
+        handed over in a shared-memory segment written and unlinked on the I/O thread.
+        `on_cancel` gets the job when the caller gives up before it is done (to release
+        what it makes); the turn then ends when the job does, so that a tenant whose
+        clients give up cannot fill the helper's queue ahead of the others."""
+        await self._turns.take(tenant)
+        held = True  # the turn is given back below, unless the helper still runs the job
         segment = f"infergate-body-{os.getpid()}-{secrets.token_hex(6)}"
         try:
             await asyncio.wrap_future(self._io_thread().submit(_write_segment, segment, body))
@@ -402,12 +472,19 @@ class BodyDecoder:
             except asyncio.CancelledError:
                 if on_cancel is not None:
                     job.add_done_callback(on_cancel)  # what it makes, when it comes
+                if not job.done():
+                    held = False
+                    job.add_done_callback(
+                        partial(_give_back, asyncio.get_running_loop(), self._turns)
+                    )
                 raise
         except BrokenProcessPool:
             self._pool = None  # a new helper for the next large body
             raise InfergateError("the body decoder process died; retry the request") from None
         finally:
             self._io_thread().submit(_unlink, segment)  # freeing its pages takes a while: not here
+            if held:
+                self._turns.give()
 
     def _io_thread(self) -> ThreadPoolExecutor:
         if self._io is None:

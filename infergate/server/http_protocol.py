@@ -5,7 +5,10 @@ Limits and deadlines (nginx's client_header_timeout, client_body_timeout,
 large_client_header_buffers, keepalive_timeout and worker_connections, in one place):
 a request head larger than `max_header_bytes` gets 431; a head not complete within
 `header_timeout_s` of its first byte, or a body not complete within `body_timeout_s` of
-its head, gets 408 and the connection is closed; a connection that sends nothing for
+its head, gets 408 and the connection is closed; an answer of which the client reads
+nothing for `body_timeout_s` (nginx's send_timeout) is dropped, the connection cut (else
+a client that never reads would hold the answer's memory, and its connection, for as
+long as it keeps its socket open); a connection that sends nothing for
 `keep_alive_timeout_s` (a new one included: uvicorn arms that timer only after a first
 response) is closed; past `max_connections` open connections a new one is answered 503
 (JSON, Retry-After) and closed at once, so its descriptor is free again and the
@@ -145,6 +148,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._late: tuple[float, str] = (0.0, "")
         self._timer: asyncio.TimerHandle | None = None  # at `_timer_at`, before both
         self._timer_at = 0.0
+        # While the client reads slower than it is answered (writing paused): the next
+        # look at whether it reads (see `_look_unread`).
+        self._unread: asyncio.TimerHandle | None = None
 
     @classmethod
     def with_limits(
@@ -176,7 +182,34 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._stop_watching()
         super().connection_lost(exc)
+
+    # A client that reads slower than it is answered: the transport's buffer is past its
+    # high-water mark (rare, so watched with a timer of its own, not on the hot path).
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._unread is None:
+            self._look_unread(None)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_watching()
+
+    def _stop_watching(self) -> None:
+        if self._unread is not None:
+            self._unread.cancel()
+            self._unread = None
+
+    def _look_unread(self, before: int | None) -> None:
+        """Cut the connection if the client read nothing since the last look, else look
+        again in body_timeout_s (what it does not read stays in the gateway's memory)."""
+        unsent = self.transport.get_write_buffer_size()
+        if before is not None and unsent >= before:
+            self._unread = None
+            self.transport.abort()  # its buffer goes now; the app sees the client leave
+            return
+        self._unread = self.loop.call_later(self.limits.body_timeout_s, self._look_unread, unsent)
 
     # uvicorn's keep-alive timer, as a deadline on the connection's one timer.
     def _unset_keepalive_if_required(self) -> None:

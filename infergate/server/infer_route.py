@@ -333,7 +333,7 @@ class InferRoute:
             if isinstance(served, RemoteServedVersion):
                 if len(body) > INLINE_MAX_BYTES:  # its mapping is let go of off the loop
                     keeper.keep_buffer(body)
-                doc = await self._decoder.pass_through_header(body, length)
+                doc = await self._decoder.pass_through_header(body, length, tenant.tenant.name)
                 if doc is not None:  # no tensor decoded: the body goes on as it came
                     params = doc.get("parameters") or {}
                     if not isinstance(params, dict):
@@ -351,7 +351,7 @@ class InferRoute:
             if self._decoder.inline(body):  # most bodies: decoded here, no coroutine
                 decoded = decode_request(body, length)
             else:
-                decoded = await self._decoder.decode(body, length, keeper)
+                decoded = await self._decoder.decode(body, length, keeper, tenant.tenant.name)
             result = await self._engine.infer_admitted(
                 inference_request(name, number, decoded), tenant
             )

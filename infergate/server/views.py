@@ -90,6 +90,8 @@ def breaker_json(b: BreakerView, fields: list[str]) -> dict[str, Any]:
         "window_failures": b.window_failures,
         "window_p99_ms": None if b.window_p99_s is None else round(b.window_p99_s * 1000, 1),
         "policy": {k: getattr(b.policy, k) for k in fields},
+        # tenant: seconds left, for those cut off on their own (their requests alone failed)
+        "tenants_cut_off": {t: round(left, 2) for t, left in b.cut_off.items()},
     }
 
 

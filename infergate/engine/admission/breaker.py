@@ -12,6 +12,14 @@ reopens it.
        ^                                  ^                     |
        +----------(probes succeed)--------+----(a probe fails)--+
 
+A breaker judges the model, not one tenant's requests: outcomes carry their tenant, and
+when a window is bad only because of one tenant's requests (other tenants' requests came
+in it and, without that one's, are within the limits, and no other tenant is cut off
+already), that tenant alone is cut off for a backoff of its own (doubling while it keeps
+at it) and the breaker stays closed for the others: one tenant's inputs that make the
+model raise, crash or run slow cannot close it to everyone. Failures of a second tenant,
+or a window of one tenant's requests only, open it as before.
+
 The window's cost does not grow with the traffic: the latency verdict counts, in each
 bucket, the latencies measured and those above `latency_p99_ms` (the p99 is above the
 limit exactly when more than 1% of them are), and keeps a uniform sample of at most
@@ -25,7 +33,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -62,6 +70,26 @@ class _Bucket:
     latencies: list[float] = field(default_factory=list)  # a uniform sample of SAMPLES
     weight: float = 0.0  # the reservoir's state, once full: see Breaker.record
     next_kept: int = 0
+    # Per tenant (of the outcomes that named one): [ok, failed, measured, slow].
+    tenants: dict[Hashable, list[int]] | None = None
+
+    def forget(self, tenant: Hashable) -> None:
+        """Take `tenant`'s outcomes out of the counts (its latencies stay in the sample)."""
+        counts = None if self.tenants is None else self.tenants.pop(tenant, None)
+        if counts is not None:
+            self.ok -= counts[0]
+            self.failed -= counts[1]
+            self.measured -= counts[2]
+            self.slow -= counts[3]
+
+
+@dataclass(slots=True)
+class _CutOff:
+    """A tenant refused on its own: until when, after what backoff, and why."""
+
+    until: float
+    backoff: float
+    reason: str
 
 
 class Breaker:
@@ -70,6 +98,7 @@ class Breaker:
         policy: BreakerPolicy,
         clock: Clock,
         on_change: Callable[[State, str], None] | None = None,
+        on_cut_off: Callable[[Hashable, str, float], None] | None = None,
     ) -> None:
         self.policy = policy
         self._on_change = on_change
@@ -86,6 +115,8 @@ class Breaker:
         self._probes_ok = 0
         self._limit_s = policy.latency_p99_ms / 1000
         self._random = random.Random(0)  # which latencies a full bucket keeps
+        self._cut: dict[Hashable, _CutOff] = {}  # tenants refused on their own
+        self._on_cut_off = on_cut_off
 
     @property
     def state(self) -> State:
@@ -105,13 +136,31 @@ class Breaker:
         if self._on_change is not None:
             self._on_change(state, reason)
 
-    def retry_after(self) -> float:
-        return max(0.0, self._open_until - self._clock.now())
+    def retry_after(self, tenant: Hashable = None) -> float:
+        now = self._clock.now()
+        cut = self._cut.get(tenant) if self._cut else None
+        own = 0.0 if cut is None else cut.until - now
+        return max(0.0, self._open_until - now, own)
 
-    def allow(self) -> Admission:
-        """May a request go through now? In half-open, the few let through are probes."""
+    def cut_off(self, tenant: Hashable) -> str | None:
+        """Why `tenant` is refused on its own now, or None when it is not."""
+        cut = self._cut.get(tenant) if self._cut else None
+        if cut is None or self._clock.now() >= cut.until:
+            return None
+        return cut.reason
+
+    def cut_off_tenants(self) -> dict[Hashable, float]:
+        """The tenants refused on their own now, with the seconds left."""
+        now = self._clock.now()
+        return {t: c.until - now for t, c in self._cut.items() if c.until > now}
+
+    def allow(self, tenant: Hashable = None) -> Admission:
+        """May a request of `tenant` go through now? In half-open, the few let through
+        are probes (never a tenant's that is cut off: it cannot keep the breaker open)."""
         if self._state != "closed" or self._clock.now() >= self._next_evaluation:
             self._tick()  # (closed, before its next evaluation: nothing to do)
+        if self._cut and self.cut_off(tenant) is not None:
+            return "refused"
         if self._state == "closed":
             return "normal"
         if self._state == "half_open" and self._probes_left > 0:
@@ -119,9 +168,11 @@ class Breaker:
             return "probe"
         return "refused"
 
-    def record(self, admission: Admission, ok: bool, latency_s: float | None) -> None:
-        """The outcome of a request that `allow` let through as `admission`, with the
-        model's execution latency (None: not measured, e.g. the worker died)."""
+    def record(
+        self, admission: Admission, ok: bool, latency_s: float | None, tenant: Hashable = None
+    ) -> None:
+        """The outcome of a request of `tenant` that `allow` let through as `admission`,
+        with the model's execution latency (None: not measured, e.g. the worker died)."""
         now = self._clock.now()
         if now >= self._next_evaluation or self._state != "closed":  # else _tick has nothing to do
             self._tick(now)
@@ -146,9 +197,21 @@ class Breaker:
             bucket.ok += 1
         else:
             bucket.failed += 1
+        slow = latency_s is not None and latency_s > self._limit_s
+        if tenant is not None:
+            per = bucket.tenants
+            if per is None:
+                per = bucket.tenants = {}
+            counts = per.get(tenant)
+            if counts is None:
+                counts = per[tenant] = [0, 0, 0, 0]
+            counts[0 if ok else 1] += 1
+            if latency_s is not None:
+                counts[2] += 1
+                counts[3] += slow
         if latency_s is not None:
             bucket.measured += 1
-            if latency_s > self._limit_s:
+            if slow:
                 bucket.slow += 1
             if bucket.measured <= SAMPLES:
                 bucket.latencies.append(latency_s)
@@ -172,6 +235,7 @@ class Breaker:
 
     def reset(self) -> None:
         self._buckets.clear()
+        self._cut.clear()
         self._backoff = self.policy.backoff_initial_s
         self._bad_evaluations = 0
         self._move("closed", "reset by an operator")
@@ -208,20 +272,68 @@ class Breaker:
 
     def _too_slow(self) -> tuple[int, int] | None:
         """The window's (slow, measured) latencies when its p99 is above the limit, else
-        None: sorted, the latency at the p99's place is above the limit exactly when at
-        least that many from the top are."""
+        None."""
         measured = sum(b.measured for b in self._buckets)
         slow = sum(b.slow for b in self._buckets)
-        if measured and slow >= measured - min(measured - 1, int(0.99 * measured)):
-            return slow, measured
-        return None
+        return (slow, measured) if _p99_above(slow, measured) else None
+
+    def _culprit(self, failures: bool, now: float) -> tuple[Hashable, str] | None:
+        """The one tenant whose requests alone make the window bad (`failures`: by its
+        failure rate, else by its p99): other requests came in the window and, without
+        its, are within the limits, and no other tenant is cut off already (then the
+        model fails for two). None when the window is bad for more than one tenant, or
+        holds one tenant's requests only, or its outcomes named none. Else the tenant,
+        and what its own requests did."""
+        per: dict[Hashable, list[int]] = {}
+        for bucket in self._buckets:
+            for tenant, counts in (bucket.tenants or {}).items():
+                total = per.setdefault(tenant, [0, 0, 0, 0])
+                for i, n in enumerate(counts):
+                    total[i] += n
+        if not per or any(c.until > now for c in self._cut.values()):
+            return None
+        ok = sum(b.ok for b in self._buckets)
+        failed = sum(b.failed for b in self._buckets)
+        measured = sum(b.measured for b in self._buckets)
+        slow = sum(b.slow for b in self._buckets)
+        # Without the others' outcomes (one tenant alone used the model in the window) it
+        # cannot tell the tenant from the model: the breaker opens, as it always did.
+        if failures:
+            worst = max(per, key=lambda t: per[t][1])
+            rest = ok + failed - per[worst][0] - per[worst][1]
+            rest_failed = failed - per[worst][1]
+            if not rest or rest_failed / rest > self.policy.failure_rate:
+                return None
+            own = per[worst][0] + per[worst][1]
+            return worst, f"{per[worst][1]} of its {own} requests in the window failed"
+        worst = max(per, key=lambda t: per[t][3])
+        rest = measured - per[worst][2]
+        if not rest or _p99_above(slow - per[worst][3], rest):
+            return None
+        limit = self.policy.latency_p99_ms
+        return worst, f"the p99 latency of its requests is above {limit:.0f} ms"
+
+    def _cut_tenant_off(self, tenant: Hashable, what: str, now: float) -> None:
+        """Refuse `tenant` alone for a while: the others go on as if it had not come."""
+        before = self._cut.get(tenant)
+        backoff = self.policy.backoff_initial_s
+        if before is not None and now - before.until < self.policy.window_seconds:
+            backoff = min(before.backoff * 2, self.policy.backoff_max_s)  # it kept at it
+        reason = f"{what}, while other tenants' requests did not"
+        self._cut[tenant] = _CutOff(now + backoff, backoff, reason)
+        self._bad_evaluations = 0
+        for bucket in self._buckets:
+            bucket.forget(tenant)
+        if self._on_cut_off is not None:
+            self._on_cut_off(tenant, reason, backoff)
 
     def _evaluate(self, now: float) -> None:
         total, failed, p99 = self.window_stats(now)
         why = ""
         limit_ms = self.policy.latency_p99_ms
+        failing = total >= self.policy.min_requests and failed / total > self.policy.failure_rate
         if total >= self.policy.min_requests:
-            if failed / total > self.policy.failure_rate:
+            if failing:
                 why = (
                     f"failure rate {failed / total:.0%} over {total} requests "
                     f"(limit {self.policy.failure_rate:.0%})"
@@ -233,7 +345,11 @@ class Breaker:
                     why = f"p99 latency above {limit_ms:.0f} ms ({slow[0]} of {slow[1]} slower)"
         self._bad_evaluations = self._bad_evaluations + 1 if why else 0
         if why and self._bad_evaluations >= self.policy.consecutive_windows:
-            self._open(why)
+            culprit = self._culprit(failing, now)
+            if culprit is None:
+                self._open(why)
+            else:
+                self._cut_tenant_off(*culprit, now)
 
     def _open(self, why: str) -> None:
         if self._state == "half_open":
@@ -241,12 +357,20 @@ class Breaker:
         self._open_until = self._clock.now() + self._backoff
         self._bad_evaluations = 0
         self._buckets.clear()
+        self._cut.clear()  # every tenant is refused now
         self._move("open", why)
 
     def _close(self) -> None:
         self._backoff = self.policy.backoff_initial_s
         self._buckets.clear()
         self._move("closed", "probes succeeded")
+
+
+def _p99_above(slow: int, measured: int) -> bool:
+    """Whether the p99 of `measured` latencies is above the limit, `slow` of them being
+    above it: sorted, the latency at the p99's place is above the limit exactly when at
+    least that many from the top are."""
+    return measured > 0 and slow >= measured - min(measured - 1, int(0.99 * measured))
 
 
 def _p99(ordered: list[float]) -> float | None:

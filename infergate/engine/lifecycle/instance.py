@@ -55,6 +55,12 @@ class Instance:
         self._stable_after_s = stable_after_s
         self._stopping = False
         self._kills: list[float] = []
+        # A batch is on the worker (the runner says so): a memory kill now is that batch's
+        # doing, answered 503 to its callers and judged by the breaker (which cuts off a
+        # tenant whose requests alone do it), not the model's own growth: it does not
+        # count toward max_kills, or one tenant's requests would fail the model for all.
+        self.running = False
+        self._killed_running = False
         self.placement: Placement | None = None
         self._settled = asyncio.Event()  # set once the first load ended, either way
         # Called each time a worker becomes ready (its scheduler looks at its queue again:
@@ -161,6 +167,7 @@ class Instance:
             else:
                 self.ready_info = ready
                 ever_ready = True
+                self._killed_running = False
                 self.state, self.reason = "ready", None
                 if self.placement is not None:
                     self._context.devices.assign(self.ready_info.pid, self.placement.device)
@@ -173,7 +180,7 @@ class Instance:
                 if self._clock.now() - up_since >= self._stable_after_s:
                     backoff = self._backoff_initial_s
                 self.reason = handle.death_reason
-                if handle.over_memory and self._too_many_kills():
+                if handle.over_memory and not self._killed_running and self._too_many_kills():
                     return
                 self._context.metrics.worker_restarts.labels(self.spec.model).inc()
                 self._context.events.publish(
@@ -198,6 +205,7 @@ class Instance:
         """The monitor saw this worker past its limit: kill it (its requests get 503)."""
         if self.handle is None or not self.handle.alive:
             return
+        self._killed_running = self.running
         self.handle.kill_over_memory(
             f"it used {used_mb:.0f} MB, over its memory limit of {limit_mb} MB "
             "(memory_mb in model.toml)"

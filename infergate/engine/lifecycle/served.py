@@ -192,13 +192,16 @@ class ServedVersion:
 
     # -- breaker -------------------------------------------------------------------------
 
-    def breaker_failed(self, admission: Admission, exc: BaseException) -> None:
-        """A request that was let through raised: the breaker judges whether it counts."""
-        version_breaker.record_failure(self.breaker, admission, exc)
+    def breaker_failed(
+        self, admission: Admission, exc: BaseException, tenant: str | None = None
+    ) -> None:
+        """A request of `tenant` that was let through raised: the breaker judges whether
+        it counts."""
+        version_breaker.record_failure(self.breaker, admission, exc, tenant)
 
-    def circuit_open(self) -> CircuitOpen:
-        """The answer while the breaker refuses requests."""
-        return version_breaker.circuit_open(self.name, self.version, self.breaker)
+    def circuit_open(self, tenant: str | None = None) -> CircuitOpen:
+        """The answer while the breaker refuses `tenant`'s requests."""
+        return version_breaker.circuit_open(self.name, self.version, self.breaker, tenant)
 
     # -- tensors -------------------------------------------------------------------------
 

@@ -3,6 +3,8 @@ and the answer while it is open."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from infergate.engine.admission.breaker import Admission, Breaker
 from infergate.engine.context import EngineContext
 from infergate.engine.repository.spec import ModelConfig
@@ -22,9 +24,19 @@ def version_breaker(
         gauge.set(BREAKER_STATES.index(state))
         context.events.publish(f"breaker_{state}", name, reason, version)
 
+    def cut_off(tenant: Hashable, reason: str, backoff_s: float) -> None:
+        context.events.publish(
+            "breaker_tenant_cut_off",
+            name,
+            f"tenant {tenant!r} refused for {backoff_s:g} s: {reason}",
+            version,
+            tenant=tenant,
+        )
+
     # The gauge is set when the version starts serving (`show_state`), not here: a
     # replacement built while the old version serves must not show its open breaker closed.
-    return Breaker(context.settings.breaker_policy(name, config), context.clock, changed)
+    policy = context.settings.breaker_policy(name, config)
+    return Breaker(policy, context.clock, changed, cut_off)
 
 
 def show_state(name: str, version: int, breaker: Breaker, context: EngineContext) -> None:
@@ -34,19 +46,30 @@ def show_state(name: str, version: int, breaker: Breaker, context: EngineContext
     gauge.set(BREAKER_STATES.index(breaker.state))
 
 
-def record_failure(breaker: Breaker, admission: Admission, exc: BaseException) -> None:
-    """A request that was let through raised. The breaker judges the model: its own
-    failures count; load (queue deadlines, shedding), the client's mistakes and the
-    gateway's bugs do not, and a probe that did not reach the model only ends."""
+def record_failure(
+    breaker: Breaker, admission: Admission, exc: BaseException, tenant: Hashable = None
+) -> None:
+    """A request of `tenant` that was let through raised. The breaker judges the model:
+    its own failures count; load (queue deadlines, shedding), the client's mistakes and
+    the gateway's bugs do not, and a probe that did not reach the model only ends."""
     if isinstance(exc, InfergateError) and exc.model_fault:
-        breaker.record(admission, False, None)
+        breaker.record(admission, False, None, tenant)
     elif admission == "probe":
-        breaker.record(admission, True, None)
+        breaker.record(admission, True, None, tenant)
 
 
-def circuit_open(name: str, version: int, breaker: Breaker) -> CircuitOpen:
-    """The answer while the breaker refuses requests."""
-    wait = breaker.retry_after()
+def circuit_open(name: str, version: int, breaker: Breaker, tenant: Hashable = None) -> CircuitOpen:
+    """The answer while the breaker refuses `tenant`'s requests."""
+    wait = breaker.retry_after(tenant)
+    own = breaker.cut_off(tenant) if breaker.state == "closed" else None
+    if own is not None:
+        return CircuitOpen(
+            f"model {name!r} version {version} is cut off for tenant {tenant!r} by its "
+            f"circuit breaker ({own}); retry in {wait:.1f} s. Hint: check what this "
+            f"tenant sends; infergate breaker list shows it, infergate breaker reset {name} "
+            "lets it in again",
+            wait,
+        )
     return CircuitOpen(
         f"model {name!r} version {version} is cut off by its circuit "
         f"breaker ({breaker.reason}); retry in {wait:.1f} s. Hint: infergate "

@@ -29,19 +29,20 @@ async def forward_admitted(
     # As for a local model: the class deadline (and the client's timeout) bound the wait
     # to start, here the wait for a connection; the model's timeout_ms bounds the rest.
     start_within = cls.deadline_s if timeout_s is None else min(cls.deadline_s, timeout_s)
-    admission = served.breaker.allow()
+    who = tenant.tenant.name
+    admission = served.breaker.allow(who)
     if admission == "refused":
-        raise served.circuit_open()
+        raise served.circuit_open(who)
     now = context.clock.now()
     try:
         reply = await served.forward(
             body, headers, now + start_within, now + served.config.timeout_s
         )
     except Exception as exc:
-        served.breaker_failed(admission, exc)
+        served.breaker_failed(admission, exc, who)
         raise
     if reply.status >= 500:
-        served.breaker.record(admission, False, None)
+        served.breaker.record(admission, False, None, who)
     else:
-        served.breaker.record(admission, True, context.clock.now() - now)
+        served.breaker.record(admission, True, context.clock.now() - now, who)
     return reply

@@ -4,7 +4,8 @@ tenants share fairly (start-time fair queuing, weighted by rows over the tenant'
 `weight`), and each tenant's own jobs go in arrival order; nothing taken after its
 deadline unless its request already started; batches of compatible jobs (an equal,
 non-None key) up to `max_batch_size` rows, waiting at most `max_delay_s` for a batch to
-fill; and shedding the lowest classes first when full.
+fill; and, when full, shedding the lowest classes first, then the last job of the tenant
+holding the most of the class's share of the queue, for a tenant that holds less.
 
 Fair queuing: each job gets a virtual start tag, the later of its class's virtual time
 (the tag of the last job taken) and its tenant's previous finish tag; its finish tag adds
@@ -168,13 +169,44 @@ class JobQueue(Generic[T]):
             lower = [j for j in self._live() if j.cls.rank > rank and j.expirable]
             # The least urgent go first: the lowest class, then the latest deadline.
             lower.sort(key=lambda j: (j.cls.rank, j.deadline, j.seq), reverse=True)
-            if len(lower) < need:
-                raise QueueFull
             victims = lower[:need]
+            if len(victims) < need:
+                victims += self._over_share(jobs, need - len(victims))
             for victim in victims:
                 self._remove(victim)
         for job in jobs:
             self._push(job)
+        return victims
+
+    def _over_share(self, jobs: list[Job[T]], need: int) -> list[Job[T]]:
+        """`need` jobs of `jobs`' class to shed for them, each from the tenant that holds
+        the most of the queue (weighted), while it holds more than the arriving tenant
+        then will: a tenant's backlog cannot keep another's request out of a full queue,
+        and cannot take the place back (nor shed its equal). Each is the last its tenant
+        would run, never a started request's chunk. QueueFull when there are not that many."""
+        rank, arriving = jobs[0].cls.rank, jobs[0].fair
+        held: dict[Hashable, int] = {}  # jobs queued in the class, per tenant
+        weights: dict[Hashable, float] = {}
+        sheddable: dict[Hashable, list[Job[T]]] = {}  # in taking order
+        for job in self._live():
+            if job.cls.rank == rank:
+                tenant = job.fair.tenant
+                held[tenant] = held.get(tenant, 0) + 1
+                weights[tenant] = job.fair.weight
+                if job.expirable and tenant != arriving.tenant:
+                    sheddable.setdefault(tenant, []).append(job)
+        share = (held.get(arriving.tenant, 0) + len(jobs)) / arriving.weight
+        victims: list[Job[T]] = []
+        while len(victims) < need:
+            tenant = max(
+                (t for t in sheddable if sheddable[t]),
+                key=lambda t: held[t] / weights[t],
+                default=None,
+            )
+            if tenant is None or held[tenant] / weights[tenant] <= share:
+                raise QueueFull
+            victims.append(sheddable[tenant].pop())
+            held[tenant] -= 1
         return victims
 
     def _prune_deadlines(self) -> None:

@@ -1,5 +1,6 @@
 """The scheduler's refusals, worded once: a request too large for the queue, a full queue,
-one shed for a more urgent one, one past its queue deadline, and a stopped version."""
+one shed for a more urgent one (or for a tenant that holds less of the queue), one past
+its queue deadline, and a stopped version."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def queue_full(model: str, queued: int, policy: QueuePolicy) -> Overloaded:
     return Overloaded(
         f"model {model!r} has {queued} requests queued, its limit "
         f"(max_queue_size = {policy.max_queue_size}); nothing of a lower class "
-        "than yours could be shed. Hint: retry after a pause, or add instances"
+        "than yours could be shed, nor of a tenant holding more of it than yours. Hint: "
+        "retry after a pause, or add instances"
     )
 
 
@@ -30,6 +32,14 @@ def shed(model: str, victim: PriorityClass, winner: PriorityClass) -> Overloaded
     return Overloaded(
         f"model {model!r} is overloaded: this {victim.name} request was shed "
         f"to make room for a {winner.name} one. Hint: retry after a pause"
+    )
+
+
+def over_share(model: str, cls: PriorityClass) -> Overloaded:
+    return Overloaded(
+        f"model {model!r} is overloaded: this {cls.name} request was shed to make room "
+        "for another tenant's, since its tenant holds more of its queue. Hint: retry "
+        "after a pause, or send fewer requests at once"
     )
 
 

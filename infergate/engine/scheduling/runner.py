@@ -118,6 +118,7 @@ class BatchRunner:
             batch.future = handle.begin(
                 merge([w.inputs for w in works]), names, lambda: self._replied(batch)
             )
+            instance.running = True
         except WorkerFailed as exc:
             self._retry_or_fail(jobs, instance, exc)
             self._release(batch, pump=False)  # the loop looks again; we may be inside a pump
@@ -141,6 +142,7 @@ class BatchRunner:
         if batch.released:
             return
         batch.released = True
+        batch.instance.running = False
         self.busy.discard(batch.instance)
         self._on_free(pump)
 
@@ -161,7 +163,9 @@ class BatchRunner:
             self._retry_or_fail(jobs, batch.instance, exc)  # queued again before the pump
             self._release(batch)
             return
-        except DataNotServable as exc:
+        except (DataNotServable, ModelExecutionError) as exc:
+            # One request's data broke the batch (the model raised on it, the worker is
+            # fine): the others must not fail with it, whoever sent them.
             self._alone_or_fail(jobs, exc)  # queued again before the pump
             self._release(batch)
             return
@@ -210,10 +214,11 @@ class BatchRunner:
                 series = metrics.child(queue_seconds, name, cls.name)
             series.observe(started - job.arrival)
 
-    def _alone_or_fail(self, jobs: list[Job[Work]], exc: DataNotServable) -> None:
-        """A batch that one request's data broke: each of its requests queued again to run
-        alone, so that the others are answered as if it had not been there and only its
-        sender gets the 400; a request that ran alone gets it."""
+    def _alone_or_fail(self, jobs: list[Job[Work]], exc: InfergateError) -> None:
+        """A batch that one request's data broke (the model raised, or cannot serve it):
+        each of its requests queued again to run alone, so that the others are answered
+        as if it had not been there and only its sender gets the error (400, 500); a
+        request that ran alone gets it."""
         if len(jobs) == 1 or self.stopped:
             for job in jobs:
                 job.payload.ticket.fail(exc)
@@ -238,7 +243,9 @@ class BatchRunner:
 
     def _retry_or_fail(self, jobs: list[Job[Work]], failed: Instance, exc: WorkerFailed) -> None:
         """Inference is idempotent: work on a worker that died gets one more try, on a
-        sibling, when one is ready."""
+        sibling, when one is ready. The try runs alone: a request whose data ends the
+        worker (a query of death) then takes down no other request a second time, nor
+        one that would have been merged with it on the sibling."""
         # A worker killed for its memory would take the sibling down the same way.
         sibling_ready = not isinstance(exc, WorkerOverMemory) and any(
             i.ready for i in self._instances if i is not failed
@@ -260,7 +267,7 @@ class BatchRunner:
                     now,
                     now + patience,
                     job.rows,
-                    job.key,
+                    None,  # alone
                     None,
                     job.fair,
                     job.group,

@@ -244,7 +244,10 @@ class Scheduler:
             raise refusals.queue_full(self.name, len(self._queue), self.policy) from None
         for victim in shed:
             self._metrics.shed.labels(self.name, victim.cls.name, "shed").inc()
-            victim.payload.ticket.fail(refusals.shed(self.name, victim.cls, cls))
+            if victim.cls.rank == cls.rank:  # its tenant held more of the queue (queue.py)
+                victim.payload.ticket.fail(refusals.over_share(self.name, victim.cls))
+            else:
+                victim.payload.ticket.fail(refusals.shed(self.name, victim.cls, cls))
 
     def _keep(self, batch: Batch) -> None:
         """Finish `batch` in a task of its own, held until it is done."""

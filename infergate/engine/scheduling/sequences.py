@@ -6,8 +6,11 @@ fewest live sequences, until its `sequence_end` or until it stays idle past the 
 idle timeout (read on the injected clock; idle sequences are dropped, state and all, when
 the model is next asked, or by a timer that looks again when the oldest would expire). An
 instance that dies takes its sequences with it: their next request is a SequenceLost (410)
-rather than a silent restart from zero state. Ids that ended badly (idle, lost) are
-remembered a while, so a late request is told why.
+rather than a silent restart from zero state. When the model's max_sequences are all
+live, a tenant's start takes the place of the least recently used idle sequence of the
+tenant holding the most, if that one holds more than the starter then will (that sequence
+is lost: 410). Ids that ended badly (idle, lost) are remembered a while, so a late
+request is told why.
 """
 
 from __future__ import annotations
@@ -160,7 +163,11 @@ class SequenceTable:
         sid = params.id
         key = (tenant, sid)
         if params.start:
-            if key not in self._live and len(self._live) >= self.settings.max_sequences:
+            if (
+                key not in self._live
+                and len(self._live) >= self.settings.max_sequences
+                and not self._make_room(tenant)
+            ):
                 raise Overloaded(
                     f"model {self.model!r} holds {len(self._live)} live sequences, its limit "
                     f"(max_sequences = {self.settings.max_sequences} under [sequence] in "
@@ -190,6 +197,34 @@ class SequenceTable:
         seq.busy += 1
         seq.last_used = now
         return seq
+
+    def _make_room(self, tenant: str) -> bool:
+        """Drop the least recently used idle sequence of the tenant that holds the most
+        places, if it holds more than `tenant` will with one more: one tenant's sequences
+        cannot take every place of max_sequences from the others (nor take it back)."""
+        held: dict[str, int] = {}
+        for owner, _ in self._live:
+            held[owner] = held.get(owner, 0) + 1
+        mine = held.get(tenant, 0) + 1
+        for most in sorted(held, key=held.__getitem__, reverse=True):
+            if held[most] <= mine:
+                return False
+            victim = next((q for k, q in self._live.items() if k[0] == most and not q.busy), None)
+            if victim is None:
+                continue  # every one of its sequences has a request running
+            del self._live[victim.key]
+            self._remember(
+                victim.key,
+                SequenceLost(
+                    f"sequence {shown(victim.id)} of model {self.model!r} was dropped with its "
+                    f"state to make room for another tenant's: its tenant held {held[most]} of "
+                    f"the {self.settings.max_sequences} live sequences the model takes "
+                    "(max_sequences), more than its share. Hint: end sequences with "
+                    "sequence_end, then start this one again (sequence_start=True)"
+                ),
+            )
+            return True
+        return False
 
     def check(self, seq: Sequence) -> None:
         """SequenceLost when its worker died since it started (and forget it)."""
