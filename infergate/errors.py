@@ -46,7 +46,8 @@ Signals inside the engine (plain exceptions, never an HTTP answer):
   FrontFailed          a front process ([server] fronts) exited before it listened
   BrokenOff            the engine's answer to a front broke off: the connection closes
 
-Outside the server: `client.ClientError` (the HTTP client's), `tui.source.SourceError`
+Outside the server: `client.ClientError` (the HTTP client's), `client.UrlError` (a server
+address that is not one: a usage mistake), `tui.source.SourceError`
 (the dashboard's data source) and `server.http_protocol._Refused` (a connection refused
 before it reaches the app).
 

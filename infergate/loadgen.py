@@ -23,10 +23,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-import orjson
 
-from infergate.client import encode_infer_request
-from infergate.rawhttp import RawConnection
+from infergate.client import encode_infer_request, error_text
+from infergate.rawhttp import RawConnection, RawResponse
 from infergate.server_split import ServerSplit, Totals, with_split
 from infergate.tensors import Array, numpy_dtype
 
@@ -220,13 +219,21 @@ def latency_of(latencies: list[float]) -> Latency | None:
 
 
 def _error_text(body: bytes) -> str:
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body[:200].decode("utf-8", "replace")
-    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
-        return str(doc["error"])
-    return body[:200].decode("utf-8", "replace")
+    """The server's error text on one line (a table cell, a JSON string): infergate's
+    `error`, an HTML page's title, or the start of other text."""
+    return error_text(body)
+
+
+def _unreadable(response: RawResponse) -> str | None:
+    """Why an answer cannot be counted, or None. The client reads answers by their
+    Content-Length: one without it (chunked, or ended by closing) would leave its body to
+    be misread as the next answer's head."""
+    if b"\r\ncontent-length:" not in response.head.lower():
+        return (
+            f"unreadable answer (HTTP {response.status} without a Content-Length: a chunked "
+            "or close-delimited body, which bench does not read)"
+        )
+    return None
 
 
 @dataclass
@@ -273,6 +280,13 @@ async def _send(collector: _Collector, conn: RawConnection, prepared: bytes, sin
         raise
     except OSError as exc:
         collector.fail("no_answer", None, f"no answer: {type(exc).__name__}: {exc}")
+        return False
+    except Exception as exc:  # an answer rawhttp could not parse (not HTTP, a bad length)
+        collector.fail("no_answer", None, f"unreadable answer: {type(exc).__name__}: {exc}")
+        return False
+    unreadable = _unreadable(response)
+    if unreadable is not None:
+        collector.fail("no_answer", None, unreadable)
         return False
     if response.status == 200:
         collector.ok(time.perf_counter() - since)
@@ -423,6 +437,46 @@ async def run_level(
     three agree (at most `plan.max_windows`); the result merges the windows it reports."""
     collector = _Collector()
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(_quiet_connection_errors(handler))
+    try:
+        return await _run_level(
+            target, mode, level, plan, collector, stop, on_progress, server_split
+        )
+    finally:
+        loop.set_exception_handler(handler)
+
+
+ExceptionHandler = Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object]
+
+
+def _quiet_connection_errors(handler: ExceptionHandler | None) -> ExceptionHandler:
+    """An answer that rawhttp's protocol cannot parse fails the request waiting for it (a
+    failure counted as such) and closes its connection; the loop would also print it, a
+    traceback on stderr for each. Everything else goes to `handler` (else the default)."""
+
+    def quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("protocol") is not None and context.get("transport") is not None:
+            return
+        if handler is not None:
+            handler(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    return quiet
+
+
+async def _run_level(
+    target: Target,
+    mode: Mode,
+    level: float,
+    plan: Plan,
+    collector: _Collector,
+    stop: asyncio.Event,
+    on_progress: OnProgress | None,
+    server_split: Callable[[], Coroutine[Any, Any, Totals | None]] | None,
+) -> LoadResult:
     if mode == "concurrency":
         load = asyncio.create_task(_closed_loop(target, int(level), collector, stop))
     else:

@@ -5,20 +5,23 @@ of their own, and any failure makes the exit status 1 unless --allow-errors."""
 from __future__ import annotations
 
 import csv
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
 from rich.text import Text
 
 from infergate.cli.common import (
+    EXIT_FAILURE,
     EXIT_USAGE,
     JsonOption,
     TokenOption,
     UrlOption,
+    check_name,
     client,
     emit_table,
     fail,
@@ -35,6 +38,7 @@ if TYPE_CHECKING:  # numpy, the client and the load generator load when a bench 
     from infergate.tensors import Array
 
 SCHEMA_VERSION = 1
+MAX_LEVELS = 1000  # a range that makes more is a typo (1:1000000), not a plan
 CSV_COLUMNS = [
     "mode",
     "level",
@@ -62,15 +66,22 @@ def parse_range(text: str, what: str, integer: bool) -> list[float]:
     try:
         if ":" in text:
             parts = [float(x) for x in text.split(":")]
-            if len(parts) > 3:
+            if len(parts) > 3 or not all(math.isfinite(x) for x in parts):
                 raise ValueError
             start, end, step = (parts + [parts[0], 1.0][len(parts) - 1 :])[:3]
             if step <= 0 or end < start:
                 raise ValueError
             count = int((end - start) / step + 1e-9) + 1
+            if count > MAX_LEVELS:
+                raise typer.BadParameter(
+                    f"{what}: {text!r} makes {count} levels; at most {MAX_LEVELS}. Hint: a "
+                    "larger STEP"
+                )
             levels = [start + i * step for i in range(count)]
         else:
             levels = [float(x) for x in text.split(",") if x.strip()]
+            if not all(math.isfinite(x) for x in levels):
+                raise ValueError
     except ValueError:
         raise typer.BadParameter(
             f"{what}: expected START:END:STEP (like 1:16:4) or numbers separated by commas "
@@ -81,6 +92,16 @@ def parse_range(text: str, what: str, integer: bool) -> list[float]:
     if integer and any(x != int(x) for x in levels):
         raise typer.BadParameter(f"{what}: a concurrency is a whole number, got {text!r}")
     return levels
+
+
+def _check_shape_names(shapes: dict[str, tuple[int, ...]], metadata: dict[str, Any]) -> None:
+    names = [t["name"] for t in metadata.get("inputs") or []]
+    for name in shapes:
+        if name not in names:
+            raise typer.BadParameter(
+                f"--shape {name}:...: the model has no input {name!r}; its inputs are "
+                f"{', '.join(names) or 'none'}"
+            )
 
 
 def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
@@ -107,6 +128,8 @@ def _v2_request(path: Path) -> tuple[dict[str, Array], dict[str, Any]]:
 
     try:
         doc = orjson.loads(path.read_bytes())
+        if not isinstance(doc, dict):
+            raise TypeError(f"the file holds a JSON {type(doc).__name__}, not an object")
         inputs: dict[str, Array] = {}
         for t in doc["inputs"]:
             if t["datatype"] == "BYTES":
@@ -117,7 +140,7 @@ def _v2_request(path: Path) -> tuple[dict[str, Array], dict[str, Any]]:
             inputs[t["name"]] = array.reshape(t["shape"])
         parameters = doc.get("parameters") or {}
         return inputs, dict(parameters) if isinstance(parameters, dict) else {}
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise typer.BadParameter(
             f"{path}: not a V2 inference request ({type(exc).__name__}: {exc}). Hint: "
             '{"inputs": [{"name": ..., "datatype": ..., "shape": [...], "data": [...]}]}'
@@ -127,11 +150,22 @@ def _v2_request(path: Path) -> tuple[dict[str, Array], dict[str, Any]]:
 def input_data(path: Path, metadata: dict[str, Any]) -> tuple[dict[str, Array], dict[str, Any]]:
     """--input-data: a .npy (a one-input model), an .npz (arrays named as the inputs), or a
     V2 JSON request."""
+    from infergate.cli.npy import sendable
+
+    inputs, parameters = _input_data(path, metadata)
+    return {
+        n: sendable(f"--input-data {path}: input {n}", a) for n, a in inputs.items()
+    }, parameters
+
+
+def _input_data(path: Path, metadata: dict[str, Any]) -> tuple[dict[str, Array], dict[str, Any]]:
     from infergate.cli.npy import load_npy, load_npz
 
-    if not path.is_file():
+    if not path.exists():
         raise typer.BadParameter(f"--input-data {path}: no such file")
-    names = [t["name"] for t in metadata.get("inputs", [])]
+    if not path.is_file():
+        raise typer.BadParameter(f"--input-data {path}: not a regular file (a directory?)")
+    names = [t["name"] for t in metadata.get("inputs") or []]
     if path.suffix == ".npy":
         if len(names) != 1:
             raise typer.BadParameter(
@@ -151,7 +185,7 @@ def _batched(inputs: dict[str, Array], metadata: dict[str, Any]) -> dict[str, Ar
     one, as `infergate infer` does."""
     import numpy as np
 
-    dims = {t["name"]: t["shape"] for t in metadata.get("inputs", [])}
+    dims = {t["name"]: t["shape"] for t in metadata.get("inputs") or []}
     out = {}
     for name, array in inputs.items():
         shape = dims.get(name)
@@ -246,15 +280,18 @@ def bench(
     """Drive load at a model: throughput and p50/p90/p95/p99/avg/max latency of the
     successful requests, failures by status with the server's error text, and the
     server's own queue and compute time."""
-    if duration <= 0 or batch < 1 or max_connections < 1 or max_windows < 3:
+    if not 0 < duration < math.inf or batch < 1 or max_connections < 1 or max_windows < 3:
         fail(
-            "--duration must be positive, --batch and --max-connections at least 1, "
+            "--duration must be a positive number of seconds (not inf), --batch and "
+            "--max-connections at least 1, "
             "--max-windows at least 3",
             EXIT_USAGE,
             json,
         )
     if windows is not None and windows < 1:
         fail("--windows must be at least 1", EXIT_USAGE, json)
+    if not 0 < stability < math.inf:
+        fail("--stability-percentage must be a positive number", EXIT_USAGE, json)
     if distribution not in ("constant", "poisson"):
         fail(f"--request-distribution {distribution!r}: constant or poisson", EXIT_USAGE, json)
     mode: Mode = "rate" if rate is not None else "concurrency"
@@ -264,16 +301,20 @@ def bench(
         else parse_range(concurrency, "--concurrency-range", integer=True)
     )
     shapes = parse_shapes(shape or [])
-    from infergate.client import ClientError
+    check_name("model", model, json)
+    if version is not None:
+        check_name("model version", version, json)
+    from infergate.client import ClientError, model_path
     from infergate.loadgen import Plan, Target, prepare, sample_inputs
 
     try:
-        with client(url, token) as c:
+        with client(url, token, json) as c:
             metadata = c.metadata(model, version)
             base = c.url
             headers_auth = dict(c.auth_headers)
     except ClientError as exc:
         fail_client(exc, json)
+    _check_shape_names(shapes, metadata)
     parameters: dict[str, Any] = {}
     if input_file is not None:
         inputs, parameters = input_data(input_file, metadata)
@@ -282,11 +323,12 @@ def bench(
             inputs = sample_inputs(metadata, batch, shapes=shapes)
         except ValueError as exc:
             fail(str(exc), EXIT_USAGE, json)
+    csv_out = _open_csv(csv_file, json)  # before the run: a bad path must not waste it
     if priority is not None:
         parameters["priority"] = int(priority) if priority.isdigit() else priority
     body, headers = prepare(inputs, binary, parameters)
     headers.update(headers_auth)
-    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    path = model_path(model, version) + "/infer"
     plan = Plan(
         window_s=duration,
         windows=windows,
@@ -298,9 +340,26 @@ def bench(
     show = sys.stderr.isatty() if progress is None else progress
     results = _run_levels(Target(base, path, body, headers, model), mode, levels, plan, show)
     rows = int(inputs[next(iter(inputs))].shape[0]) if inputs else batch
-    _report(model, version, mode, plan, rows, binary, results, json, csv_file)
-    if any(r.failed for r in results) and not allow_errors:
-        raise typer.Exit(1)
+    _report(model, version, mode, plan, rows, binary, results, json, csv_out)
+    empty = [r for r in results if r.requests == 0]
+    for r in empty:  # a level that measured nothing is no result, whatever it shows
+        say(
+            f"error: {mode} {r.level:g}: no request was answered or due within the measured "
+            "windows, so nothing was measured. Hint: longer windows (--duration), or a "
+            "higher rate",
+            err=True,
+        )
+    if empty or any(r.failed for r in results) and not allow_errors:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _open_csv(path: Path | None, as_json: bool) -> IO[str] | None:
+    if path is None:
+        return None
+    try:
+        return path.open("w", newline="")
+    except OSError as exc:
+        fail(f"-f {path}: cannot write it ({exc.strerror or exc})", EXIT_USAGE, as_json)
 
 
 def _run_levels(
@@ -340,10 +399,11 @@ def _report(
     binary: bool,
     results: list[LoadResult],
     json: bool,
-    csv_file: Path | None,
+    csv_out: IO[str] | None,
 ) -> None:
-    if csv_file is not None:
-        _write_csv(csv_file, results)
+    if csv_out is not None:
+        with csv_out:
+            _write_csv(csv_out, results)
     if json:
         print_json(
             {
@@ -441,32 +501,29 @@ def _tables(model: str, mode: Mode, rows: int, binary: bool, results: list[LoadR
         )
 
 
-def _write_csv(path: Path, results: list[LoadResult]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
-        for r in results:
-            lat = r.latency_ms
-            writer.writerow(
-                [
-                    r.mode,
-                    f"{r.level:g}",
-                    r.requests,
-                    r.ok,
-                    r.failed,
-                    f"{r.seconds:.3f}",
-                    f"{r.throughput_rps:.3f}",
-                    *(
-                        [f"{x:.3f}" for x in (lat.p50, lat.p90, lat.p95, lat.p99, lat.avg, lat.max)]
-                        if lat
-                        else [""] * 6
-                    ),
-                    "" if not r.server or r.server.queue_ms is None else f"{r.server.queue_ms:.3f}",
-                    ""
-                    if not r.server or r.server.compute_ms is None
-                    else f"{r.server.compute_ms:.3f}",
-                    r.windows,
-                    r.windows_measured,
-                    "" if r.stable is None else str(r.stable).lower(),
-                ]
-            )
+def _write_csv(f: IO[str], results: list[LoadResult]) -> None:
+    writer = csv.writer(f)
+    writer.writerow(CSV_COLUMNS)
+    for r in results:
+        lat = r.latency_ms
+        writer.writerow(
+            [
+                r.mode,
+                f"{r.level:g}",
+                r.requests,
+                r.ok,
+                r.failed,
+                f"{r.seconds:.3f}",
+                f"{r.throughput_rps:.3f}",
+                *(
+                    [f"{x:.3f}" for x in (lat.p50, lat.p90, lat.p95, lat.p99, lat.avg, lat.max)]
+                    if lat
+                    else [""] * 6
+                ),
+                "" if not r.server or r.server.queue_ms is None else f"{r.server.queue_ms:.3f}",
+                "" if not r.server or r.server.compute_ms is None else f"{r.server.compute_ms:.3f}",
+                r.windows,
+                r.windows_measured,
+                "" if r.stable is None else str(r.stable).lower(),
+            ]
+        )

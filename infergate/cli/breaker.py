@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.text import Text
@@ -13,6 +13,8 @@ from infergate.cli.common import (
     FormatOption,
     JsonOption,
     UrlOption,
+    answer_of,
+    check_name,
     chosen_format,
     emit_table,
     make_app,
@@ -21,7 +23,7 @@ from infergate.cli.common import (
     say,
 )
 from infergate.cli.helptext import example
-from infergate.cli.settings import parse_settings
+from infergate.cli.settings import parse_settings, settings_text
 
 app = make_app("List, tune and reset circuit breakers.")
 TokenOption = AdminTokenOption
@@ -41,23 +43,29 @@ def list_breakers(
     if fmt is Format.json:
         print_json(rows)
         return
+    with answer_of(url, False):
+        cells = _cells(rows)
     emit_table(
         ["model", "version", "state", "retry in", "window reqs", "failures", "p99 ms", "reason"],
-        [
-            [
-                r["model"],
-                str(r["version"]),
-                Text(r["state"], style=STYLE.get(r["state"], "")),
-                "-" if r["retry_after_s"] is None else f"{r['retry_after_s']:.1f} s",
-                str(r["window_requests"]),
-                str(r["window_failures"]),
-                "-" if r["window_p99_ms"] is None else f"{r['window_p99_ms']:g}",
-                r["reason"] or "",
-            ]
-            for r in rows
-        ],
+        cells,
         fmt,
     )
+
+
+def _cells(rows: list[dict[str, Any]]) -> list[list[str | Text]]:
+    return [
+        [
+            r["model"],
+            str(r["version"]),
+            Text(r["state"], style=STYLE.get(r["state"], "")),
+            "-" if r["retry_after_s"] is None else f"{r['retry_after_s']:.1f} s",
+            str(r["window_requests"]),
+            str(r["window_failures"]),
+            "-" if r["window_p99_ms"] is None else f"{r['window_p99_ms']:g}",
+            r["reason"] or "",
+        ]
+        for r in rows
+    ]
 
 
 @app.command("set", epilog=example("infergate breaker set digits failure_rate=0.2"))
@@ -76,12 +84,13 @@ def set_(
     json: JsonOption = False,
 ) -> None:
     """Tune a model's breaker; applies at once and persists in the profile."""
+    check_name("model", model, json)
     values = parse_settings(settings, "breaker")
     doc = request(url, token, json, lambda c: c.set_breaker(model, values))
     if json:
         print_json(doc)
     else:
-        say(f"breaker of {model}: " + ", ".join(f"{k} = {v}" for k, v in values.items()))
+        say(f"breaker of {model}: {settings_text(values)}")
 
 
 @app.command("reset", epilog=example("infergate breaker reset digits"))
@@ -92,6 +101,7 @@ def reset(
     json: JsonOption = False,
 ) -> None:
     """Close a model's breakers now."""
+    check_name("model", model, json)
     request(url, token, json, lambda c: c.reset_breaker(model))
     if json:
         print_json({"reset": model})

@@ -8,9 +8,10 @@ reason (typer's Rich help eats `[default: ...]`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -96,10 +97,36 @@ def make_app(help: str) -> typer.Typer:
     )
 
 
-def client(url: str | None, token: str | None) -> Client:
-    from infergate.client import Client, default_url
+def client(url: str | None, token: str | None, as_json: bool = False) -> Client:
+    """A client of the server at `url` (else INFERGATE_URL, the project's profile, the
+    default); an address or a token that cannot be used is a usage mistake (exit 2)."""
+    from infergate.client import Client, UrlError, default_url
 
-    return Client(url or default_url(), token)
+    try:
+        return Client(url or default_url(), token)
+    except UrlError as exc:
+        fail(str(exc), EXIT_USAGE, as_json)
+
+
+def check_name(kind: str, name: str, as_json: bool = False) -> None:
+    """A model's or tenant's name goes into a URL path, where `.` and `..` are read as
+    path steps (`model unload .` was POST /v2/repository/models/unload: a model named
+    "unload"): those, and an empty name, are usage mistakes here."""
+    if name in ("", ".", ".."):
+        fail(f"{kind} name {name!r}: not a name (empty, . or ..)", EXIT_USAGE, as_json)
+
+
+def server_url(url: str | None, token: str | None, as_json: bool = False) -> str:
+    """The server's URL as a client would use it, the address and the token checked (a
+    usage mistake, exit 2), without making a client."""
+    from infergate.client import UrlError, check_token, default_url, normalize_url
+
+    try:
+        if token:
+            check_token(token)
+        return normalize_url(url) if url else default_url()
+    except UrlError as exc:
+        fail(str(exc), EXIT_USAGE, as_json)
 
 
 def print_json(doc: Any) -> None:
@@ -182,7 +209,34 @@ def request(url: str | None, token: str | None, as_json: bool, call: Callable[[C
     from infergate.client import ClientError
 
     try:
-        with client(url, token) as c:
+        with client(url, token, as_json) as c:
             return call(c)
     except ClientError as exc:
         fail_client(exc, as_json)
+
+
+# What reading a server's answer raises when it lacks a field or holds the wrong kind of
+# value: a server that is not infergate (or not of this version), never a traceback.
+SHAPE_ERRORS = (KeyError, TypeError, AttributeError, IndexError, ValueError, OverflowError)
+
+
+@contextlib.contextmanager
+def answer_of(url: str | None, as_json: bool) -> Iterator[None]:
+    """Around the code that reads a server's answer (a table of it): a field that is
+    missing or of another kind is one line and exit 1, naming the server."""
+    try:
+        yield
+    except SHAPE_ERRORS as exc:
+        from infergate.client import UrlError, default_url, normalize_url, one_line
+
+        try:
+            where = normalize_url(url) if url else default_url()
+        except UrlError:
+            where = "the server"
+        detail = one_line(f"{type(exc).__name__}: {exc}", 200)
+        fail(
+            f"{where} answered with data infergate cannot read ({detail}). Hint: is it an "
+            "infergate server (of this version)? Check --url or INFERGATE_URL",
+            EXIT_FAILURE,
+            as_json,
+        )

@@ -17,6 +17,8 @@ from infergate.cli.common import (
     JsonOption,
     TokenOption,
     UrlOption,
+    answer_of,
+    check_name,
     client,
     emit_table,
     fail,
@@ -36,22 +38,47 @@ def _parse_value(text: str, dtype: np.dtype[Any] | None) -> Array:
     """A .npy file, a .json file, or a JSON literal."""
     import numpy as np
 
-    from infergate.cli.npy import load_npy
+    from infergate.cli.npy import load_npy, sendable
 
     path = Path(text)
     if text.endswith(".npy"):
         array: Array = load_npy(path)
     else:
-        raw = path.read_bytes() if text.endswith(".json") and path.exists() else text.encode()
+        raw, from_file = text.encode(), False
+        if text.endswith(".json") and path.exists():
+            if not path.is_file():
+                raise typer.BadParameter(f"{text}: not a regular file (a directory?)")
+            try:
+                raw, from_file = path.read_bytes(), True
+            except OSError as exc:
+                raise typer.BadParameter(
+                    f"{text}: cannot read it ({exc.strerror or exc})"
+                ) from None
         try:
-            array = np.array(orjson.loads(raw))
-        except orjson.JSONDecodeError:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            if from_file:
+                raise typer.BadParameter(f"{text}: not JSON ({exc})") from None
+            if text.endswith(".json"):
+                raise typer.BadParameter(f"{text}: no such file") from None
             raise typer.BadParameter(
-                f"{text!r} is neither a .npy file, a .json file nor a JSON value"
+                f"{text!r} is neither a .npy file, a .json file nor a JSON value ({exc})"
             ) from None
+        try:
+            array = np.array(value)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{text!r}: the lists in it are ragged (rows of different lengths); a tensor's "
+                "rows are all alike"
+            ) from None
+        if array.dtype.kind == "O" and not all(isinstance(x, str) for x in array.reshape(-1)):
+            raise typer.BadParameter(
+                f"{text!r}: holds null, objects or a mix of strings and numbers; a tensor is "
+                "all numbers, all booleans or all strings"
+            )
     if dtype is not None and array.dtype != dtype and np.can_cast(array.dtype, dtype, "same_kind"):
         array = array.astype(dtype)
-    return array
+    return sendable(text, array)
 
 
 def _build_inputs(items: list[str], metadata: dict[str, Any]) -> dict[str, Array]:
@@ -59,7 +86,7 @@ def _build_inputs(items: list[str], metadata: dict[str, Any]) -> dict[str, Array
 
     from infergate.tensors import numpy_dtype
 
-    specs = {t["name"]: t for t in metadata.get("inputs", [])}
+    specs = {t["name"]: t for t in metadata.get("inputs") or []}
     inputs: dict[str, Array] = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -70,6 +97,8 @@ def _build_inputs(items: list[str], metadata: dict[str, Any]) -> dict[str, Array
                     f"{', '.join(specs) or 'unknown'}"
                 )
             name, value = next(iter(specs)), item
+        if name in inputs:
+            raise typer.BadParameter(f"input {name!r} is given twice; give each input once")
         spec = specs.get(name)
         dtype = numpy_dtype(spec["datatype"]) if spec and spec["datatype"] != "BYTES" else None
         array = _parse_value(value, dtype)
@@ -118,7 +147,7 @@ def _show(response: InferResponse, json: bool, save: Path | None) -> None:
                     for x in response.outputs[n].reshape(-1).tolist()
                 ],
             }
-            for n, o in ((o["name"], o) for o in response.raw.get("outputs", []))
+            for n, o in ((o["name"], o) for o in (response.raw.get("outputs") or []))
         ]
         if save is not None:
             doc["saved"] = [str(p) for p in saved]
@@ -134,7 +163,7 @@ def _show(response: InferResponse, json: bool, save: Path | None) -> None:
                 str(out["shape"]),
                 _preview(response.outputs[out["name"]]),
             ]
-            for out in response.raw.get("outputs", [])
+            for out in (response.raw.get("outputs") or [])
         ],
         Format.table,
     )
@@ -173,12 +202,16 @@ def infer(
             EXIT_USAGE,
             json,
         )
+    check_name("model", model, json)
+    if version is not None:
+        check_name("model version", version, json)
     try:
-        with client(url, token) as c:
+        with client(url, token, json) as c:
             response = _run(c, model, items, version, output, binary)
     except ClientError as exc:
         fail_client(exc, json)
-    _show(response, json, save)
+    with answer_of(url, json):
+        _show(response, json, save)
 
 
 def _run(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import tomlkit
 import typer
+from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import Table
 
 from infergate.cli.common import EXIT_USAGE, JsonOption, fail, make_app, print_json, say
@@ -27,7 +28,7 @@ def _add_hash(profile: Path, section: list[str], digest: str, as_json: bool) -> 
     from infergate.errors import ConfigError
     from infergate.profile import load_profile
 
-    document = tomlkit.parse(profile.read_text()) if profile.exists() else tomlkit.document()
+    document = _read(profile, as_json) if profile.exists() else tomlkit.document()
     *tables, field = section
     node: Table | tomlkit.TOMLDocument = document
     for name in tables:
@@ -38,6 +39,8 @@ def _add_hash(profile: Path, section: list[str], digest: str, as_json: bool) -> 
             fail(f"{profile}: [{'.'.join(tables)}] is not a table", EXIT_USAGE, as_json)
         node = child
     keys = node.get(field) or tomlkit.array()
+    if not isinstance(keys, list):
+        fail(f"{profile}: {'.'.join(section)} is not a list", EXIT_USAGE, as_json)
     keys.append(digest)
     node[field] = keys
     tmp = profile.with_name(f".{profile.name}.{os.getpid()}.tmp")
@@ -48,19 +51,31 @@ def _add_hash(profile: Path, section: list[str], digest: str, as_json: bool) -> 
         except ConfigError as exc:
             fail(str(exc).replace(str(tmp), str(profile)), EXIT_USAGE, as_json)
         os.replace(tmp, profile)
+    except OSError as exc:
+        fail(f"cannot write {profile}: {exc.strerror or exc}", EXIT_USAGE, as_json)
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             tmp.unlink()
     return written
 
 
-def _has_tenant(profile: Path, name: str) -> bool:
+def _read(profile: Path, as_json: bool) -> tomlkit.TOMLDocument:
+    """The profile to edit; one that cannot be read or is not TOML is one line, exit 2."""
+    try:
+        return tomlkit.parse(profile.read_text())
+    except OSError as exc:
+        fail(f"cannot read {profile}: {exc.strerror or exc}", EXIT_USAGE, as_json)
+    except (UnicodeDecodeError, TOMLKitError) as exc:
+        fail(f"{profile} is not TOML: {' '.join(str(exc).split())}", EXIT_USAGE, as_json)
+
+
+def _has_tenant(profile: Path, name: str, as_json: bool) -> bool:
     """Does the profile define tenant `name`? (One with no [tenants] has `default`.)"""
     from infergate.engine.admission.tenants import DEFAULT_TENANT
 
     if not profile.exists():
         return False
-    tenants = tomlkit.parse(profile.read_text()).get("tenants")
+    tenants = _read(profile, as_json).get("tenants")
     if not isinstance(tenants, Table):
         return name == DEFAULT_TENANT
     return name in tenants
@@ -131,7 +146,7 @@ def new(
     where = "server.admin_keys" if admin else f"tenants.{tenant}.api_keys" if tenant else None
     written: dict[str, Any] | None = None  # the tenant as --write left it
     if write:
-        existed = tenant is not None and _has_tenant(profile, tenant)
+        existed = tenant is not None and _has_tenant(profile, tenant, json)
         after = _add_hash(profile, section, digest, json)
         if tenant is not None:
             written = _tenant_json(after, tenant, created=not existed)

@@ -5,6 +5,7 @@ imported would be paid for at every worker start. The app lives in infergate.cli
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -31,9 +32,22 @@ def usage_line(message: str, where: str) -> str:
     return f"error: {text}{stop} Hint: {where} -h"
 
 
+TRACEBACKS = "INFERGATE_TRACEBACKS"  # =1: an unexpected error shows its traceback
+
+
+def unexpected_line(exc: BaseException) -> str:
+    """An error no command expected (a bug, or a case not yet handled), in one line."""
+    said = " ".join(str(exc).split())
+    return (
+        f"error: unexpected {type(exc).__name__}{': ' + said if said else ''}. Hint: this is a "
+        f"bug in infergate; {TRACEBACKS}=1 shows where, for a report"
+    )
+
+
 def main() -> None:
     """Run the CLI; a usage mistake is one line on stderr and exit 2 (Click's own report
-    is four: usage, a hint, a blank line, the error)."""
+    is four: usage, a hint, a blank line, the error), and so is an error no command
+    expected, with exit 1 (INFERGATE_TRACEBACKS=1 shows its traceback)."""
     import typer
     from typer._click import exceptions as click  # typer vendors Click: these, not click's
 
@@ -54,5 +68,10 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.stderr.write("aborted\n")
+        sys.exit(1)
+    except Exception as exc:
+        if os.environ.get(TRACEBACKS) == "1":
+            raise
+        sys.stderr.write(unexpected_line(exc) + "\n")
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

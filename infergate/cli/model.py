@@ -10,12 +10,15 @@ import typer
 from rich.text import Text
 
 from infergate.cli.common import (
+    EXIT_FAILURE,
     EXIT_USAGE,
     AdminTokenOption,
     Format,
     FormatOption,
     JsonOption,
     UrlOption,
+    answer_of,
+    check_name,
     chosen_format,
     emit_table,
     fail,
@@ -91,9 +94,9 @@ def list_models(
     if fmt is Format.json:
         print_json(models)
         return
-    emit_table(
-        ["model", "version", "state", "instances", "platform", "reason"], model_rows(models), fmt
-    )
+    with answer_of(url, False):
+        rows = model_rows(models)
+    emit_table(["model", "version", "state", "instances", "platform", "reason"], rows, fmt)
 
 
 @app.command("status", epilog=example("infergate model status digits"))
@@ -104,10 +107,16 @@ def status(
     json: JsonOption = False,
 ) -> None:
     """One model in detail: versions, instances with their PIDs and devices, tensors."""
+    check_name("model", name, json)
     model = request(url, token, json, lambda c: c.model(name))
     if json:
         print_json(model)
         return
+    with answer_of(url, False):
+        _show_status(model)
+
+
+def _show_status(model: dict[str, Any]) -> None:
     head = Text.assemble((model["name"], "bold"), "  ", styled_state(model["state"]))
     if model["default_version"]:
         head.append(f"  default version {model['default_version']}")
@@ -159,6 +168,8 @@ def status(
 def _repository_call(
     action: str, name: str, url: str | None, token: str | None, json: bool
 ) -> None:
+    check_name("model", name, json)
+
     def call(c: Client) -> dict[str, Any]:
         if action == "unload":
             c.unload_model(name)
@@ -171,7 +182,7 @@ def _repository_call(
         print_json(model)
         return
     done = {"load": "loaded", "reload": "reloaded", "unload": "unloaded"}[action]
-    default = model["default_version"]
+    default = model.get("default_version")
     suffix = f", version {default} serving" if default and action != "unload" else ""
     say(f"{name}: {done}{suffix}")
 
@@ -211,13 +222,19 @@ def keygen(
     """Make an ed25519 key pair for signing models."""
     from infergate.engine.repository.verify import generate_key
 
-    if key.exists():
+    if key.exists() or key.is_symlink():
         fail(
             f"{key} already exists; choose another path (keys are never overwritten)",
             EXIT_USAGE,
             json,
         )
-    public = generate_key(key)
+    public = key.with_name(key.name + ".pub")
+    if public.exists() or public.is_symlink():
+        fail(f"{public} already exists; choose another path for the key", EXIT_USAGE, json)
+    try:
+        public = generate_key(key)
+    except OSError as exc:
+        fail(f"cannot write the key to {key}: {exc.strerror or exc}", EXIT_USAGE, json)
     if json:
         print_json({"private_key": str(key), "public_key": str(public)})
         return
@@ -236,17 +253,26 @@ def sign(
     json: JsonOption = False,
 ) -> None:
     """Write FILE.sig, a detached ed25519 signature of the file's SHA256."""
-    from infergate.engine.repository.verify import load_private_key, sha256_file, sign_file
+    from infergate.engine.repository.verify import (
+        VerificationFailed,
+        load_private_key,
+        sha256_file,
+        sign_file,
+    )
     from infergate.errors import ConfigError
 
-    if not file.is_file():
-        fail(f"{file}: no such file", EXIT_USAGE, json)
+    _model_file(file, json)
     try:
         signature = sign_file(file, load_private_key(key))
+        digest = sha256_file(file)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE, json)
+    except VerificationFailed as exc:
+        fail(str(exc), EXIT_USAGE, json)
+    except OSError as exc:
+        fail(f"cannot sign {file}: {exc.strerror or exc}", EXIT_FAILURE, json)
     if json:
-        print_json({"file": str(file), "signature": str(signature), "sha256": sha256_file(file)})
+        print_json({"file": str(file), "signature": str(signature), "sha256": digest})
         return
     say(f"signed {file} -> {signature}")
 
@@ -274,15 +300,18 @@ def verify(
     )
     from infergate.errors import ConfigError
 
-    if not file.is_file():
-        fail(f"{file}: no such file", EXIT_USAGE, json)
+    _model_file(file, json)
     try:
         keys = tuple(load_public_key(k) for k in key or [])
-        digest = verify_file(file, sha256, VerifyPolicy(bool(keys), keys))
+        digest = verify_file(file, None, VerifyPolicy(bool(keys), keys))
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE, json)
     except VerificationFailed as exc:
-        fail(str(exc), 1, json)
+        fail(str(exc), EXIT_FAILURE, json)
+    except OSError as exc:
+        fail(f"cannot read {file}: {exc.strerror or exc}", EXIT_FAILURE, json)
+    if sha256 is not None and sha256.strip().lower() != digest:
+        fail(f"{file} has SHA256 {digest}, not the {sha256!r} of --sha256", EXIT_FAILURE, json)
     report: dict[str, Any] = {
         "file": str(file),
         "sha256": digest,
@@ -304,6 +333,13 @@ def verify(
         if not json:
             fail(f"{file} is not a model infergate can serve: {report['error']}")
         raise typer.Exit(1)
+
+
+def _model_file(file: Path, as_json: bool) -> None:
+    if not file.exists():
+        fail(f"{file}: no such file", EXIT_USAGE, as_json)
+    if not file.is_file():
+        fail(f"{file}: not a regular file (a directory, a FIFO?)", EXIT_USAGE, as_json)
 
 
 def _open(file: Path) -> dict[str, Any]:

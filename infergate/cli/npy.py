@@ -14,9 +14,15 @@ from infergate.tensors import Array
 HINT = "Hint: save it with numpy.save(path, array) from a numeric or string array"
 
 
-def load_npy(path: Path) -> Array:
-    if not path.is_file():
+def _regular(path: Path) -> None:
+    if not path.exists():
         raise typer.BadParameter(f"{path}: no such file")
+    if not path.is_file():  # a directory, or a FIFO that would wait for a writer
+        raise typer.BadParameter(f"{path}: not a regular file (a directory, a FIFO?)")
+
+
+def load_npy(path: Path) -> Array:
+    _regular(path)
     try:
         array: Array = np.load(path, allow_pickle=False)
     except ValueError as exc:
@@ -34,8 +40,7 @@ def load_npy(path: Path) -> Array:
 
 
 def load_npz(path: Path) -> dict[str, Array]:
-    if not path.is_file():
-        raise typer.BadParameter(f"{path}: no such file")
+    _regular(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}
@@ -44,3 +49,17 @@ def load_npz(path: Path) -> dict[str, Array]:
             f"{path}: not a readable .npz archive of plain arrays ({exc}). Hint: "
             "numpy.savez(path, input_name=array, ...)"
         ) from None
+
+
+def sendable(what: str, array: Array) -> Array:
+    """`array` when a V2 tensor can carry it; a usage error naming `what` when not (a
+    complex, structured or datetime array has no V2 datatype)."""
+    from infergate.tensors import v2_datatype
+
+    try:
+        v2_datatype(array.dtype)
+    except ValueError as exc:
+        raise typer.BadParameter(
+            f"{what}: {exc}. Hint: numbers (int, uint, float), booleans or strings"
+        ) from None
+    return array

@@ -12,6 +12,8 @@ from infergate.cli.common import (
     FormatOption,
     JsonOption,
     UrlOption,
+    answer_of,
+    check_name,
     chosen_format,
     emit_table,
     make_app,
@@ -20,7 +22,7 @@ from infergate.cli.common import (
     say,
 )
 from infergate.cli.helptext import example
-from infergate.cli.settings import parse_settings
+from infergate.cli.settings import parse_settings, settings_text
 
 app = make_app("List, add, change and remove tenants (persisted in the profile).")
 TokenOption = AdminTokenOption
@@ -68,6 +70,8 @@ def list_tenants(
     if fmt is Format.json:
         print_json(tenants)
         return
+    with answer_of(url, False):
+        rows = _rows(tenants)
     emit_table(
         [
             "tenant",
@@ -82,24 +86,28 @@ def list_tenants(
             "429",
             "403",
         ],
-        [
-            [
-                t["name"],
-                t["class"],
-                _num(t["rps"]),
-                _num(t["burst"]),
-                str(t["in_flight"]),
-                _num(t["max_concurrency"]),
-                ",".join(t["models"]),
-                str(t["keys"]),
-                str(t["admitted"]),
-                str(t["rate_limited"] + t["over_concurrency"]),
-                str(t["forbidden"]),
-            ]
-            for t in tenants
-        ],
+        rows,
         fmt,
     )
+
+
+def _rows(tenants: list[dict[str, Any]]) -> list[list[str]]:
+    return [
+        [
+            t["name"],
+            t["class"],
+            _num(t["rps"]),
+            _num(t["burst"]),
+            str(t["in_flight"]),
+            _num(t["max_concurrency"]),
+            ",".join(t["models"]),
+            str(t["keys"]),
+            str(t["admitted"]),
+            str(t["rate_limited"] + t["over_concurrency"]),
+            str(t["forbidden"]),
+        ]
+        for t in tenants
+    ]
 
 
 @app.command("add", epilog=example("infergate tenant add acme rps=50 models=digits"))
@@ -111,13 +119,18 @@ def add(
     json: JsonOption = False,
 ) -> None:
     """Add a tenant and print its API key (shown this once; only its hash is stored)."""
+    check_name("tenant", name, json)
     values = parse_settings(settings or [], "tenant")
     doc = request(url, token, json, lambda c: c.add_tenant(name, values))
     if json:
         print_json(doc)
         return
+    with answer_of(url, False):
+        key = doc["api_key"]
+        if not isinstance(key, str):
+            raise TypeError(f"api_key is {key!r}, not a string")
     say(f"tenant {name} added. API key (shown once, store it now):")
-    print(doc["api_key"])
+    print(key)
 
 
 @app.command("set", epilog=example("infergate tenant set acme rps=100 'models=[\"dig*\"]'"))
@@ -129,6 +142,7 @@ def set_(
     json: JsonOption = False,
 ) -> None:
     """Change a tenant's limits; applies at once and persists in the profile."""
+    check_name("tenant", name, json)
     values = parse_settings(settings or [], "tenant")
     if not values:
         raise typer.BadParameter("give at least one KEY=VALUE")
@@ -136,7 +150,7 @@ def set_(
     if json:
         print_json(doc)
         return
-    say(f"tenant {name}: " + ", ".join(f"{k} = {v}" for k, v in values.items()))
+    say(f"tenant {name}: {settings_text(values)}")
 
 
 @app.command("remove", epilog=example("infergate tenant remove acme"))
@@ -147,6 +161,7 @@ def remove(
     json: JsonOption = False,
 ) -> None:
     """Remove a tenant; its keys stop working at once."""
+    check_name("tenant", name, json)
     request(url, token, json, lambda c: c.remove_tenant(name))
     if json:
         print_json({"removed": name})

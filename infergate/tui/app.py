@@ -25,6 +25,7 @@ from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 from textual.widgets import Button, DataTable, Footer, Header, Label, RichLog, Sparkline, Static
 
+from infergate.tui.fields import clock_time, mapping, number, plot_value, records, text
 from infergate.tui.source import SourceError, StatsSource
 from infergate.tui.tenants import TenantLatency, TenantScreen, tenant_rows
 
@@ -47,7 +48,18 @@ def _bar(used: float, total: float, width: int = 20) -> str:
 
 
 def _num(value: Any, fmt: str = "{:.1f}") -> str:
-    return fmt.format(value) if isinstance(value, (int, float)) else "-"
+    if not isinstance(value, (int, float)):
+        return "-"
+    try:
+        return fmt.format(value)
+    except ValueError:  # "{:d}" of a float: the number as it came
+        return str(value)
+
+
+def _event_key(event: dict[str, Any]) -> tuple[str, float]:
+    """An event is known by its id and time together: a restarted server numbers its events
+    from 1 again."""
+    return text(event.get("id"), "0"), number(event.get("time"))
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -128,7 +140,7 @@ class Dashboard(App[None]):
         self.interval_s = interval_s
         self.connected: bool | None = None
         self.stats: dict[str, Any] = {}
-        self._seen_events: set[tuple[int, float]] = set()  # (id, time): ids restart with the server
+        self._seen_events: set[tuple[str, float]] = set()  # (id, time): ids restart with the server
         self._poller: Timer | None = None
         self.tenant_latency = TenantLatency()
 
@@ -202,6 +214,10 @@ class Dashboard(App[None]):
             self._connected(stats)
         except NoMatches:
             return  # the app is closing: nothing left to draw on
+        except Exception as exc:  # data no field reader foresaw: said, never a crash
+            said = " ".join(str(exc).split())
+            why = f"data the dashboard cannot show ({type(exc).__name__}: {said})"
+            self._disconnected(SourceError(why))
 
     def _connected(self, stats: dict[str, Any]) -> None:
         self.connected = True
@@ -220,22 +236,25 @@ class Dashboard(App[None]):
         status.add_class("down")
         # One line that fits 80 columns; the last picture stays on screen either way.
         if error.status in (401, 403):
-            status.update(str(error))
+            line = str(error)
         else:
-            status.update(f"{error}; retrying every {self.interval_s:g} s")
+            line = f"{error}; retrying every {self.interval_s:g} s"
+        line = " ".join(line.split())  # a server's error text may hold newlines
+        width = status.content_region.width or 80
+        status.update(line if len(line) <= width else line[: width - 1].rstrip() + "…")
 
     def _show(self, stats: dict[str, Any]) -> None:
-        self._show_devices(stats.get("devices") or [], stats.get("workers") or [])
-        self._show_models(stats.get("models") or [])
-        self._show_tenants(stats.get("tenants") or [])
-        history = stats.get("throughput") or []
-        self._show_plot("rps", "requests/s", [h.get("rps", 0) for h in history], "{:.0f}")
-        self._show_plot("p99", "p99 ms", [h.get("p99_ms", 0) for h in history], "{:.1f}")
-        if "tenant_latency" in stats:
+        self._show_devices(records(stats.get("devices")), records(stats.get("workers")))
+        self._show_models(records(stats.get("models")))
+        self._show_tenants(records(stats.get("tenants")))
+        history = records(stats.get("throughput"))
+        self._show_plot("rps", "requests/s", [plot_value(h.get("rps")) for h in history], "{:.0f}")
+        self._show_plot("p99", "p99 ms", [plot_value(h.get("p99_ms")) for h in history], "{:.1f}")
+        if isinstance(stats.get("tenant_latency"), dict):
             self.tenant_latency.add(stats["tenant_latency"])
         if isinstance(self.screen, TenantScreen):
             self.screen.update_rows(tenant_rows(stats, self.tenant_latency))
-        self._show_events(stats.get("events") or [])
+        self._show_events(records(stats.get("events")))
 
     def _show_plot(self, name: str, what: str, values: list[float], fmt: str) -> None:
         """A sparkline has no axis: its label gives the unit, the span, the scale (the
@@ -256,8 +275,10 @@ class Dashboard(App[None]):
     def _show_devices(self, devices: list[dict[str, Any]], workers: list[dict[str, Any]]) -> None:
         lines = []
         for d in devices:
-            total, used = d.get("memory_total_mb", 0), d.get("memory_used_mb", 0)
-            lines.append(f"{d.get('name', '?')}  util {_num(d.get('utilization'), '{:.0f}')}%")
+            total, used = number(d.get("memory_total_mb")), number(d.get("memory_used_mb"))
+            lines.append(
+                f"{text(d.get('name'), '?')}  util {_num(d.get('utilization'), '{:.0f}')}%"
+            )
             lines.append(
                 f"  mem {_bar(used, total)} {_num(used / 1024, '{:.1f}')}/"
                 f"{_num(total / 1024, '{:.1f}')} GiB"
@@ -274,15 +295,19 @@ class Dashboard(App[None]):
         table = self.query_one("#models", DataTable)
         selected = self.selected_model()
         table.clear()
+        keys: set[str] = set()
         for m in models:
-            state = m.get("state", "?")
-            breaker = m.get("breaker") or "-"
-            queue = m.get("queue") or {}
+            name = text(m.get("name"), "?")
+            key = name if "name" in m and name not in keys else None  # a row key is unique
+            keys.add(name)
+            state = text(m.get("state"), "?")
+            breaker = text(m.get("breaker")) or "-"
+            queue = mapping(m.get("queue"))
             queued = " ".join(f"{k[:2]}:{v}" for k, v in sorted(queue.items())) or "0"
-            versions = m.get("versions") or []
+            versions = m.get("versions")
             table.add_row(
-                Text(str(m.get("name", "?"))),
-                ",".join(map(str, versions)) or "-",
+                Text(name),
+                ",".join(map(str, versions)) if isinstance(versions, list) and versions else "-",
                 Text(state, style=STATE_STYLE.get(state, "")),
                 f"{m.get('instances_ready', 0)}/{m.get('instances', 0)}",
                 Text(breaker, style=BREAKER_STYLE.get(breaker, "")),
@@ -291,10 +316,10 @@ class Dashboard(App[None]):
                 _num(m.get("p50_ms"), "{:.2f}"),
                 _num(m.get("p99_ms"), "{:.2f}"),
                 str(m.get("errors", 0)),
-                Text((m.get("reason") or "")[:60]),
-                key=m.get("name"),
+                Text(text(m.get("reason"))[:60]),
+                key=key,
             )
-        if selected is not None and selected in {m.get("name") for m in models}:
+        if selected is not None and selected in keys:
             table.move_cursor(row=table.get_row_index(selected))
 
     def _show_tenants(self, tenants: list[dict[str, Any]]) -> None:
@@ -302,8 +327,8 @@ class Dashboard(App[None]):
         table.clear()
         for t in tenants:
             table.add_row(
-                Text(str(t.get("name", "?"))),
-                Text(str(t.get("class", "-"))),
+                Text(text(t.get("name"), "?")),
+                Text(text(t.get("class"), "-")),
                 f"{_num(t.get('rps'))} / {_num(t.get('rps_limit'), '{:g}')}",
                 f"{t.get('in_flight', 0)}/{_num(t.get('max_concurrency'), '{}')}",
                 f"{_num(t.get('reserved_mb'), '{:.0f}')} / {_num(t.get('memory_mb'), '{:.0f}')}",
@@ -315,23 +340,23 @@ class Dashboard(App[None]):
         """New events, in order. An event is known by its id and time together: a restarted
         server numbers its events from 1 again."""
         log = self.query_one("#events", RichLog)
-        for e in sorted(events, key=lambda e: (e.get("time", 0), e.get("id", 0))):
-            key = (e.get("id", 0), e.get("time", 0.0))
+        for e in sorted(events, key=lambda e: (number(e.get("time")), number(e.get("id")))):
+            key = _event_key(e)
             if key in self._seen_events:
                 continue
             self._seen_events.add(key)
-            stamp = time.strftime("%H:%M:%S", time.localtime(e.get("time", 0)))
+            stamp = clock_time(e.get("time"))
             version = f" v{e['version']}" if e.get("version") else ""
-            kind = e.get("kind", "?")
+            kind = text(e.get("kind"), "?")
             style = "red" if ("fail" in kind or "open" in kind or "reject" in kind) else ""
             log.write(
                 Text(
-                    f"{stamp} {kind} {e.get('model', '')}{version}: {e.get('message', '')}",
+                    f"{stamp} {kind} {text(e.get('model'))}{version}: {text(e.get('message'))}",
                     style=style,
                 )
             )
         if len(self._seen_events) > 5000:  # the server sends its last 30; forget old ones
-            self._seen_events = {(e.get("id", 0), e.get("time", 0.0)) for e in events}
+            self._seen_events = {_event_key(e) for e in events}
 
     def selected_model(self) -> str | None:
         table = self.query_one("#models", DataTable)

@@ -7,9 +7,12 @@ document as `tenant_details` and `tenant_latency`."""
 from __future__ import annotations
 
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import httpx
 import orjson
+
+from infergate.client import error_text
 
 REQUEST_SECONDS = "infergate_request_duration_seconds_bucket"
 
@@ -62,20 +65,30 @@ class HttpSource:
 
     async def _call(self, method: str, path: str, timeout: float | None = 5.0) -> Any:
         response = await self._raw(method, path, timeout)
-        return orjson.loads(response.content) if response.content else None
+        if not response.content:
+            return None
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            raise SourceError(
+                f"not JSON at {path}: not an infergate server?",
+                response.status_code,
+            ) from None
 
     async def _raw(self, method: str, path: str, timeout: float | None = 5.0) -> httpx.Response:
         try:
             response = await self._http.request(method, path, timeout=timeout)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise SourceError(f"cannot reach {self.label} ({type(exc).__name__})") from None
         if response.status_code in (401, 403):
             raise SourceError(self._refused(response.status_code), response.status_code)
+        if 300 <= response.status_code < 400:
+            raise SourceError(
+                f"{response.status_code}: a redirect; give the server's own address",
+                response.status_code,
+            )
         if response.status_code >= 400:
-            try:
-                message = response.json().get("error", response.text)
-            except ValueError:
-                message = response.text
+            message = error_text(response.content, response.reason_phrase)
             raise SourceError(f"{response.status_code}: {message}", response.status_code)
         return response
 
@@ -88,24 +101,28 @@ class HttpSource:
 
     async def fetch(self) -> dict[str, Any]:
         doc = await self._call("GET", "/admin/stats")
-        doc = doc if isinstance(doc, dict) else {}
+        if not isinstance(doc, dict):  # an empty answer, a list: not infergate's statistics
+            raise SourceError("no statistics at /admin/stats: not an infergate server?")
         try:  # extras: a server without them still shows everything else
             tenants = await self._call("GET", "/admin/tenants")
             doc["tenant_details"] = tenants.get("tenants", []) if isinstance(tenants, dict) else []
             metrics = await self._raw("GET", "/metrics")
             doc["tenant_latency"] = tenant_buckets(metrics.text)
-        except (SourceError, ValueError):
-            pass
+        except (SourceError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+            pass  # (what prometheus_client's parser raises on a page it cannot read)
         return doc
 
     async def reset_breaker(self, model: str) -> None:
-        await self._call("POST", f"/admin/breakers/{model}/reset")
+        await self._call("POST", f"/admin/breakers/{quote(model, safe='')}/reset")
 
     async def load(self, model: str) -> None:
-        await self._call("POST", f"/v2/repository/models/{model}/load", timeout=None)
+        await self._call(
+            "POST", f"/v2/repository/models/{quote(model, safe='')}/load", timeout=None
+        )
 
     async def unload(self, model: str) -> None:
-        await self._call("POST", f"/v2/repository/models/{model}/unload", timeout=None)
+        path = f"/v2/repository/models/{quote(model, safe='')}/unload"
+        await self._call("POST", path, timeout=None)
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -16,6 +16,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
+from infergate.tui.fields import records, text
+
 Buckets = dict[float, float]  # le (seconds) -> cumulative count
 
 
@@ -39,6 +41,7 @@ class TenantLatency:
         self._snapshots: deque[dict[str, Buckets]] = deque(maxlen=keep + 1)
 
     def add(self, snapshot: dict[str, Buckets]) -> None:
+        snapshot = {t: b for t, b in snapshot.items() if isinstance(b, dict)}
         if self._snapshots and any(
             sum(b.values()) < sum(self._snapshots[-1].get(t, {}).values())
             for t, b in snapshot.items()
@@ -55,7 +58,12 @@ class TenantLatency:
 
 
 def _num(value: Any, fmt: str = "{:.1f}") -> str:
-    return fmt.format(value) if isinstance(value, (int, float)) else "-"
+    if not isinstance(value, (int, float)):
+        return "-"
+    try:
+        return fmt.format(value)
+    except ValueError:  # "{:d}" of a float: the number as it came
+        return str(value)
 
 
 def _p99(value: float | None) -> str:
@@ -65,10 +73,14 @@ def _p99(value: float | None) -> str:
 
 
 def tenant_rows(stats: dict[str, Any], latency: TenantLatency) -> list[tuple[str, ...]]:
-    details = {t.get("name"): t for t in stats.get("tenant_details") or []}
+    details = {text(t.get("name")): t for t in records(stats.get("tenant_details"))}
     rows: list[tuple[str, ...]] = []
-    for t in stats.get("tenants") or []:
-        name = t.get("name", "?")
+    seen: set[str] = set()
+    for t in records(stats.get("tenants")):
+        name = text(t.get("name"), "?")
+        if name in seen:  # a row key is unique: the first of a name shows
+            continue
+        seen.add(name)
         d = details.get(name, {})
         limit = t.get("rps_limit")
         rows.append(
