@@ -25,7 +25,17 @@ from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 from textual.widgets import Button, DataTable, Footer, Header, Label, RichLog, Sparkline, Static
 
-from infergate.tui.fields import clock_time, mapping, number, plot_value, records, text
+from infergate.tui.fields import (
+    clock_time,
+    mapping,
+    number,
+    plot_value,
+    records,
+    text,
+)
+from infergate.tui.fields import (
+    shown_number as _num,
+)
 from infergate.tui.source import SourceError, StatsSource
 from infergate.tui.tenants import TenantLatency, TenantScreen, tenant_rows
 
@@ -45,15 +55,6 @@ def _bar(used: float, total: float, width: int = 20) -> str:
     share = 0.0 if total <= 0 else min(1.0, used / total)
     filled = round(share * width)
     return "█" * filled + "░" * (width - filled)
-
-
-def _num(value: Any, fmt: str = "{:.1f}") -> str:
-    if not isinstance(value, (int, float)):
-        return "-"
-    try:
-        return fmt.format(value)
-    except ValueError:  # "{:d}" of a float: the number as it came
-        return str(value)
 
 
 def _event_key(event: dict[str, Any]) -> tuple[str, float]:

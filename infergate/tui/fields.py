@@ -43,3 +43,13 @@ def clock_time(value: Any) -> str:
         return time.strftime("%H:%M:%S", time.localtime(number(value)))
     except (OverflowError, OSError, ValueError):
         return "--:--:--"
+
+
+def shown_number(value: Any, fmt: str = "{:.1f}") -> str:
+    """A number as `fmt` writes it; "-" for anything that is not a number."""
+    if not isinstance(value, (int, float)):
+        return "-"
+    try:
+        return fmt.format(value)
+    except ValueError:  # "{:d}" of a float: the number as it came
+        return str(value)

@@ -17,6 +17,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
 from infergate.tui.fields import records, text
+from infergate.tui.fields import shown_number as _num
 
 Buckets = dict[float, float]  # le (seconds) -> cumulative count
 
@@ -55,15 +56,6 @@ class TenantLatency:
         new = self._snapshots[-1].get(tenant, {})
         old = self._snapshots[0].get(tenant, {}) if len(self._snapshots) > 1 else {}
         return quantile_bound({le: n - old.get(le, 0.0) for le, n in new.items()}, 0.99)
-
-
-def _num(value: Any, fmt: str = "{:.1f}") -> str:
-    if not isinstance(value, (int, float)):
-        return "-"
-    try:
-        return fmt.format(value)
-    except ValueError:  # "{:d}" of a float: the number as it came
-        return str(value)
 
 
 def _p99(value: float | None) -> str:
