@@ -138,3 +138,35 @@ def test_an_empty_form_body_drops_shm_registrations_at_most(admin_server: Server
     unload = httpx.post(f"{admin_server.url}/v2/repository/models/mlp/unload", headers=form)
     assert unload.status_code == 403
     assert httpx.get(f"{admin_server.url}/v2/models/mlp/ready").status_code == 200
+
+
+def test_a_replay_that_is_not_a_number_is_a_400_naming_it(admin_server: ServerProcess) -> None:
+    answer = httpx.get(f"{admin_server.url}/admin/events?replay=ten", timeout=10)
+    assert answer.status_code == 400
+    assert answer.json()["error"] == (
+        "replay must be a whole number of past events to send first, not 'ten'"
+    )
+
+
+def test_a_get_route_answers_head_with_its_headers_and_no_body(
+    admin_server: ServerProcess,
+) -> None:
+    """As HTTP asks of a server's GET resources (RFC 9110, 9.3.2): a load balancer's HEAD
+    health check gets the status a GET would, not a 405."""
+    with connect(admin_server.port) as sock:  # raw: both answers on one connection
+        sock.sendall(
+            head("HEAD", "/v2/health/live", admin_server.port)
+            + head("GET", "/v2/health/live", admin_server.port)
+        )
+        data = b""
+        while data.count(b'{"live":true}') < 1:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+    first, _, second = data.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200")
+    assert b"content-type: application/json" in first.lower()
+    assert second.startswith(b"HTTP/1.1 200")  # no body came between the two heads
+    assert second.endswith(b'{"live":true}')
+    refused = httpx.head(f"{admin_server.url}/v2/repository/index", timeout=10)
+    assert refused.status_code == 405  # a POST route stays POST only

@@ -137,7 +137,7 @@ def test_a_request_whose_body_is_still_arriving_is_waited_for(
         server.process.send_signal(signal.SIGTERM)
         refused = _first_refusal(server)
         assert refused.status_code == 503
-        other = httpx.get(f"{server.url}/v2/models/held", timeout=10)  # FastAPI's route
+        other = httpx.get(f"{server.url}/v2/models/held", timeout=10)  # the app, not the lane
         assert other.status_code == 503
         assert other.headers["x-request-id"]  # as every answer has, a drain's too
         sock.sendall(body[10:])

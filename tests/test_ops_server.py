@@ -118,7 +118,7 @@ def test_access_log_and_request_ids(env_server: EnvServer) -> None:
     missing = httpx.post(f"{env_server.url}/v2/models/nope/infer", json=BODY)
     assert missing.status_code == 404
     assert missing.headers["x-request-id"]
-    # Routes other than infer (FastAPI's) carry the id and log their status too.
+    # Routes other than infer (the Starlette app's) carry the id and log their status too.
     health = httpx.get(f"{env_server.url}/v2/models/nope", headers={"X-Request-ID": "h-1"})
     assert (health.status_code, health.headers["x-request-id"]) == (404, "h-1")
 

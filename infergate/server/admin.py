@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
+from starlette.requests import Request
+from starlette.responses import Response
 from tomlkit import TOMLDocument, table
 
 from infergate.engine.admission.tenants import hash_key, new_key
@@ -18,6 +18,7 @@ from infergate.errors import BadRequest, ConfigError, Forbidden, TenantNotFound,
 from infergate.profile_store import ProfileStore
 from infergate.server.codec import json_object
 from infergate.server.infer_request import api_key
+from infergate.server.routes import Guard, Routes
 from infergate.server.views import breaker_json, limit
 from infergate.settings.edits import check_edit, editable
 
@@ -99,7 +100,7 @@ def check_not_from_a_browser_page(
         )
 
 
-def admin_guard(engine: Engine) -> Any:
+def admin_guard(engine: Engine) -> Guard:
     async def guard(request: Request) -> None:
         headers = {k.lower(): v for k, v in request.headers.raw}
         body = b"" if request.method in _SAFE_METHODS else await request.body()
@@ -117,7 +118,7 @@ def admin_guard(engine: Engine) -> Any:
             "one of server.admin_keys"
         )
 
-    return Depends(guard)
+    return guard
 
 
 def tenant_json(view: TenantView) -> dict[str, Any]:
@@ -164,11 +165,11 @@ def _set(entry: Any, doc: dict[str, Any]) -> None:
             entry[k] = v
 
 
-def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
-    router = APIRouter(dependencies=[admin_guard(engine)])
+def admin_routes(engine: Engine, store: ProfileStore, guard: Guard) -> Routes:
+    routes = Routes(guard)
 
-    @router.get("/admin/tenants")
-    async def list_tenants() -> Response:
+    @routes.get("/admin/tenants")
+    async def list_tenants(_: Request) -> Response:
         return _json(
             {
                 "tenants": [tenant_json(v) for v in engine.tenant_views()],
@@ -177,7 +178,7 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
             }
         )
 
-    @router.post("/admin/tenants")
+    @routes.post("/admin/tenants")
     async def add_tenant(request: Request) -> Response:
         doc = await _body(request)
         name = doc.pop("name", None)
@@ -205,8 +206,9 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
             201,
         )
 
-    @router.patch("/admin/tenants/{name}")
-    async def set_tenant(name: str, request: Request) -> Response:
+    @routes.patch("/admin/tenants/{name}")
+    async def set_tenant(request: Request) -> Response:
+        name = request.path_params["name"]
         doc = await _body(request)
         _check_fields(doc, "tenant", f"tenants.{name}.")
         if not any(s.tenant.name == name for s in engine.tenant_views()):
@@ -219,8 +221,9 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
         await store.edit(change)
         return _json(tenant_json(engine.tenant_view(name)))
 
-    @router.delete("/admin/tenants/{name}")
-    async def remove_tenant(name: str) -> Response:
+    @routes.delete("/admin/tenants/{name}")
+    async def remove_tenant(request: Request) -> Response:
+        name = request.path_params["name"]
         if not any(s.tenant.name == name for s in engine.tenant_views()):
             raise TenantNotFound(f"no tenant {name!r}. Hint: infergate tenant list")
 
@@ -232,8 +235,8 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
         await store.edit(change)
         return _json({})
 
-    @router.get("/admin/breakers")
-    async def list_breakers() -> Response:
+    @routes.get("/admin/breakers")
+    async def list_breakers(_: Request) -> Response:
         return _json(
             [
                 breaker_json(v.breaker, BREAKER_FIELDS)
@@ -242,8 +245,9 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
             ]
         )
 
-    @router.patch("/admin/breakers/{model}")
-    async def set_breaker(model: str, request: Request) -> Response:
+    @routes.patch("/admin/breakers/{model}")
+    async def set_breaker(request: Request) -> Response:
+        model = request.path_params["model"]
         doc = await _body(request)
         _check_fields(doc, "breaker", f"breaker.models.{model}.")
         engine.model(check_model_name(model))  # 404 for an unknown model
@@ -264,9 +268,9 @@ def admin_router(engine: Engine, store: ProfileStore) -> APIRouter:
             }
         )
 
-    @router.post("/admin/breakers/{model}/reset")
-    async def reset_breaker(model: str) -> Response:
-        engine.reset_breakers(check_model_name(model))
+    @routes.post("/admin/breakers/{model}/reset")
+    async def reset_breaker(request: Request) -> Response:
+        engine.reset_breakers(check_model_name(request.path_params["model"]))
         return _json({})
 
-    return router
+    return routes

@@ -1,4 +1,4 @@
-"""The FastAPI app: KServe V2 routes, the repository extension, /admin and /metrics.
+"""The Starlette app: KServe V2 routes, the repository extension, /admin and /metrics.
 Each route maps HTTP onto one engine call and back. Inference itself is answered by
 InferRoute in front of this app (see infer_route.py)."""
 
@@ -9,26 +9,29 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
-from fastapi import FastAPI
-from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp
 
 from infergate import __version__
 from infergate.engine.engine import Engine
 from infergate.engine.lifecycle.readiness import not_ready_error
 from infergate.engine.triton.shared_memory import SYSTEM_SHM
+from infergate.errors import BadRequest
 from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
 from infergate.server.access_log import AccessLog
-from infergate.server.admin import admin_guard, admin_router, check_model_name
+from infergate.server.admin import admin_guard, admin_routes, check_model_name
 from infergate.server.decoding import BodyDecoder
 from infergate.server.drain import Drain
-from infergate.server.errors import error_response, install_error_handlers
+from infergate.server.errors import error_handlers, error_response
 from infergate.server.infer_request import version_number
 from infergate.server.infer_route import InferRoute
 from infergate.server.private_models import PrivateModels
-from infergate.server.triton import EXTENSIONS, strict_not_ready, triton_router
+from infergate.server.routes import Routes
+from infergate.server.triton import EXTENSIONS, strict_not_ready, triton_routes
 from infergate.server.views import (
     device_sample,
     model_metadata,
@@ -41,6 +44,16 @@ from infergate.server.views import (
 
 def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
+
+
+def replay_count(raw: str) -> int:
+    """/admin/events' `replay`: how many past events to send first (400 for another value)."""
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequest(
+            f"replay must be a whole number of past events to send first, not {raw!r}"
+        ) from None
 
 
 def create_app(
@@ -56,7 +69,7 @@ def create_app(
     decoder = BodyDecoder()
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await engine.start()
         store.start()
         try:
@@ -67,22 +80,19 @@ def create_app(
             await store.stop()
             await engine.stop()
 
-    app = FastAPI(
-        title="infergate", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
-    )
-    install_error_handlers(app)
-    guard = [admin_guard(engine)]
+    guard = admin_guard(engine)
     strict_readiness = store.profile.server.strict_readiness  # [server]: read at start
     server_name = store.profile.server.server_name
     private = store.profile.server.private_models  # health names no model (private_models.py)
-    app.include_router(triton_router(engine, guard))
+    routes = Routes()
+    routes.include(triton_routes(engine, guard))
 
-    @app.get("/v2/health/live")
-    async def live() -> Response:
+    @routes.get("/v2/health/live")
+    async def live(_: Request) -> Response:
         return _json({"live": True})
 
-    @app.get("/v2/health/ready")
-    async def ready() -> Response:
+    @routes.get("/v2/health/ready")
+    async def ready(_: Request) -> Response:
         if not engine.ready:
             return error_response(503, "the gateway is still loading its models", 1)
         failing = engine.context.start_failing
@@ -97,46 +107,48 @@ def create_app(
             return error_response(503, problem)
         return _json({"ready": True})
 
-    @app.get("/v2")
-    async def server_metadata() -> Response:
+    @routes.get("/v2")
+    async def server_metadata(_: Request) -> Response:
         return _json({"name": server_name, "version": __version__, "extensions": EXTENSIONS})
 
-    @app.get("/v2/models/{name}")
-    @app.get("/v2/models/{name}/versions/{version}")
-    async def metadata(name: str, version: str | None = None) -> Response:
+    @routes.get("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
+    async def metadata(request: Request) -> Response:
+        name, version = request.path_params["name"], request.path_params.get("version")
         view = engine.version_view(name, version_number(version))
         return _json(model_metadata(view, engine.model_view(name)))
 
-    @app.get("/v2/models/{name}/ready")
-    @app.get("/v2/models/{name}/versions/{version}/ready")
-    async def model_ready(name: str, version: str | None = None) -> Response:
+    @routes.get("/v2/models/{name}/ready", "/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(request: Request) -> Response:
+        name, version = request.path_params["name"], request.path_params.get("version")
         view = engine.version_view(name, version_number(version))
         if not view.ready:
             raise not_ready_error(view.name, view.version, view.state, view.reason)
         return _json({"name": name, "version": str(view.version), "ready": True})
 
-    @app.post("/v2/repository/index", dependencies=guard)
-    async def index() -> Response:
+    @routes.post("/v2/repository/index", guard=guard)
+    async def index(_: Request) -> Response:
         return _json(repository_index(engine.model_views()))
 
-    @app.post("/v2/repository/models/{name}/unload", dependencies=guard)
-    async def unload(name: str) -> Response:
-        await engine.unload(check_model_name(name))
+    @routes.post("/v2/repository/models/{name}/unload", guard=guard)
+    async def unload(request: Request) -> Response:
+        await engine.unload(check_model_name(request.path_params["name"]))
         return _json({})
 
-    @app.get("/admin/models", dependencies=guard)
-    async def admin_models() -> Response:
+    @routes.get("/admin/models", guard=guard)
+    async def admin_models(_: Request) -> Response:
         return _json([model_status(m) for m in engine.model_views()])
 
-    @app.get("/admin/models/{name}", dependencies=guard)
-    async def admin_model(name: str) -> Response:
-        status = model_status(engine.model_view(check_model_name(name)))
+    @routes.get("/admin/models/{name}", guard=guard)
+    async def admin_model(request: Request) -> Response:
+        name = check_model_name(request.path_params["name"])
+        status = model_status(engine.model_view(name))
         status["events"] = [e.to_json() for e in engine.context.events.recent(name)[-10:]]
         return _json(status)
 
-    @app.get("/admin/events", dependencies=guard)
-    async def events(replay: int = 0) -> StreamingResponse:
+    @routes.get("/admin/events", guard=guard)
+    async def events(request: Request) -> Response:
         """Server-sent events: reloads, failures, restarts, as they happen."""
+        replay = replay_count(request.query_params.get("replay", "0"))
 
         async def stream() -> AsyncIterator[bytes]:
             yield b": infergate events\n\n"
@@ -151,18 +163,19 @@ def create_app(
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    @app.get("/admin/stats", dependencies=guard)
-    async def stats() -> Response:
+    @routes.get("/admin/stats", guard=guard)
+    async def stats(_: Request) -> Response:
         return _json(stats_snapshot(engine, await device_sample(engine)))
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
+    @routes.get("/metrics")
+    async def metrics(_: Request) -> Response:
         refresh_gauges(engine, await device_sample(engine))
         return Response(
             generate_latest(engine.context.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
 
-    app.include_router(admin_router(engine, store))
+    routes.include(admin_routes(engine, store, guard))
+    app = Starlette(routes=routes.routes, exception_handlers=error_handlers(), lifespan=lifespan)
     inner: ASGIApp = PrivateModels(engine, app) if store.profile.server.private_models else app
     route = InferRoute(engine, inner, max_request_bytes, decoder)
     return AccessLog(route if drain is None else drain.wrap(route)), route

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import orjson
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ExceptionHandler
 
 from infergate.errors import InfergateError
 
@@ -31,7 +31,10 @@ def error_response(status: int, message: str, retry_after_s: float | None = None
     )
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def error_handlers() -> dict[type[Exception], ExceptionHandler]:
+    """The app's handlers: an engine error's status and message, and Starlette's own 404
+    and 405 said as what they are, in the same JSON shape."""
+
     async def on_engine_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, InfergateError)
         return error_response(exc.status, str(exc), exc.retry_after_s)
@@ -46,13 +49,4 @@ def install_error_handlers(app: FastAPI) -> None:
             message = str(exc.detail)
         return error_response(exc.status_code, message)
 
-    async def on_validation_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
-        )
-        return error_response(400, f"bad request to {request.url.path}: {problems}")
-
-    app.add_exception_handler(InfergateError, on_engine_error)
-    app.add_exception_handler(HTTPException, on_http_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
+    return {InfergateError: on_engine_error, HTTPException: on_http_error}

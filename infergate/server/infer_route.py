@@ -1,10 +1,11 @@
 """POST /v2/models/{name}[/versions/{v}]/infer as a bare ASGI app.
 
-Inference is the one route where serving overhead is the product: FastAPI's request
-cycle (middleware stack, dependency solving, response wrappers) costs several hundred
-microseconds per call on a small machine, more than the pipe to the worker. So this route
-reads the body, calls the engine and writes the answer in raw ASGI, and every other route
-stays in FastAPI, which this app falls back to.
+Inference is the one route where serving overhead is the product: a framework's request
+cycle (middleware stack, routing, response wrappers; FastAPI's dependency solving, when
+the app was FastAPI) costs several hundred microseconds per call on a small machine, more
+than the pipe to the worker. So this route reads the body, calls the engine and writes the
+answer in raw ASGI, and every other route stays in the Starlette app (server/app.py),
+which this app falls back to.
 """
 
 from __future__ import annotations

@@ -6,39 +6,45 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from starlette.requests import Request
+from starlette.responses import Response
 
 from infergate.engine.engine import Engine
 from infergate.engine.triton.shared_memory import SYSTEM_SHM
 from infergate.errors import BadRequest, shown
 from infergate.server.codec import json_object
+from infergate.server.routes import Guard, Routes
 
 
 def _json(doc: Any) -> Response:
     return Response(orjson.dumps(doc), media_type="application/json")
 
 
-def shared_memory_router(engine: Engine, guard: list[Any]) -> APIRouter:
+def shared_memory_routes(engine: Engine, guard: Guard) -> Routes:
     # Registering makes the gateway map memory a client names: the admin key guards it,
     # as it guards loading models (open when the profile sets no admin keys).
-    router = APIRouter(dependencies=guard)
+    routes = Routes(guard)
 
-    @router.get("/v2/systemsharedmemory/status")
-    @router.get("/v2/systemsharedmemory/region/{region}/status")
-    async def status(region: str | None = None) -> Response:
-        return _json(SYSTEM_SHM.status(region))
+    @routes.get("/v2/systemsharedmemory/status", "/v2/systemsharedmemory/region/{region}/status")
+    async def status(request: Request) -> Response:
+        return _json(SYSTEM_SHM.status(request.path_params.get("region")))
 
-    @router.post("/v2/systemsharedmemory/region/{region}/register")
-    async def register(region: str, request: Request) -> Response:
+    @routes.post("/v2/systemsharedmemory/region/{region}/register")
+    async def register(request: Request) -> Response:
         doc = json_object(await request.body(), "a JSON object with key, offset and byte_size")
-        SYSTEM_SHM.register(region, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+        SYSTEM_SHM.register(
+            request.path_params["region"],
+            doc.get("key"),
+            doc.get("offset", 0),
+            doc.get("byte_size"),
+        )
         return _json({})
 
-    @router.post("/v2/systemsharedmemory/unregister")
-    @router.post("/v2/systemsharedmemory/region/{region}/unregister")
-    async def unregister(region: str | None = None) -> Response:
-        SYSTEM_SHM.unregister(region)
+    @routes.post(
+        "/v2/systemsharedmemory/unregister", "/v2/systemsharedmemory/region/{region}/unregister"
+    )
+    async def unregister(request: Request) -> Response:
+        SYSTEM_SHM.unregister(request.path_params.get("region"))
         return _json({})
 
     def no_cuda() -> BadRequest:
@@ -56,23 +62,25 @@ def shared_memory_router(engine: Engine, guard: list[Any]) -> APIRouter:
 
     # No CUDA region can exist, so status lists none and unregistering is a no-op, which
     # is what clients do before they start (Triton's examples unregister both kinds).
-    @router.get("/v2/cudasharedmemory/status")
-    async def cuda_status() -> Response:
+    @routes.get("/v2/cudasharedmemory/status")
+    async def cuda_status(_: Request) -> Response:
         return _json([])
 
-    @router.get("/v2/cudasharedmemory/region/{region}/status")
-    async def cuda_region_status(region: str) -> Response:
+    @routes.get("/v2/cudasharedmemory/region/{region}/status")
+    async def cuda_region_status(request: Request) -> Response:
+        region = request.path_params["region"]
         raise BadRequest(
             f"CUDA shared memory region {shown(region)} is not registered: {no_cuda()}"
         )
 
-    @router.post("/v2/cudasharedmemory/unregister")
-    @router.post("/v2/cudasharedmemory/region/{region}/unregister")
-    async def cuda_unregister(region: str | None = None) -> Response:
+    @routes.post(
+        "/v2/cudasharedmemory/unregister", "/v2/cudasharedmemory/region/{region}/unregister"
+    )
+    async def cuda_unregister(_: Request) -> Response:
         return _json({})
 
-    @router.post("/v2/cudasharedmemory/region/{region}/register")
-    async def cuda_register(region: str) -> Response:
+    @routes.post("/v2/cudasharedmemory/region/{region}/register")
+    async def cuda_register(_: Request) -> Response:
         raise no_cuda()
 
-    return router
+    return routes

@@ -3,14 +3,11 @@ shared memory routes; the extensions the server metadata lists; strict readiness
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter
-
 from infergate.engine.engine import Engine
-from infergate.server.shared_memory import shared_memory_router
-from infergate.server.triton_config import config_router
-from infergate.server.triton_stats import stats_router
+from infergate.server.routes import Guard, Routes
+from infergate.server.shared_memory import shared_memory_routes
+from infergate.server.triton_config import config_routes
+from infergate.server.triton_stats import stats_routes
 
 # As `GET /v2` lists them, in Triton's names (README: "Triton extensions").
 EXTENSIONS = [
@@ -25,13 +22,13 @@ EXTENSIONS = [
 ]
 
 
-def triton_router(engine: Engine, guard: list[Any]) -> APIRouter:
+def triton_routes(engine: Engine, guard: Guard) -> Routes:
     """Included before /v2/models/{name}, so /v2/models/stats is not read as a model."""
-    router = APIRouter()
-    router.include_router(stats_router(engine))
-    router.include_router(config_router(engine, guard))
-    router.include_router(shared_memory_router(engine, guard))
-    return router
+    routes = Routes()
+    routes.include(stats_routes(engine))
+    routes.include(config_routes(engine, guard))
+    routes.include(shared_memory_routes(engine, guard))
+    return routes
 
 
 def strict_not_ready(engine: Engine, strict: bool) -> str | None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from starlette.requests import Request
+from starlette.responses import Response
 
 from infergate.engine.engine import Engine
 from infergate.engine.repository.config_override import parse_override
@@ -18,6 +18,7 @@ from infergate.errors import BadRequest, ModelNotFound
 from infergate.server.admin import check_model_name
 from infergate.server.codec import json_object
 from infergate.server.infer_request import version_number
+from infergate.server.routes import Guard, Routes
 
 
 def _json(doc: Any) -> Response:
@@ -46,17 +47,18 @@ def _serving_platform(model: ModelView) -> str | None:
     return None
 
 
-def config_router(engine: Engine, guard: list[Any]) -> APIRouter:
-    router = APIRouter()
+def config_routes(engine: Engine, guard: Guard) -> Routes:
+    routes = Routes()
 
-    @router.get("/v2/models/{name}/config")
-    @router.get("/v2/models/{name}/versions/{version}/config")
-    async def config(name: str, version: str | None = None) -> Response:
+    @routes.get("/v2/models/{name}/config", "/v2/models/{name}/versions/{version}/config")
+    async def config(request: Request) -> Response:
+        name, version = request.path_params["name"], request.path_params.get("version")
         return _json(model_config(engine.version_view(name, version_number(version))))
 
-    @router.post("/v2/repository/models/{name}/load", dependencies=guard)
-    async def load(name: str, request: Request) -> Response:
-        name = check_model_name(name)  # never a path outside the repository
+    @routes.post("/v2/repository/models/{name}/load", guard=guard)
+    async def load(request: Request) -> Response:
+        # never a path outside the repository
+        name = check_model_name(request.path_params["name"])
         params = _load_parameters(name, await request.body())
         overrides = engine.registry.overrides
         previous = overrides.get(name)  # what serves was loaded with; kept if this fails
@@ -77,4 +79,4 @@ def config_router(engine: Engine, guard: list[Any]) -> APIRouter:
             raise BadRequest(f"failed to load {name!r}: {record.reason}")
         return _json({})
 
-    return router
+    return routes

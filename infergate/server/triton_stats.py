@@ -5,27 +5,28 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from fastapi import APIRouter
-from fastapi.responses import Response
+from starlette.requests import Request
+from starlette.responses import Response
 
 from infergate.engine.engine import Engine
 from infergate.server.infer_request import version_number
+from infergate.server.routes import Routes
 
 
 def _stats(model_stats: list[dict[str, Any]]) -> Response:
     return Response(orjson.dumps({"model_stats": model_stats}), media_type="application/json")
 
 
-def stats_router(engine: Engine) -> APIRouter:
-    router = APIRouter()
+def stats_routes(engine: Engine) -> Routes:
+    routes = Routes()
 
-    @router.get("/v2/models/stats")
-    async def all_stats() -> Response:
+    @routes.get("/v2/models/stats")
+    async def all_stats(_: Request) -> Response:
         return _stats(engine.statistics())
 
-    @router.get("/v2/models/{name}/stats")
-    @router.get("/v2/models/{name}/versions/{version}/stats")
-    async def model_stats(name: str, version: str | None = None) -> Response:
+    @routes.get("/v2/models/{name}/stats", "/v2/models/{name}/versions/{version}/stats")
+    async def model_stats(request: Request) -> Response:
+        name, version = request.path_params["name"], request.path_params.get("version")
         return _stats(engine.statistics(name, version_number(version)))
 
-    return router
+    return routes

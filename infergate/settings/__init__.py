@@ -2,7 +2,7 @@
 profile_sections.py and model_sections.py; declare.py checks a table against a declaration
 and words the errors; table.py reads TOML; reference.py writes the README's reference.
 
-Declarations are pydantic v2 models: pydantic is already installed with FastAPI, its strict
+Declarations are pydantic v2 models: pydantic is well kept and widely installed, its strict
 mode matches TOML's types (no "8000" for a port, no `true` for a number), and its field
 metadata (bounds, descriptions) is what the error wording and the reference are built
 from. msgspec would validate as well but adds a dependency for no gain: settings are
