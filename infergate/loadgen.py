@@ -11,90 +11,65 @@ is a failure, not a zero latency.
 Requests are prepared once (binary or JSON tensors) and sent over keep-alive connections
 with the minimal client in rawhttp, so that on a small machine the generator costs little
 next to the server it measures.
+
+This module drives the load and measures it; beside it, loadgen_inputs makes the requests
+and loadgen_results counts the answers (their names importable from here as before).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from infergate.client import encode_infer_request, error_text
+from infergate.client_errors import error_text
+from infergate.loadgen_inputs import input_shape, prepare, sample_inputs
+from infergate.loadgen_results import (
+    PERCENTILES,
+    Collector,
+    Failure,
+    FailureKind,
+    Latency,
+    LoadResult,
+    Mode,
+    Window,
+    is_stable,
+    latency_of,
+    merge,
+)
 from infergate.rawhttp import RawConnection, RawResponse
-from infergate.server_split import ServerSplit, Totals, with_split
-from infergate.tensors import Array, numpy_dtype
+from infergate.server_split import Totals, with_split
+
+__all__ = [
+    "DRAIN_S",
+    "PERCENTILES",
+    "Distribution",
+    "Failure",
+    "FailureKind",
+    "Latency",
+    "LoadResult",
+    "Mode",
+    "OnProgress",
+    "Plan",
+    "Progress",
+    "Target",
+    "input_shape",
+    "latency_of",
+    "prepare",
+    "run",
+    "run_concurrency",
+    "run_level",
+    "run_rate",
+    "sample_inputs",
+]
 
 T = TypeVar("T")
-Mode = Literal["concurrency", "rate"]
 Distribution = Literal["constant", "poisson"]
-# A failure's kind: the server answered with an error status, never answered (connection
-# lost or refused), or the request was never sent (open loop with every connection busy).
-FailureKind = Literal["http", "no_answer", "not_sent"]
-PERCENTILES = (50, 90, 95, 99)
 DRAIN_S = 5.0  # after the last window, how long in-flight requests may take to finish
-
-
-@dataclass(frozen=True)
-class Failure:
-    kind: FailureKind
-    status: int | None  # the HTTP status for kind "http", else None
-    count: int
-    error: str  # the server's error text (the first seen), or what went wrong
-
-
-@dataclass(frozen=True)
-class Latency:
-    """Milliseconds, over successful requests only."""
-
-    p50: float
-    p90: float
-    p95: float
-    p99: float
-    avg: float
-    max: float
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    mode: Mode
-    level: float  # the concurrency, or the requests/s asked for
-    requests: int  # due in the measured windows: ok + failed
-    ok: int
-    failed: int
-    seconds: float
-    throughput_rps: float  # successful requests per second
-    latency_ms: Latency | None  # None when nothing succeeded
-    failures: tuple[Failure, ...] = ()
-    server: ServerSplit | None = None
-    windows: int = 1  # the windows this result merges (the last 3 when checking stability)
-    stable: bool | None = None  # None: a fixed number of windows, no stability check
-    windows_measured: int = 1  # all the windows run at this level
-
-    # The benchmarks' view: throughput, two percentiles (0 when nothing succeeded), and
-    # failures by status (0: no answer or not sent).
-    @property
-    def rps(self) -> float:
-        return self.throughput_rps
-
-    @property
-    def p50_ms(self) -> float:
-        return self.latency_ms.p50 if self.latency_ms else 0.0
-
-    @property
-    def p99_ms(self) -> float:
-        return self.latency_ms.p99 if self.latency_ms else 0.0
-
-    @property
-    def errors(self) -> dict[int, int]:
-        out: Counter[int] = Counter()
-        for f in self.failures:
-            out[f.status or 0] += f.count
-        return dict(out)
 
 
 @dataclass(frozen=True)
@@ -148,76 +123,6 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coroutine)
 
 
-def sample_inputs(
-    metadata: dict[str, Any],
-    batch: int,
-    seed: int = 0,
-    shapes: dict[str, tuple[int, ...]] | None = None,
-) -> dict[str, Array]:
-    """Inputs that fit a model's metadata: a leading free dimension is `batch`; the rest of
-    the shape comes from `shapes` (perf_analyzer's --shape, without the batch dimension)
-    or, for free dimensions, 1; values random in the datatype's range."""
-    rng = np.random.default_rng(seed)
-    out: dict[str, Array] = {}
-    for spec in metadata.get("inputs", []):
-        shape = input_shape(spec["name"], spec["shape"], batch, (shapes or {}).get(spec["name"]))
-        datatype = spec["datatype"]
-        if datatype == "BYTES":
-            array = np.empty(shape, dtype=object)
-            array.fill(b"infergate")
-        elif datatype == "BOOL":
-            array = rng.integers(0, 2, shape).astype(bool)
-        else:
-            dtype = numpy_dtype(datatype)
-            if dtype.kind == "f":
-                array = rng.standard_normal(shape).astype(dtype)
-            else:
-                array = rng.integers(0, 10, shape).astype(dtype)
-        out[spec["name"]] = array
-    return out
-
-
-def input_shape(
-    name: str, dims: list[int], batch: int, given: tuple[int, ...] | None
-) -> tuple[int, ...]:
-    batched = bool(dims) and dims[0] < 0
-    rest = dims[1:] if batched else dims
-    if given is None:
-        shape = tuple(1 if d < 0 else d for d in rest)
-    else:
-        fits = len(given) == len(rest) and all(
-            d < 0 or d == g for d, g in zip(rest, given, strict=True)
-        )
-        if not fits or any(g < 1 for g in given):
-            raise ValueError(
-                f"--shape {name}:{','.join(map(str, given))} does not fit the model's "
-                f"{dims}. Hint: give every dimension after the batch one "
-                f"({len(rest)} of them), keeping the fixed ones as they are"
-            )
-        shape = given
-    return ((batch,) if batched else ()) + shape
-
-
-def prepare(
-    inputs: dict[str, Array], binary: bool, parameters: dict[str, Any] | None = None
-) -> tuple[bytes, dict[str, str]]:
-    return encode_infer_request(inputs, binary=binary, parameters=parameters)
-
-
-def _percentile(ordered: list[float], q: float) -> float:
-    """Nearest rank, in milliseconds."""
-    rank = max(0, min(len(ordered) - 1, int(np.ceil(q / 100 * len(ordered))) - 1))
-    return ordered[rank] * 1000
-
-
-def latency_of(latencies: list[float]) -> Latency | None:
-    if not latencies:
-        return None
-    ordered = sorted(latencies)
-    p50, p90, p95, p99 = (_percentile(ordered, q) for q in PERCENTILES)
-    return Latency(p50, p90, p95, p99, sum(ordered) / len(ordered) * 1000, ordered[-1] * 1000)
-
-
 def _error_text(body: bytes) -> str:
     """The server's error text on one line (a table cell, a JSON string): infergate's
     `error`, an HTML page's title, or the start of other text."""
@@ -236,42 +141,7 @@ def _unreadable(response: RawResponse) -> str | None:
     return None
 
 
-@dataclass
-class _Window:
-    started: float
-    latencies: list[float] = field(default_factory=list)
-    failures: Counter[tuple[FailureKind, int | None]] = field(default_factory=Counter)
-    errors: dict[tuple[FailureKind, int | None], str] = field(default_factory=dict)
-    seconds: float = 0.0
-
-
-class _Collector:
-    """Counts answers into the current window; `take` closes it and opens the next."""
-
-    def __init__(self) -> None:
-        self.window = _Window(time.perf_counter())
-        self.total_ok = 0
-        self.total_failed = 0
-        self.unanswered = 0
-
-    def ok(self, latency: float) -> None:
-        self.window.latencies.append(latency)
-        self.total_ok += 1
-
-    def fail(self, kind: FailureKind, status: int | None, error: str) -> None:
-        key = (kind, status)
-        self.window.failures[key] += 1
-        self.window.errors.setdefault(key, error)
-        self.total_failed += 1
-
-    def take(self) -> _Window:
-        now = time.perf_counter()
-        done, self.window = self.window, _Window(now)
-        done.seconds = now - done.started
-        return done
-
-
-async def _send(collector: _Collector, conn: RawConnection, prepared: bytes, since: float) -> bool:
+async def _send(collector: Collector, conn: RawConnection, prepared: bytes, since: float) -> bool:
     """One request; False when the connection is gone."""
     try:
         response = await conn.send(prepared)
@@ -301,7 +171,7 @@ async def _connect(target: Target) -> tuple[RawConnection, bytes]:
 
 
 async def _closed_loop(
-    target: Target, concurrency: int, collector: _Collector, stop: asyncio.Event
+    target: Target, concurrency: int, collector: Collector, stop: asyncio.Event
 ) -> None:
     async def client() -> None:
         link: tuple[RawConnection, bytes] | None = None
@@ -326,7 +196,7 @@ async def _closed_loop(
 
 
 async def _open_loop(
-    target: Target, rate: float, plan: Plan, collector: _Collector, stop: asyncio.Event
+    target: Target, rate: float, plan: Plan, collector: Collector, stop: asyncio.Event
 ) -> None:
     rng = np.random.default_rng(plan.seed)
     idle: list[tuple[RawConnection, bytes]] = []
@@ -380,51 +250,6 @@ async def _open_loop(
             await conn.close()
 
 
-def _stable(windows: list[_Window], pct: float) -> bool:
-    """perf_analyzer's check: the last three windows' throughput and average latency each
-    lie within `pct` percent of their mean."""
-    if len(windows) < 3:
-        return False
-    last = windows[-3:]
-    rates = [len(w.latencies) / w.seconds for w in last]
-    means = [sum(w.latencies) / len(w.latencies) if w.latencies else 0.0 for w in last]
-    for values in (rates, means):
-        mean = sum(values) / 3
-        if mean > 0 and (max(values) - min(values)) / mean > pct / 100:
-            return False
-    return True
-
-
-def _merge(mode: Mode, level: float, windows: list[_Window], stable: bool | None) -> LoadResult:
-    latencies = [x for w in windows for x in w.latencies]
-    failures: Counter[tuple[FailureKind, int | None]] = Counter()
-    errors: dict[tuple[FailureKind, int | None], str] = {}
-    for w in windows:
-        failures.update(w.failures)
-        for key, text in w.errors.items():
-            errors.setdefault(key, text)
-    seconds = sum(w.seconds for w in windows)
-    failed = sum(failures.values())
-    return LoadResult(
-        mode=mode,
-        level=level,
-        requests=len(latencies) + failed,
-        ok=len(latencies),
-        failed=failed,
-        seconds=seconds,
-        throughput_rps=len(latencies) / seconds if seconds > 0 else 0.0,
-        latency_ms=latency_of(latencies),
-        failures=tuple(
-            Failure(kind, status, count, errors[(kind, status)])
-            for (kind, status), count in sorted(
-                failures.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)
-            )
-        ),
-        windows=len(windows),
-        stable=stable,
-    )
-
-
 async def run_level(
     target: Target,
     mode: Mode,
@@ -435,7 +260,7 @@ async def run_level(
 ) -> LoadResult:
     """Drive one level of load and measure it in windows: a fixed number, or until the last
     three agree (at most `plan.max_windows`); the result merges the windows it reports."""
-    collector = _Collector()
+    collector = Collector()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     handler = loop.get_exception_handler()
@@ -472,7 +297,7 @@ async def _run_level(
     mode: Mode,
     level: float,
     plan: Plan,
-    collector: _Collector,
+    collector: Collector,
     stop: asyncio.Event,
     on_progress: OnProgress | None,
     server_split: Callable[[], Coroutine[Any, Any, Totals | None]] | None,
@@ -482,7 +307,7 @@ async def _run_level(
     else:
         load = asyncio.create_task(_open_loop(target, level, plan, collector, stop))
     started = time.perf_counter()
-    windows: list[_Window] = []
+    windows: list[Window] = []
     marks = [await server_split()] if server_split else []
     wanted = plan.windows or plan.max_windows
     stable: bool | None = None if plan.windows else False
@@ -498,7 +323,7 @@ async def _run_level(
         windows.append(collector.take())
         if server_split:
             marks.append(await server_split())
-        if plan.windows is None and _stable(windows, plan.stability_pct):
+        if plan.windows is None and is_stable(windows, plan.stability_pct):
             stable = True
             break
         if load.done():
@@ -510,7 +335,7 @@ async def _run_level(
         load.cancel()
     await asyncio.gather(load, return_exceptions=True)
     counted = windows if plan.windows else windows[-3:]
-    result = replace(_merge(mode, level, counted, stable), windows_measured=len(windows))
+    result = replace(merge(mode, level, counted, stable), windows_measured=len(windows))
     if collector.unanswered:  # a hung model must not look like an idle one
         lost = Failure(
             "no_answer",

@@ -1,185 +1,32 @@
-"""The CLI and the dashboard against hostile or broken servers and inputs: a server that
-answers HTML, JSON of another shape, an error page, a redirect, half an answer or nothing;
-odd addresses, tokens, files and flags. Each mistake is one line and an exit code (1: the
-server or a check, 2: usage), never a traceback, a hang or a crash of the dashboard.
+"""The CLI against hostile or broken servers and inputs: a server that answers HTML, JSON
+of another shape, an error page, a redirect, half an answer or nothing; odd addresses,
+tokens, names, files and flags. Each mistake is one line and an exit code (1: the server
+or a check, 2: usage), never a traceback or a hang.
 
-The servers here are fakes in this process (a thread, a loopback port), each answering what
-its test sets; README's contract ("CLI", "`infergate bench`", "The dashboard") is what is
-checked."""
+The servers are fakes in this process (tests/fake_servers.py), each answering what its
+test sets; README's contract ("CLI") is what is checked. `infergate bench` and the
+dashboard against the same have files of their own (test_bench_hostile.py,
+test_cli_top_hostile.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
 import json
 import os
-import sys
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
-import typer
-from textual.widgets import DataTable, Static
 
-from infergate import loadgen
-from infergate.cli.bench import parse_range
-from infergate.cli.main import main
 from infergate.client import Client, ClientError, normalize_url
-from infergate.loadgen import Plan, Target, run_level
-from infergate.tui.app import Dashboard
-from infergate.tui.source import FixedSource, HttpSource
-from infergate.tui.tenants import TenantScreen
-from tests.polling import eventually
-
-ENV_CLEAN = {"INFERGATE_URL": "", "INFERGATE_TOKEN": "", "INFERGATE_ADMIN_TOKEN": ""}
-METADATA = {
-    "name": "m",
-    "versions": ["1"],
-    "platform": "onnxruntime_onnx",
-    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
-    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
-}
-ANSWER = {
-    "model_name": "m",
-    "model_version": "1",
-    "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}],
-}
-HTML_500 = (
-    b"<html>\r\n<head><title>500 Internal Server Error</title></head>\r\n<body>\r\n"
-    b"<center><h1>500 Internal Server Error</h1></center>\r\n<hr><center>nginx</center>\r\n"
-    b"</body>\r\n</html>\r\n"
-)
-
-
-@dataclass
-class Route:
-    status: int = 200
-    body: bytes = b""
-    headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
-    # answer | hang (until the server closes) | cut (half the body, then close) |
-    # raw (these bytes, then close) | chunked (a chunked 200)
-    mode: str = "answer"
-    raw: bytes = b""
-
-
-class FakeServer:
-    """HTTP/1.1 on a loopback port, in threads: each path answers its Route ("*": any
-    other path); every request is recorded as "METHOD /path"."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, Route] = {}
-        self.requests: list[str] = []
-        self._release = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._httpd.daemon_threads = True
-        self._httpd.handle_error = lambda *_: None  # type: ignore[method-assign]
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.01,), daemon=True)
-        self._thread.start()
-
-    def json(self, path: str, doc: Any, status: int = 200) -> None:
-        self.routes[path] = Route(status, json.dumps(doc).encode())
-
-    def close(self) -> None:
-        self._release.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _any(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                fake.requests.append(f"{self.command} {self.path}")
-                path = self.path.split("?")[0]
-                route = fake.routes.get(path) or fake.routes.get("*") or Route(404, b"{}")
-                if route.mode == "hang":
-                    fake._release.wait()
-                    self.close_connection = True
-                    return
-                if route.mode == "raw":
-                    self.wfile.write(route.raw)
-                    self.close_connection = True
-                    return
-                self.send_response(route.status)
-                for k, v in route.headers.items():
-                    self.send_header(k, v)
-                if route.mode == "chunked":
-                    self.send_header("Transfer-Encoding", "chunked")
-                    self.end_headers()
-                    self.wfile.write(b"5\r\nhello\r\n0\r\n\r\n")
-                    return
-                if route.mode == "cut":  # says the whole length, sends half, closes
-                    self.send_header("Content-Length", str(len(route.body)))
-                    self.end_headers()
-                    self.wfile.write(route.body[: len(route.body) // 2])
-                    self.close_connection = True
-                    return
-                self.send_header("Content-Length", str(len(route.body)))
-                self.end_headers()
-                self.wfile.write(route.body)
-
-            do_GET = do_POST = do_PATCH = do_DELETE = _any
-
-        return Handler
+from tests.fake_servers import HTML_500, FakeServer, Route, one_error_line, run
 
 
 @pytest.fixture
 def fake() -> Iterator[FakeServer]:
-    server = FakeServer()
-    yield server
-    server.close()
-
-
-@dataclass(frozen=True)
-class Run:
-    code: int
-    stdout: str
-    stderr: str
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> Run:
-    """The real entry point (infergate.cli.main.main) in this process, as `infergate ARGS`
-    runs it: its exit code and what it wrote (a usage mistake as it says it, in one line).
-    An exception it lets out is a traceback the user would have seen: it fails the test."""
-    out, err = io.StringIO(), io.StringIO()
-    with (
-        mock.patch.dict(os.environ, {**ENV_CLEAN, **(env or {})}),
-        mock.patch.object(sys, "argv", ["infergate", *args]),
-        contextlib.redirect_stdout(out),
-        contextlib.redirect_stderr(err),
-        pytest.raises(SystemExit) as done,
-    ):
-        main()
-    code = done.value.code
-    return Run(code if isinstance(code, int) else 1, out.getvalue(), err.getvalue())
-
-
-def one_error_line(r: Run) -> str:
-    """The one line on stderr (and nothing on stdout) of a command that failed, which is
-    not the entry point's last resort for errors no command expected."""
-    assert r.stdout == "", r.stdout
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("error: "), r.stderr
-    assert not lines[0].startswith("error: unexpected "), lines[0]
-    return lines[0]
+    with FakeServer() as server:
+        yield server
 
 
 ADMIN_COMMANDS = [
@@ -328,12 +175,87 @@ def test_dot_names_stay_out_of_the_path(fake: FakeServer) -> None:
     assert fake.requests == ["GET /v2/models/m/versions/1%2F..%2F..%2Fecho"]
 
 
+TENANT_NAME_LINE = "error: tenant name {!r}: letters, digits and _ only, not starting with a digit"
+SLASH_LINE = (
+    "error: tenant name {!r}: a tenant's name has no '/' (the admin API could not address "
+    "it). Hint: infergate tenant list"
+)
+
+
+@pytest.mark.parametrize("name", ["a/b", "../admin", "a?b", "9lives", "team-a", "a b"])
+def test_a_tenant_name_the_server_would_not_add_is_a_usage_error(
+    fake: FakeServer, name: str
+) -> None:
+    """The server's rule for a new tenant's name (an identifier) holds where a tenant is
+    made (`tenant add`, `key new`)."""
+    for command in (
+        ["tenant", "add", name, "rps=1", "--url", fake.url],
+        ["key", "new", "--tenant", name],
+    ):
+        r = run(*command)
+        assert (r.code, one_error_line(r)) == (2, TENANT_NAME_LINE.format(name)), command
+    r = run("tenant", "add", name, "rps=1", "--url", fake.url, "--json")
+    assert (r.code, r.stderr) == (2, "")
+    assert json.loads(r.stdout) == {"error": TENANT_NAME_LINE.format(name)[7:]}
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("name", ["a/b", "../admin"])
+def test_a_tenant_name_with_a_slash_is_a_usage_error_where_one_is_named(
+    fake: FakeServer, name: str
+) -> None:
+    """`tenant set a/b` was PATCH /admin/tenants/a%2Fb, which the server reads as two path
+    steps (it decodes the path before routing) and answered with a 404 that named no
+    tenant."""
+    for command in (["tenant", "set", name, "rps=1"], ["tenant", "remove", name]):
+        r = run(*command, "--url", fake.url)
+        assert (r.code, one_error_line(r)) == (2, SLASH_LINE.format(name)), command
+        r = run(*command, "--url", fake.url, "--json")
+        assert (r.code, r.stderr) == (2, "")
+        assert json.loads(r.stdout) == {"error": SLASH_LINE.format(name)[7:]}
+    assert fake.requests == []
+
+
+def test_a_hand_written_tenant_name_is_still_reached_by_set_and_remove(fake: FakeServer) -> None:
+    """A profile written by hand may name a tenant "team-a" (only `tenant add` holds new
+    names to the server's rule): set and remove send it as one escaped segment."""
+    fake.json("*", {"name": "team-a", "rps": 1})
+    assert run("tenant", "set", "team-a", "rps=1", "--url", fake.url).code == 0
+    assert run("tenant", "remove", "team a?", "--url", fake.url).code == 0
+    assert fake.requests == ["PATCH /admin/tenants/team-a", "DELETE /admin/tenants/team%20a%3F"]
+
+
+def test_the_client_escapes_every_name_it_puts_in_a_path(fake: FakeServer) -> None:
+    """A name or version is one path segment whatever it holds: `/`, `?` and `#` escaped,
+    and `.` and `..` too, which a URL would otherwise read as steps to another endpoint."""
+    fake.json("*", {})
+    with Client(fake.url) as c:
+        c.remove_tenant("a/b")
+        c.set_tenant("..", {"rps": 1})
+        c.reset_breaker("m/../../admin")
+        c.set_breaker(".", {"probes": 1})
+        c.load_model(".")
+        c.unload_model("a?b#c")
+        c.model("..")
+        c.infer_raw("..", b"{}", {}, version=".")
+        for empty in (lambda: c.remove_tenant(""), lambda: c.metadata("")):
+            with pytest.raises(ValueError, match="an empty name"):
+                empty()
+    assert fake.requests == [
+        "DELETE /admin/tenants/a%2Fb",
+        "PATCH /admin/tenants/%2E%2E",
+        "POST /admin/breakers/m%2F..%2F..%2Fadmin/reset",
+        "PATCH /admin/breakers/%2E",
+        "POST /v2/repository/models/%2E/load",
+        "POST /v2/repository/models/a%3Fb%23c/unload",
+        "GET /admin/models/%2E%2E",
+        "POST /v2/models/%2E%2E/versions/%2E/infer",
+    ]
+
+
 @pytest.fixture
 def model_server(fake: FakeServer) -> FakeServer:
-    """Model `m` (x: FP32 [-1, 2] in, y out), answering ANSWER."""
-    fake.json("/v2/models/m", METADATA)
-    fake.json("/v2/models/m/infer", ANSWER)
-    return fake
+    return fake.serve_model()
 
 
 def test_infer_odd_input_files_are_usage_errors(model_server: FakeServer, tmp_path: Path) -> None:
@@ -429,81 +351,6 @@ def test_odd_model_metadata_is_one_line(model_server: FakeServer, metadata: Any)
     assert "POST /v2/models/m/infer" not in model_server.requests
 
 
-def test_bench_absurd_flags_are_usage_errors(model_server: FakeServer, tmp_path: Path) -> None:
-    for text in ("nan", "inf", "1,inf", "1:inf", "nan:4"):
-        with pytest.raises(typer.BadParameter):
-            parse_range(text, "--request-rate-range", integer=False)  # inf once hung the run
-    with pytest.raises(typer.BadParameter, match="makes 9999999990001 levels; at most 1000"):
-        parse_range("1:1e9:0.0001", "--request-rate-range", integer=False)
-    bad = [
-        ["--concurrency", "nan"],
-        ["--concurrency", "inf"],
-        ["--duration", "nan"],
-        ["--duration", "inf"],
-        ["--stability-percentage", "-5"],
-        ["--stability-percentage", "nan"],
-        ["--shape", "nosuch:4"],
-        ["-f", str(tmp_path / "missing" / "out.csv")],
-        ["-f", str(tmp_path)],
-        ["--model-version", ".."],
-    ]
-    for flags in bad:
-        r = run("bench", "m", "--duration", "0.2", "--windows", "1", *flags, "--url",
-                model_server.url)  # fmt: skip
-        assert r.code == 2, (flags, r)
-        one_error_line(r)
-    assert "POST /v2/models/m/infer" not in model_server.requests  # nothing run for nothing
-
-
-def test_bench_a_level_that_measured_nothing_exits_1(model_server: FakeServer) -> None:
-    r = run("bench", "m", "--duration", "1e-9", "--windows", "1", "--json", "--url",
-            model_server.url)  # fmt: skip
-    assert r.code == 1, r
-    [level] = json.loads(r.stdout)["levels"]
-    assert (level["requests"], level["failed"]) == (0, 0)
-    assert r.stderr.startswith("error: concurrency 1: no request was answered or due")
-
-
-async def test_bench_counts_unreadable_answers_as_failures_without_tracebacks(
-    fake: FakeServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Not HTTP, a Content-Length that is not a number, a chunked or close-delimited body:
-    each is a failure, never a success, and no "Fatal error on transport" traceback."""
-    monkeypatch.setattr(loadgen, "DRAIN_S", 0.5)
-    loop = asyncio.get_running_loop()
-    reported: list[dict[str, Any]] = []
-    loop.set_exception_handler(lambda _, context: reported.append(context))
-    cases = [
-        (Route(mode="raw", raw=b"garbage\r\n\r\n"), "unreadable answer: ValueError"),
-        (Route(mode="raw", raw=b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n"),
-         "unreadable answer: ValueError"),
-        (Route(mode="chunked"), "without a Content-Length"),
-        (Route(mode="raw", raw=b"HTTP/1.0 200 OK\r\n\r\n{}"), "without a Content-Length"),
-    ]  # fmt: skip
-    try:
-        for route, words in cases:
-            fake.routes["*"] = route
-            target = Target(fake.url, "/v2/models/m/infer", b"{}", {})
-            result = await run_level(target, "concurrency", 1, Plan(window_s=0.2, windows=1))
-            assert result.ok == 0, (route, result)
-            assert result.failed > 0
-            [failure] = result.failures
-            assert failure.kind == "no_answer"
-            assert words in failure.error, failure.error
-        assert reported == []
-    finally:
-        loop.set_exception_handler(None)
-
-
-def test_bench_error_pages_are_one_line_in_the_failures(model_server: FakeServer) -> None:
-    model_server.routes["/v2/models/m/infer"] = Route(503, HTML_500, {"Content-Type": "text/html"})
-    r = run("bench", "m", "--duration", "0.2", "--windows", "1", "--json", "--url",
-            model_server.url)  # fmt: skip
-    assert r.code == 1
-    [failure] = json.loads(r.stdout)["levels"][0]["failures"]
-    assert (failure["status"], failure["error"]) == (503, "an HTML page: 500 Internal Server Error")
-
-
 def test_key_new_write_to_an_odd_profile_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "folder.toml").mkdir()
     (tmp_path / "bad.toml").write_text("{not toml")
@@ -590,101 +437,3 @@ def test_normalize_url_keeps_what_worked() -> None:
     assert normalize_url(" https://gw.example:9000/ ") == "https://gw.example:9000"
     assert normalize_url("[::1]:8000") == "http://[::1]:8000"
     assert normalize_url("http://gw/prefix/") == "http://gw/prefix"
-
-
-ODD_STATS: list[dict[str, Any]] = [
-    {"models": ["a", "b"], "devices": "cpu", "workers": [1], "tenants": "t", "events": ["x"]},
-    {"models": {"a": 1}, "throughput": [1, 2, 3]},
-    {"models": [{"name": "a", "state": None, "breaker": 5, "versions": 7, "queue": [1],
-                 "reason": 5}, {"name": "a"}, {"state": "ready"}]},
-    {"devices": [{"name": "d", "memory_total_mb": "lots", "memory_used_mb": None}]},
-    {"throughput": [{"rps": "fast", "p99_ms": None}, {"rps": float("inf"), "p99_ms": 1e308},
-                    {"rps": 1e308, "p99_ms": float("nan")}]},
-    {"events": [{"id": [1], "time": "yesterday", "kind": None},
-                {"id": 2, "time": 1e20, "kind": "x"}, {"id": 3, "time": float("nan")}]},
-    {"tenants": [{"name": "t"}, {"name": "t"}], "tenant_details": [1, {"name": "t",
-     "rate_limited": 1.5}], "tenant_latency": {"t": [1, 2]}},
-]  # fmt: skip
-
-
-class CountingSource(FixedSource):
-    def __init__(self, doc: dict[str, Any]) -> None:
-        super().__init__(doc)
-        self.fetches = 0
-
-    async def fetch(self) -> dict[str, Any]:
-        self.fetches += 1
-        return self.doc
-
-
-def polled(source: CountingSource, fetches: int) -> Callable[[], bool]:
-    return lambda: source.fetches >= fetches
-
-
-def says(status: Static, words: str) -> Callable[[], bool]:
-    return lambda: words in str(status.render())
-
-
-async def test_the_dashboard_survives_statistics_of_any_shape() -> None:
-    source = CountingSource({})
-    app = Dashboard(source, interval_s=0.05)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("t")  # the tenants view, open over the rest, reads each one too
-        await eventually(lambda: isinstance(app.screen, TenantScreen))
-        for doc in ODD_STATS:
-            source.doc = doc
-            await eventually(polled(source, source.fetches + 2), what="two polls of it")
-            await pilot.pause()
-            assert app.connected is True, (doc, str(app.query_one("#status", Static).render()))
-        await pilot.press("escape")
-        await eventually(lambda: not isinstance(app.screen, TenantScreen))
-        assert [str(c) for c in app.query_one("#tenants", DataTable).get_row_at(0)][0] == "t"
-    assert app.return_code in (None, 0)
-
-
-async def test_the_dashboard_says_what_is_wrong_with_a_server_in_one_line(
-    fake: FakeServer,
-) -> None:
-    cases: list[tuple[Route, str]] = [
-        (Route(200, b"<html>hi</html>", {}), "not JSON at /admin/stats: not an infergate server?"),
-        (Route(200, b"[1]"), "no statistics at /admin/stats: not an infergate server?"),
-        (Route(200, b""), "no statistics at /admin/stats: not an infergate server?"),
-        (Route(200, b"1e999"), "not JSON at /admin/stats"),
-        (Route(500, HTML_500, {}), "500: an HTML page: 500 Internal Server Error; retrying"),
-        (Route(400, b"[1, 2]"), "400: [1,2]; retrying"),
-        (Route(400, json.dumps({"error": "a\nb"}).encode()), "400: a b; retrying"),
-        (Route(302, b"", {"Location": "/x"}), "302: a redirect; give the server's own address"),
-        (Route(503, b"y" * 500, {}), "503: yyy"),
-    ]
-    app = Dashboard(HttpSource(fake.url, None), interval_s=0.05)
-    async with app.run_test(size=(80, 24)) as pilot:
-        status = app.query_one("#status", Static)
-        for route, words in cases:
-            fake.routes["*"] = route
-            await eventually(says(status, words), what=words)
-            text = str(status.render())
-            assert "\n" not in text
-            assert len(text) <= status.content_region.width, text
-            assert app.connected is False
-        fake.json("/admin/stats", {"models": [{"name": "m", "state": "ready"}]})
-        await eventually(lambda: app.connected is True)
-        await pilot.pause()
-        assert app.query_one("#models", DataTable).row_count == 1
-
-
-class Unreadable(dict[str, Any]):
-    """Statistics no field reader foresees: every read of a field fails."""
-
-    def get(self, *_: Any) -> Any:
-        raise RuntimeError("no reading\nthis")
-
-
-async def test_the_dashboard_says_data_it_cannot_show_and_stays_up() -> None:
-    app = Dashboard(FixedSource(Unreadable()), interval_s=3600)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await eventually(lambda: app.connected is False)
-        await pilot.pause()
-        assert str(app.query_one("#status", Static).render()) == (
-            "data the dashboard cannot show (RuntimeError: no reading this); retrying every…"
-        )
-    assert app.return_code in (None, 0)

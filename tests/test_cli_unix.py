@@ -442,3 +442,31 @@ def test_usage_mistakes_are_one_line_and_exit_2() -> None:
     ):
         done = cli(*args)
         assert (done.returncode, done.stderr) == (2, line + "\n")
+
+
+def test_models_naming_a_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """`--models model.onnx` (a file where the repository folder goes) says so, in one
+    line and exit 2, in each command that takes --models: not a folder that "does not
+    exist", which sent people looking for a missing path."""
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(b"weights")
+    said = (
+        f"--models {onnx} is a file, not a folder: --models wants the model repository "
+        "folder (one folder per model)"
+    )
+    for args, env in (
+        (["doctor", "--models", str(onnx)], None),
+        (["serve", "--models", str(onnx)], None),
+        (["serve"], {"INFERGATE_MODELS": str(onnx)}),
+    ):
+        done = cli(*args, env=env, cwd=tmp_path)
+        assert (done.returncode, done.stderr, done.stdout) == (2, f"error: {said}\n", ""), args
+    done = cli("doctor", "--models", str(onnx), "--json", cwd=tmp_path)
+    assert (done.returncode, json.loads(done.stdout), done.stderr) == (2, {"error": said}, "")
+    profile = write_profile(tmp_path, f'[server]\nmodels = "{onnx}"\n')
+    done = cli("serve", "--profile", str(profile), cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"error: server.models {onnx} is a file, not a folder: server.models wants the "
+        "model repository folder (one folder per model)\n",
+    )

@@ -13,6 +13,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import orjson
@@ -114,6 +115,45 @@ def check_name(kind: str, name: str, as_json: bool = False) -> None:
     "unload"): those, and an empty name, are usage mistakes here."""
     if name in ("", ".", ".."):
         fail(f"{kind} name {name!r}: not a name (empty, . or ..)", EXIT_USAGE, as_json)
+
+
+def check_tenant_name(name: str, as_json: bool = False) -> None:
+    """The server's rule for a new tenant's name (an identifier: letters, digits and _,
+    not starting with a digit), for the commands that make one (`tenant add`, `key new`)."""
+    check_name("tenant", name, as_json)
+    if not name.isidentifier():
+        fail(
+            f"tenant name {name!r}: letters, digits and _ only, not starting with a digit",
+            EXIT_USAGE,
+            as_json,
+        )
+
+
+def check_tenant_in_path(name: str, as_json: bool = False) -> None:
+    """A tenant named by `tenant set` or `remove`: any name a profile may hold ("team-a"
+    in a hand-written one), sent as one escaped path segment, except one with a `/`, which
+    the server reads as two path steps whatever the escaping (a 404 that named no tenant)."""
+    check_name("tenant", name, as_json)
+    if "/" in name:
+        fail(
+            f"tenant name {name!r}: a tenant's name has no '/' (the admin API could not "
+            "address it). Hint: infergate tenant list",
+            EXIT_USAGE,
+            as_json,
+        )
+
+
+def check_models_folder(path: Path, what: str = "--models", as_json: bool = False) -> None:
+    """A model repository given as a file (`--models model.onnx`) is a usage mistake that
+    says so; a path that does not exist is left to the command, which says that."""
+    if path.exists() and not path.is_dir():
+        kind = "a file, not a folder" if path.is_file() else "not a folder"
+        fail(
+            f"{what} {path} is {kind}: {what} wants the model repository folder (one folder "
+            "per model)",
+            EXIT_USAGE,
+            as_json,
+        )
 
 
 def server_url(url: str | None, token: str | None, as_json: bool = False) -> str:

@@ -18,6 +18,7 @@ from infergate.cli.common import (
     Format,
     FormatOption,
     JsonOption,
+    check_models_folder,
     chosen_format,
     emit_table,
     print_json,
@@ -220,6 +221,7 @@ def doctor(
 ) -> None:
     """Check Python, runtimes, GPUs and the models folder; exit 1 if something fails."""
     fmt = chosen_format(fmt, json)
+    check_models_folder(models, as_json=fmt is Format.json)
     checks = [
         _python(),
         _onnxruntime(),

@@ -12,7 +12,15 @@ import typer
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import Table
 
-from infergate.cli.common import EXIT_USAGE, JsonOption, fail, make_app, print_json, say
+from infergate.cli.common import (
+    EXIT_USAGE,
+    JsonOption,
+    check_tenant_name,
+    fail,
+    make_app,
+    print_json,
+    say,
+)
 from infergate.cli.helptext import example
 
 if TYPE_CHECKING:
@@ -138,8 +146,8 @@ def new(
         fail("give --admin or --tenant NAME, not both", EXIT_USAGE, json)
     if write and not (admin or tenant):
         fail("--write needs --admin or --tenant NAME: whose key is it?", EXIT_USAGE, json)
-    if tenant is not None and not tenant.isidentifier():
-        fail(f"tenant name {tenant!r}: letters, digits and _ only", EXIT_USAGE, json)
+    if tenant is not None:
+        check_tenant_name(tenant, json)
     key = new_key()
     digest = hash_key(key)
     section = ["server", "admin_keys"] if admin else ["tenants", tenant or "", "api_keys"]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from infergate.cli.common import EXIT_FAILURE, EXIT_USAGE, fail
+from infergate.cli.common import EXIT_FAILURE, EXIT_USAGE, check_models_folder, fail
 from infergate.cli.logs import configure as configure_logging
 from infergate.errors import ConfigError
 
@@ -99,6 +99,10 @@ def serve(
     settings = loaded.server
     models_dir = models or settings.models
     bind = host or settings.host
+    # --models (or INFERGATE_MODELS), else the profile's server.models, else models/
+    check_models_folder(
+        models_dir, "server.models" if models is None and loaded.source else "--models"
+    )
     if not models_dir.is_dir():
         fail(
             f"models folder {models_dir} does not exist; create it or pass --models DIR", EXIT_USAGE

@@ -13,7 +13,8 @@ from infergate.cli.common import (
     JsonOption,
     UrlOption,
     answer_of,
-    check_name,
+    check_tenant_in_path,
+    check_tenant_name,
     chosen_format,
     emit_table,
     make_app,
@@ -119,7 +120,7 @@ def add(
     json: JsonOption = False,
 ) -> None:
     """Add a tenant and print its API key (shown this once; only its hash is stored)."""
-    check_name("tenant", name, json)
+    check_tenant_name(name, json)
     values = parse_settings(settings or [], "tenant")
     doc = request(url, token, json, lambda c: c.add_tenant(name, values))
     if json:
@@ -142,7 +143,7 @@ def set_(
     json: JsonOption = False,
 ) -> None:
     """Change a tenant's limits; applies at once and persists in the profile."""
-    check_name("tenant", name, json)
+    check_tenant_in_path(name, json)
     values = parse_settings(settings or [], "tenant")
     if not values:
         raise typer.BadParameter("give at least one KEY=VALUE")
@@ -161,7 +162,7 @@ def remove(
     json: JsonOption = False,
 ) -> None:
     """Remove a tenant; its keys stop working at once."""
-    check_name("tenant", name, json)
+    check_tenant_in_path(name, json)
     request(url, token, json, lambda c: c.remove_tenant(name))
     if json:
         print_json({"removed": name})

@@ -1,0 +1,106 @@
+"""Where the client's requests go: the server's URL (`--url`, else INFERGATE_URL, else the
+port of the project's profile, else the default), a token that an HTTP header can carry,
+and the paths built from names, each name one escaped path segment, so that no name or
+version (`a/b`, `..`, `x?y`) can address another endpoint."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+from infergate.client_errors import UrlError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def normalize_url(text: str, what: str = "--url") -> str:
+    """`localhost:8000` and `http://localhost:8000/` both mean http://localhost:8000.
+    UrlError (naming `what`) for an address that is not an http(s) URL of a host and port."""
+    given = text
+    text = text.strip()
+    url = (text if "://" in text else f"http://{text}").rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise UrlError(f"{what} {given!r}: not an http:// or https:// address")
+    if any(c.isspace() for c in url):
+        raise UrlError(f"{what} {given!r}: an address holds no spaces")
+    if not parts.hostname:
+        raise UrlError(f"{what} {given!r}: no host in it (like localhost:8000)")
+    try:
+        parts.port  # noqa: B018  (reading it checks it)
+    except ValueError:
+        raise UrlError(f"{what} {given!r}: the port is not a number from 0 to 65535") from None
+    if parts.query or parts.fragment:
+        raise UrlError(f"{what} {given!r}: a server address has no ?query or #fragment")
+    return url
+
+
+PROJECT_PROFILE = Path("profiles") / "default.toml"
+
+
+def project_port(folder: Path | None = None) -> int | None:
+    """The port of profiles/default.toml in `folder` (the working directory), if any: run
+    in a project folder, the CLI finds the server that `infergate serve` started there."""
+    path = (folder or Path.cwd()) / PROJECT_PROFILE
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    port = doc.get("server", {}).get("port") if isinstance(doc.get("server"), dict) else None
+    return port if isinstance(port, int) and 0 < port < 65536 else None
+
+
+def project_profile_unread(folder: Path | None = None) -> str | None:
+    """Why ./profiles/default.toml, present, gave no port (a broken edit): the server that
+    started from it may listen elsewhere than the URL tried. None when it did, or is absent."""
+    path = (folder or Path.cwd()) / PROJECT_PROFILE
+    if os.environ.get("INFERGATE_URL", "").strip() or not path.is_file():
+        return None
+    try:
+        tomllib.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{PROJECT_PROFILE} does not parse ({exc}), so its port was not used"
+    return None
+
+
+def default_url() -> str:
+    """$INFERGATE_URL (with or without a scheme), else the port of ./profiles/default.toml,
+    else http://127.0.0.1:8000."""
+    env = os.environ.get("INFERGATE_URL", "").strip()
+    if env:
+        return normalize_url(env, "INFERGATE_URL")
+    port = project_port()
+    return f"http://127.0.0.1:{port}" if port is not None else DEFAULT_URL
+
+
+def check_token(token: str) -> None:
+    """UrlError for a token an HTTP header cannot carry (httpx would fail on it later)."""
+    if not token.isascii() or not token.isprintable():
+        raise UrlError(
+            "the token holds characters an HTTP header cannot carry (non-ASCII, or control "
+            "characters such as a newline); check --token or its environment variable"
+        )
+
+
+def segment(name: str) -> str:
+    """`name` as one path segment: every character but letters, digits and `_.-~` escaped
+    (`a/b` is `a%2Fb`), and `.` and `..`, which a URL reads as steps up the path, as
+    `%2E` and `%2E%2E` (the server decodes them back to the name). ValueError for an empty
+    name, which would leave the segment out and address the collection."""
+    if not name:
+        raise ValueError("an empty name or version is no path segment")
+    escaped = quote(name, safe="")
+    return escaped.replace(".", "%2E") if escaped in (".", "..") else escaped
+
+
+def model_path(model: str, version: str | None) -> str:
+    """/v2/models/NAME[/versions/V], each part escaped (a version `../x` stays a version)."""
+    path = f"/v2/models/{segment(model)}"
+    return path + (f"/versions/{segment(version)}" if version else "")
