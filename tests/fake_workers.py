@@ -3,7 +3,8 @@ protocol.Worker) implemented without a process, whose calls finish when the test
 
 Pass a `FakeWorkers` as EngineContext(worker_factory=...): every worker an Instance starts
 is a FakeWorker kept in `made`. A call the scheduler sends waits in `pending` until the
-test replies, fails it, or ends the worker, so time passes only on the FakeClock."""
+test replies, fails it, times it out, or ends the worker, so time passes only on the
+FakeClock."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ import numpy as np
 
 from infergate.engine.workers.handle import WorkerLoadError
 from infergate.engine.workers.messages import Ready, WorkerSpec
-from infergate.errors import ModelExecutionError, WorkerFailed, WorkerOverMemory
+from infergate.errors import (
+    DeadlineExceeded,
+    ModelExecutionError,
+    WorkerFailed,
+    WorkerOverMemory,
+)
 from infergate.tensors import Array
 from tests.polling import eventually
 from tests.scripted_runtime import ScriptedRuntime
@@ -34,6 +40,10 @@ class FakeCall:
     on_reply: Callable[[], None] | None
     timeout_s: float | None = None  # what the scheduler gave `wait`: its execution timeout
     seq: int = field(default_factory=lambda: next(_sent))
+    # Set by `time_out`: the timer of the real handle's `wait` fired.
+    expired: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
     @property
     def rows(self) -> int:
@@ -51,6 +61,14 @@ class FakeCall:
             outputs = {n: made[n] for n in self.outputs}
         self._answer(outputs)
 
+    def time_out(self) -> None:
+        """Run past the execution timeout, as the real handle's `wait` sees it: the waiter
+        gets DeadlineExceeded at once, and the worker is killed, its death (its calls
+        failing, `exited`) coming a moment later, once the kill has landed. The call is
+        no longer pending: no reply will come."""
+        self.worker.pending.remove(self)
+        self.expired.set_result(None)
+
     def fail(self, reason: str = "scripted failure") -> None:
         self._answer(ModelExecutionError(f"model {self.worker.spec.model!r} failed: {reason}"))
 
@@ -65,10 +83,13 @@ class FakeCall:
 
 
 class FakeWorker:
-    def __init__(self, spec: WorkerSpec, load_error: str | None) -> None:
+    def __init__(
+        self, spec: WorkerSpec, load_error: str | None, start_bug: Exception | None = None
+    ) -> None:
         self.spec = spec
         self._pid = next(_pids)
         self._load_error = load_error
+        self._start_bug = start_bug
         self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.death_reason = "the worker exited"
         self.over_memory = False
@@ -84,6 +105,8 @@ class FakeWorker:
         return not self.exited.done()
 
     async def start(self, timeout_s: float) -> Ready:
+        if self._start_bug is not None:
+            raise self._start_bug
         if self._load_error is not None:
             self.end(self._load_error)
             raise WorkerLoadError(self._load_error)
@@ -115,10 +138,20 @@ class FakeWorker:
     ) -> dict[str, Array]:
         # The call's own future, as the real handle takes it; a caller that gives up must
         # not cancel it (the real handle awaits a mirror of it), so this awaits a shield.
-        for call in self.calls:
-            if call.future is future:
-                call.timeout_s = timeout_s
-        return await asyncio.shield(future)
+        call = next((c for c in self.calls if c.future is future), None)
+        if call is None:
+            return await asyncio.shield(future)
+        call.timeout_s = timeout_s
+        await asyncio.wait((future, call.expired), return_when=asyncio.FIRST_COMPLETED)
+        if future.done():
+            return future.result()
+        limit_ms = (timeout_s if limit_s is None else limit_s) * 1000
+        why = f"was killed: a request ran past the execution timeout of {limit_ms:.0f} ms"
+        asyncio.get_running_loop().call_soon(self.end, why)
+        raise DeadlineExceeded(
+            f"model {self.spec.model!r} did not answer within {limit_ms:.0f} ms; its worker "
+            "was killed and is being restarted"
+        )
 
     def end(self, reason: str, over_memory: bool = False) -> None:
         """The worker dies (crash, SIGKILL): its calls fail, as the real handle's do."""
@@ -128,9 +161,13 @@ class FakeWorker:
         self.over_memory = over_memory
         kind = WorkerOverMemory if over_memory else WorkerFailed
         for call in self.pending:
-            call.future.set_exception(
-                kind(f"model {self.spec.model!r}: {self.death_reason} while running this request")
-            )
+            if not call.future.done():  # (a call timed out is cancelled by its runner)
+                call.future.set_exception(
+                    kind(
+                        f"model {self.spec.model!r}: {self.death_reason} while running this "
+                        "request; it is being restarted. Hint: retry shortly"
+                    )
+                )
         self.pending.clear()
         self.exited.set_result(None)
 
@@ -146,10 +183,12 @@ class FakeWorkers:
     """The factory: makes FakeWorkers and remembers them, newest last."""
 
     load_error: str | None = None  # set it to make the next workers fail to load
+    # Set it to make the next workers' start raise it: a bug, which fails the instance.
+    start_bug: Exception | None = None
     made: list[FakeWorker] = field(default_factory=list)
 
     def __call__(self, spec: WorkerSpec) -> FakeWorker:
-        worker = FakeWorker(spec, self.load_error)
+        worker = FakeWorker(spec, self.load_error, self.start_bug)
         self.made.append(worker)
         return worker
 

@@ -1,7 +1,8 @@
 """Tenant B (careless or hostile) against tenant A on one real server: what B sends
 must not fail, refuse or starve A's requests. B's backlog does not fill A's share of a
-queue, B's failing or crashing request does not take down the A request batched with it,
-and B's sequences do not take every place of a model's max_sequences."""
+queue; B's failing, crashing, slow or memory-hungry request does not take down the A
+request batched with it; B's failures cut off B alone, whether or not A's requests come
+meanwhile; and B's sequences do not take every place of a model's max_sequences."""
 
 from __future__ import annotations
 
@@ -100,12 +101,16 @@ def server(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Iterator[Se
     # Batching on: what waits behind a held request runs as one batch when it is let go.
     scripted("failing", "", ("hold", "fail"))
     scripted("crashing", "instances = 2\n", ("hold", "crash"))
+    scripted("fragile", "", ("hold", "crash"))  # one instance: no sibling to retry on
+    scripted("slowpoke", "timeout_ms = 2000\n", ("hold",))
     scripted("judged", JUDGED, ("fail",))
+    scripted("lonely", JUDGED, ("fail",))
     # An answer of 4 MB a row.
     (models / "big" / "1").mkdir(parents=True)
     (models / "big" / "1" / "model.scripted").write_text(BIG)
     # A worker past 300 MB is killed; B's request asks for 400.
     scripted("hungry", "memory_mb = 300\n", ("hold", "alloc_mb"))
+    scripted("greedy", "memory_mb = 300\n", ("hold", "alloc_mb"))
     make_corrid_sum(models / "seq" / "1" / "model.onnx")
     (models / "seq" / "model.toml").write_text(CORRID_SUM_TOML)  # max_sequences = 2
     profile = root / "profile.toml"
@@ -257,17 +262,17 @@ def test_bs_sequences_do_not_take_every_place(server: ServerProcess) -> None:
 
 
 def refused(
-    server: ServerProcess, failing: str, alongside: str | None = None
+    server: ServerProcess, failing: str, alongside: str | None = None, model: str = "judged"
 ) -> Callable[[], httpx.Response | None]:
-    """A function that sends a failing request of `failing`'s tenant to `judged` (after a
+    """A function that sends a failing request of `failing`'s tenant to `model` (after a
     good one of `alongside`'s, so that the breaker's window always holds both tenants'),
     and gives the answer once the failing one gets 503."""
 
     def send() -> httpx.Response | None:
         if alongside is not None:
-            good = post(server, "judged", alongside, scripted_inputs(fail=0))
+            good = post(server, model, alongside, scripted_inputs(fail=0))
             assert good.status_code == 200, good.text
-        response = post(server, "judged", failing, scripted_inputs(fail=1))
+        response = post(server, model, failing, scripted_inputs(fail=1))
         assert response.status_code in (500, 503), response.text
         return response if response.status_code == 503 else None
 
@@ -289,6 +294,89 @@ def test_bs_failures_cut_off_b_alone_not_the_model(server: ServerProcess) -> Non
     shut = wait_until(refused(server, ALICE), what="the breaker to open for everyone")
     assert "cut off by its circuit breaker" in shut.json()["error"], shut.text
     assert metric(server, "infergate_breaker_state", model="judged") == 2  # open
+
+
+def breaker_row(server: ServerProcess, model: str) -> dict[str, Any]:
+    rows = httpx.get(f"{server.url}/admin/breakers").json()
+    return next(r for r in rows if r["model"] == model)
+
+
+def test_b_failing_alone_once_a_was_served_cuts_off_b_not_the_model(
+    server: ServerProcess,
+) -> None:
+    """A is served, then goes quiet; B's inputs make the model raise while nobody else
+    uses it. The breaker cannot compare B's requests with others' in the window, but the
+    model has served A well: it refuses B alone, saying no other tenant's requests came,
+    and A, coming back, is served. Before, it opened for everyone (30 s here)."""
+    for _ in range(2):
+        assert post(server, "lonely", ALICE, scripted_inputs(fail=0)).status_code == 200
+    wait_until(
+        lambda: breaker_row(server, "lonely")["window_requests"] == 0,
+        what="A's requests to leave the breaker's window",
+    )
+    cut = wait_until(refused(server, BOB, model="lonely"), what="the breaker to act on B")
+    error = cut.json()["error"]
+    assert "cut off for tenant 'bob'" in error, error
+    assert "no other tenant's requests came in the window" in error, error
+    assert post(server, "lonely", ALICE, scripted_inputs(fail=0)).status_code == 200
+    row = breaker_row(server, "lonely")
+    assert (row["state"], set(row["tenants_cut_off"])) == ("closed", {"bob"})
+
+
+def test_bs_slow_request_does_not_time_out_as_request_in_its_batch(
+    server: ServerProcess, gates: Path
+) -> None:
+    """A's and B's requests run as one batch, which B's input holds past the model's
+    timeout (2 s): the worker is killed, and each request runs again alone once it is
+    restarted. A's is answered; B's, slow alone too, gets the 504. Before, both got it."""
+    sent = Background()
+    holder = sent.send(lambda: post(server, "slowpoke", BOB, scripted_inputs(hold=501)))
+    wait_until(lambda: holding(gates, 501), what="the held request to run")
+    alice = sent.send(lambda: post(server, "slowpoke", ALICE, scripted_inputs(hold=0)))
+    # 502 is never let go: B's request holds its batch, and itself alone, past the timeout.
+    bob = sent.send(lambda: post(server, "slowpoke", BOB, scripted_inputs(hold=502)))
+    wait_until(lambda: queued(server, "slowpoke") == 2, what="A's and B's requests to queue")
+    release(gates, 501)
+    assert sent.status(bob) == 504, sent.answers[bob].text
+    assert sent.status(alice) == 200, sent.answers[alice].text
+    sent.status(holder)  # 200, or 504 on a machine slow enough to let it time out first
+
+
+def test_bs_memory_hungry_request_does_not_fail_as_request_in_its_batch(
+    server: ServerProcess, gates: Path
+) -> None:
+    """A's and B's requests run as one batch, where B's input takes more than the
+    model's memory_mb: the worker is killed, and each request runs again alone. A's is
+    answered; B's, killed again alone, gets the 503. Before, neither ran again."""
+    sent = Background()
+    holder = sent.send(lambda: post(server, "greedy", BOB, scripted_inputs(hold=601, alloc_mb=0)))
+    wait_until(lambda: holding(gates, 601), what="the held request to run")
+    alice = sent.send(lambda: post(server, "greedy", ALICE, scripted_inputs(hold=0, alloc_mb=0)))
+    bob = sent.send(lambda: post(server, "greedy", BOB, scripted_inputs(hold=602, alloc_mb=400)))
+    wait_until(lambda: queued(server, "greedy") == 2, what="A's and B's requests to queue")
+    release(gates, 601)
+    assert sent.status(holder) == 200
+    assert sent.status(bob) == 503, sent.answers[bob].text
+    assert "memory limit" in sent.answers[bob].json()["error"]
+    assert sent.status(alice) == 200, sent.answers[alice].text
+
+
+def test_bs_crashing_request_does_not_fail_as_request_on_a_lone_instance(
+    server: ServerProcess, gates: Path
+) -> None:
+    """As the crashing test above, on a model of one instance: with no sibling, A's and
+    B's requests wait for its restart and run then, alone. A gets its answer, B (whose
+    input ends the worker again) the 503. Before, both got the 503 at once."""
+    sent = Background()
+    holder = sent.send(lambda: post(server, "fragile", BOB, scripted_inputs(hold=701, crash=0)))
+    wait_until(lambda: holding(gates, 701), what="the held request to run")
+    alice = sent.send(lambda: post(server, "fragile", ALICE, scripted_inputs(hold=0, crash=0)))
+    bob = sent.send(lambda: post(server, "fragile", BOB, scripted_inputs(hold=0, crash=1)))
+    wait_until(lambda: queued(server, "fragile") == 2, what="A's and B's requests to queue")
+    release(gates, 701)
+    assert sent.status(holder) == 200
+    assert sent.status(bob) == 503, sent.answers[bob].text
+    assert sent.status(alice) == 200, sent.answers[alice].text
 
 
 def test_bs_memory_hungry_requests_do_not_fail_the_model(
@@ -379,6 +467,11 @@ POLICY = BreakerPolicy(
 )
 
 
+def state(breaker: Breaker) -> str:
+    """The breaker's state now (a call: mypy would narrow a property read twice)."""
+    return breaker.state
+
+
 def outcomes(breaker: Breaker, clock: FakeClock, **tenants: bool) -> None:
     """A request of each tenant named (True: it succeeds) that the breaker lets through,
     then one bucket later."""
@@ -418,6 +511,76 @@ def test_a_breaker_opens_when_the_model_fails_for_two_tenants_or_the_only_one() 
     for _ in range(5):
         outcomes(lone, clock, bob=False)  # no one else's requests: it cannot tell
     assert lone.state == "open"
+
+
+def test_a_tenant_failing_alone_is_cut_off_once_the_model_served_another() -> None:
+    """No other tenant's requests in the window, but A was served well before: B alone is
+    cut off, saying so. A failing too (B cut off) opens it for everyone."""
+    clock = FakeClock()
+    cut: list[tuple[object, str]] = []
+    breaker = Breaker(POLICY, clock, on_cut_off=lambda t, why, _: cut.append((t, why)))
+    outcomes(breaker, clock, alice=True)
+    clock.advance(POLICY.window_seconds)  # A's request has left the window
+    for _ in range(5):
+        outcomes(breaker, clock, bob=False)
+    assert state(breaker) == "closed"
+    [(tenant, why)] = cut
+    assert tenant == "bob"
+    assert why == (
+        "4 of its 4 requests in the window failed; no other tenant's requests came in "
+        "the window, and another tenant's were served well before"
+    )
+    assert breaker.allow("bob") == "refused"
+    assert breaker.allow("alice") == "normal"
+    for _ in range(5):
+        outcomes(breaker, clock, alice=False)
+    assert state(breaker) == "open"
+
+
+def test_a_tenant_running_slow_alone_is_cut_off_once_the_model_served_another() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    outcomes(breaker, clock, alice=True)
+    clock.advance(POLICY.window_seconds)
+    for _ in range(5):
+        if breaker.allow("bob") == "normal":
+            breaker.record("normal", True, 0.5, "bob")  # above the 100 ms p99 limit
+        clock.advance(0.1)
+    assert state(breaker) == "closed"
+    assert "p99 latency of its requests" in (breaker.cut_off("bob") or "")
+    assert "no other tenant's requests came" in (breaker.cut_off("bob") or "")
+
+
+def test_a_tenant_failing_alone_opens_it_when_no_other_was_served_well_since_it_opened() -> None:
+    """A window of one tenant's requests opens it for everyone unless another tenant was
+    served well since it last opened: not the tenant's own successes, not another's slow
+    ones, not another's from before the model failed for all (the default tenant alone,
+    where no tenants are configured, is the first case)."""
+    clock = FakeClock()
+    own = Breaker(POLICY, clock)
+    outcomes(own, clock, bob=True)
+    clock.advance(POLICY.window_seconds)
+    for _ in range(5):
+        outcomes(own, clock, bob=False)
+    assert state(own) == "open"
+    slow = Breaker(POLICY, clock)
+    slow.record(slow.allow("alice"), True, 0.5, "alice")  # served, above the p99 limit
+    clock.advance(POLICY.window_seconds)
+    for _ in range(5):
+        outcomes(slow, clock, bob=False)
+    assert state(slow) == "open"
+    before = Breaker(POLICY, clock)
+    outcomes(before, clock, alice=True)
+    for _ in range(5):
+        outcomes(before, clock, alice=False, bob=False)  # the model fails for two
+    assert state(before) == "open"
+    clock.advance(POLICY.backoff_initial_s)
+    assert before.allow("bob") == "probe"
+    before.record("probe", True, 0.01, "bob")
+    assert state(before) == "closed"
+    for _ in range(5):
+        outcomes(before, clock, bob=False)
+    assert state(before) == "open"  # A's success came before the model failed for all
 
 
 def test_a_tenant_whose_requests_alone_run_slow_is_cut_off() -> None:

@@ -1,5 +1,6 @@
 """Timing rules in-process, on the FakeClock, through the worker seam: deadlines, a full
-queue and shedding, retries on a sibling, restart backoff, memory kills and breakers. Real
+queue and shedding, retries (on a sibling, or after a restart), a batch re-run request by
+request, restart backoff, memory kills and breakers. Real
 Instances, Scheduler and Engine; in-process fake workers (tests/fake_workers.py) that
 answer when the test says, so time moves only when the test advances the clock, and the
 verdict is the same on any machine. End-to-end smoke tests of the same rules, on real
@@ -21,7 +22,7 @@ from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.inference import InferenceRequest
 from infergate.engine.lifecycle.instance import Instance
-from infergate.engine.scheduling.classes import DEFAULT_CLASSES
+from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
 from infergate.engine.settings import LiveSettings
 from infergate.errors import (
@@ -29,12 +30,13 @@ from infergate.errors import (
     DataNotServable,
     DeadlineExceeded,
     ModelExecutionError,
+    ModelFailed,
     Overloaded,
     WorkerFailed,
     WorkerOverMemory,
 )
 from infergate.metrics import Metrics
-from tests.fake_served import Served
+from tests.fake_served import Answer, Served
 from tests.fake_workers import FakeCall, FakeWorker, FakeWorkers
 from tests.polling import eventually
 from tests.scripted_runtime import make_scripted
@@ -235,7 +237,7 @@ async def test_a_batch_failing_after_its_scheduler_stopped_is_answered(three: Se
     assert not three.workers.pending()
 
 
-async def test_no_retry_after_a_memory_kill_or_without_a_sibling(three: Served) -> None:
+async def test_no_retry_after_a_lone_request_s_memory_kill(three: Served) -> None:
     task = await three.submit(BURST)
     call = await three.workers.next_call()
     call.worker.kill_over_memory("it used 500 MB, over its memory limit of 300 MB")
@@ -248,12 +250,182 @@ async def test_no_retry_after_a_memory_kill_or_without_a_sibling(three: Served) 
     assert not any(i.ready for i in three.instances)
 
 
-async def test_the_only_instance_dying_fails_its_request(one: Served) -> None:
+Sent = asyncio.Task[Answer]
+
+
+def keyed(served: Served, value: float, cls: PriorityClass = BURST) -> Sent:
+    """A request of one row that may share a batch: `x` all `value`."""
+    x = np.full((1, 4), value, np.float32)
+    return asyncio.create_task(
+        served.scheduler.submit({"x": x}, "k", ("y",), cls, cls.deadline_s, 10.0)
+    )
+
+
+async def two_in_a_batch(served: Served) -> tuple[Sent, Sent, FakeCall]:
+    """A good request (x = 1) and a bad one (x = 2) that wait behind a running one, then
+    run as one batch: the two, and the batch's call."""
+    first = keyed(served, 0)
+    busy = await served.workers.next_call()
+    good, bad = keyed(served, 1), keyed(served, 2)
+    await asyncio.sleep(0)
+    busy.reply()  # the two queued behind it go as one batch
+    both = await served.workers.next_call(what="the two as one batch")
+    assert both.rows == 2
+    await first
+    return good, bad, both
+
+
+def is_bad(call: FakeCall) -> bool:
+    return bool(call.inputs["x"][0, 0] == 2)
+
+
+async def test_a_batch_past_its_timeout_runs_again_request_by_request() -> None:
+    """A batch of two runs past the model's timeout (one request's input makes it slow):
+    its worker is killed, and each request runs again alone, here once the only instance
+    has restarted. Only the one slow alone gets the 504 (its lone run times out too, and
+    it is not run a third time); the other is answered. Before, both got the 504. Nothing
+    goes to the killed worker in the moment before its kill lands."""
+    served = await Served(1, QueuePolicy(max_batch_size=4), backoff_initial_s=0.001).start()
+    try:
+        good, bad, both = await two_in_a_batch(served)
+        killed = both.worker
+        both.time_out()
+        for what in ("each again, alone", "the other, alone"):
+            call = await served.workers.next_call(what=what)
+            assert call.rows == 1
+            assert call.worker is not killed
+            if is_bad(call):
+                call.time_out()
+            else:
+                call.reply()
+        outputs, _ = await good
+        assert outputs["y"].tolist() == [[1.0] * 4]
+        with pytest.raises(DeadlineExceeded, match="did not answer within"):
+            await bad
+        assert len(killed.calls) == 2  # the first request, and the batch
+        assert sum(len(w.calls) for w in served.workers.made) == 4
+        assert sample(served.context.metrics, "infergate_retries_total", model="m") == 2
+    finally:
+        await served.stop()
+
+
+async def test_a_batch_killed_for_its_memory_runs_again_request_by_request() -> None:
+    """A batch of two whose worker is killed past its memory limit (one request's input
+    takes it): each request runs again alone; only the one killed again alone gets the
+    503. Before, neither was run again, and both got the 503."""
+    served = await Served(1, QueuePolicy(max_batch_size=4), backoff_initial_s=0.001).start()
+    instance = served.instances[0]
+    try:
+        good, bad, both = await two_in_a_batch(served)
+        instance.kill_over_memory(500, 300)  # as the memory monitor does
+        for what in ("each again, alone", "the other, alone"):
+            call = await served.workers.next_call(what=what)
+            assert call.rows == 1
+            if is_bad(call):
+                instance.kill_over_memory(500, 300)
+            else:
+                call.reply()
+        outputs, _ = await good
+        assert outputs["y"].tolist() == [[1.0] * 4]
+        with pytest.raises(WorkerOverMemory, match="over its memory limit"):
+            await bad
+        assert sum(len(w.calls) for w in served.workers.made) == 4
+        await eventually(lambda: instance.ready, what="the restart")  # kills while running
+    finally:
+        await served.stop()
+
+
+async def test_work_on_the_only_instance_gets_one_more_try_once_it_restarted() -> None:
+    """With no sibling, the work of a worker that died waits for its restart and runs then,
+    alone: one more try, as on a sibling. Before, it failed at once. Once only: when the
+    restarted worker dies too, the request fails."""
+    served = await Served(1, QueuePolicy(max_batch_size=1), backoff_initial_s=0.001).start()
+    try:
+        task = await served.submit(BURST)
+        first = await served.workers.next_call()
+        first.worker.end("was killed by signal 9")
+        retry = await served.workers.next_call(what="the retry, once restarted")
+        assert retry.worker is not first.worker
+        retry.reply()
+        outputs, _ = await task
+        assert outputs["pid"].tolist() == [[retry.worker.pid]]
+        again = await served.submit(BURST)
+        (await served.workers.next_call()).worker.end("exited with code 3")
+        (await served.workers.next_call(what="the retry")).worker.end("exited with code 3")
+        with pytest.raises(WorkerFailed, match="exited with code 3"):
+            await again
+        assert sample(served.context.metrics, "infergate_retries_total", model="m") == 2
+    finally:
+        await served.stop()
+
+
+async def test_a_retry_that_cannot_start_by_its_deadline_gets_the_worker_s_error(
+    one: Served,
+) -> None:
+    """The only instance is not back (its backoff is 1000 s) when the retry's deadline
+    (a fresh one: burst, 200 ms) passes: the caller gets the worker's 503, saying so, not
+    a 504 for a request "not run"."""
     task = await one.submit(BURST)
     (await one.workers.next_call()).worker.end("was killed by signal 9")
-    with pytest.raises(WorkerFailed, match="killed by signal 9"):
-        await task
-    assert len(one.workers.made) == 1  # not restarted yet: its backoff is 1000 s
+    await eventually(lambda: one.scheduler.depth_by_class() == {"burst": 1}, what="the retry")
+    one.clock.advance(0.201)
+    with pytest.raises(WorkerFailed) as failed:
+        await asyncio.wait_for(task, 10)  # the scheduler notices on its own
+    said = str(failed.value)
+    assert "killed by signal 9" in said
+    assert (
+        "it was to run again alone, but no instance could take it within its deadline "
+        "of 200 ms (it waited 201 ms). Hint: retry shortly"
+    ) in said, said
+    assert len(one.workers.made) == 1  # not restarted yet
+    metrics = one.context.metrics
+    assert sample(metrics, "infergate_retries_total", model="m") == 1
+
+
+async def test_a_retry_waiting_for_a_restart_fails_at_once_when_the_instance_fails() -> None:
+    """A request waiting for the only instance's restart (its class waits 30 s) fails as
+    soon as the instance fails for good (here its supervisor hits a bug), with why: it
+    would have waited out its deadline for an instance that never comes."""
+    served = await Served(1, QueuePolicy(max_batch_size=1), backoff_initial_s=0.001).start()
+    try:
+        task = await served.submit(BATCH)
+        call = await served.workers.next_call()
+        served.workers.start_bug = RuntimeError("the restart hit a bug")
+        call.worker.end("was killed by signal 9")
+        with pytest.raises(ModelFailed, match="the restart hit a bug"):
+            await asyncio.wait_for(task, 10)
+        assert served.instances[0].state == "failed"
+    finally:
+        await served.stop()
+
+
+async def test_a_retry_waiting_for_a_restart_fails_at_once_when_its_version_stops(
+    one: Served,
+) -> None:
+    task = await one.submit(BATCH)
+    (await one.workers.next_call()).worker.end("was killed by signal 9")
+    await eventually(lambda: one.scheduler.depth_by_class() == {"batch": 1}, what="the retry")
+    await one.scheduler.stop()  # an unload, the gateway stopping
+    with pytest.raises(Overloaded, match="was stopped"):
+        await asyncio.wait_for(task, 5)
+
+
+async def test_a_stopped_version_answers_a_started_request_s_waiting_chunks() -> None:
+    """A large request's chunks never expire once one started; a version that stops
+    answers them anyway. Before, they stayed queued and the request hung."""
+    served = await Served(1, QueuePolicy(max_batch_size=2), backoff_initial_s=1000).start()
+    try:
+        x = np.zeros((6, 4), np.float32)  # three chunks of two rows
+        task = asyncio.create_task(
+            served.scheduler.submit({"x": x}, "k", ("y",), BURST, BURST.deadline_s, 10.0)
+        )
+        running = await served.workers.next_call()  # the first chunk
+        await served.scheduler.stop()
+        running.reply()  # its worker finishes the call in hand, then stops
+        with pytest.raises(Overloaded, match="was stopped"):
+            await asyncio.wait_for(task, 5)
+    finally:
+        await served.stop()
 
 
 async def crash_and_wait_restart(served: Served, instance: Instance) -> None:

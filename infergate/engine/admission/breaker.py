@@ -13,12 +13,19 @@ reopens it.
        +----------(probes succeed)--------+----(a probe fails)--+
 
 A breaker judges the model, not one tenant's requests: outcomes carry their tenant, and
-when a window is bad only because of one tenant's requests (other tenants' requests came
-in it and, without that one's, are within the limits, and no other tenant is cut off
-already), that tenant alone is cut off for a backoff of its own (doubling while it keeps
-at it) and the breaker stays closed for the others: one tenant's inputs that make the
-model raise, crash or run slow cannot close it to everyone. Failures of a second tenant,
-or a window of one tenant's requests only, open it as before.
+when a window is bad only because of one tenant's requests, that tenant alone is cut off
+for a backoff of its own (doubling while it keeps at it) and the breaker stays closed for
+the others: one tenant's inputs that make the model raise, crash or run slow cannot close
+it to everyone. "Only because of one tenant's": either other tenants' requests came in the
+window and, without that one's, are within the limits; or no other tenant's requests came
+in it at all, and the model served another tenant's request well (a success, within the
+latency limit) since the breaker last opened: the model has shown it works for others,
+and they are who the cut-off keeps it open for. Never while another tenant is cut off
+already: failures of a second tenant open it for everyone, as does a window of one
+tenant's requests where no other tenant was served (a deployment without tenants, where
+every request is the default tenant's, or a model only that tenant uses): with nobody
+shown to be served well, and perhaps nobody to protect, it cannot tell the tenant from
+the model.
 
 The window's cost does not grow with the traffic: the latency verdict counts, in each
 bucket, the latencies measured and those above `latency_p99_ms` (the p99 is above the
@@ -117,6 +124,10 @@ class Breaker:
         self._random = random.Random(0)  # which latencies a full bucket keeps
         self._cut: dict[Hashable, _CutOff] = {}  # tenants refused on their own
         self._on_cut_off = on_cut_off
+        # The last two distinct tenants served well since the breaker last opened (None:
+        # none yet): is there another tenant than one failing alone that the model serves?
+        self._served: Hashable = None
+        self._served_before: Hashable = None
 
     @property
     def state(self) -> State:
@@ -182,6 +193,8 @@ class Breaker:
             if not ok:
                 self._open(f"a probe failed ({self.reason})")
                 return
+            if tenant is not None and (latency_s is None or latency_s <= self._limit_s):
+                self._served_well(tenant)
             self._probes_ok += 1
             if self._probes_ok >= self.policy.probes:
                 self._close()
@@ -193,11 +206,13 @@ class Breaker:
             bucket = buckets[-1]
         else:
             bucket = self._current(now)
+        slow = latency_s is not None and latency_s > self._limit_s
         if ok:
             bucket.ok += 1
+            if tenant is not None and tenant != self._served and not slow:
+                self._served_well(tenant)
         else:
             bucket.failed += 1
-        slow = latency_s is not None and latency_s > self._limit_s
         if tenant is not None:
             per = bucket.tenants
             if per is None:
@@ -225,6 +240,15 @@ class Breaker:
                 bucket.weight *= math.exp(math.log(self._uniform()) / SAMPLES)
                 bucket.next_kept += self._skip(bucket.weight)
 
+    def _served_well(self, tenant: Hashable) -> None:
+        if tenant != self._served:
+            self._served_before, self._served = self._served, tenant
+
+    def _served_another(self, tenant: Hashable) -> bool:
+        """Whether the model served a tenant other than `tenant` well since the breaker
+        last opened."""
+        return any(t is not None and t != tenant for t in (self._served, self._served_before))
+
     def _uniform(self) -> float:
         """A random number in (0, 1)."""
         return self._random.random() or 0.5
@@ -236,6 +260,7 @@ class Breaker:
     def reset(self) -> None:
         self._buckets.clear()
         self._cut.clear()
+        self._served = self._served_before = None
         self._backoff = self.policy.backoff_initial_s
         self._bad_evaluations = 0
         self._move("closed", "reset by an operator")
@@ -279,11 +304,12 @@ class Breaker:
 
     def _culprit(self, failures: bool, now: float) -> tuple[Hashable, str] | None:
         """The one tenant whose requests alone make the window bad (`failures`: by its
-        failure rate, else by its p99): other requests came in the window and, without
-        its, are within the limits, and no other tenant is cut off already (then the
-        model fails for two). None when the window is bad for more than one tenant, or
-        holds one tenant's requests only, or its outcomes named none. Else the tenant,
-        and what its own requests did."""
+        failure rate, else by its p99), and why it is cut off; None when the breaker is
+        to open for everyone. A tenant is the culprit when other requests came in the
+        window and, without its, are within the limits; or when no other request came in
+        it and the model served another tenant well since the breaker last opened. Never
+        when another tenant is cut off already (the model then fails for two), or when
+        the outcomes named no tenant."""
         per: dict[Hashable, list[int]] = {}
         for bucket in self._buckets:
             for tenant, counts in (bucket.tenants or {}).items():
@@ -294,32 +320,43 @@ class Breaker:
             return None
         ok = sum(b.ok for b in self._buckets)
         failed = sum(b.failed for b in self._buckets)
-        measured = sum(b.measured for b in self._buckets)
-        slow = sum(b.slow for b in self._buckets)
-        # Without the others' outcomes (one tenant alone used the model in the window) it
-        # cannot tell the tenant from the model: the breaker opens, as it always did.
         if failures:
             worst = max(per, key=lambda t: per[t][1])
-            rest = ok + failed - per[worst][0] - per[worst][1]
-            rest_failed = failed - per[worst][1]
-            if not rest or rest_failed / rest > self.policy.failure_rate:
-                return None
             own = per[worst][0] + per[worst][1]
-            return worst, f"{per[worst][1]} of its {own} requests in the window failed"
-        worst = max(per, key=lambda t: per[t][3])
-        rest = measured - per[worst][2]
-        if not rest or _p99_above(slow - per[worst][3], rest):
-            return None
-        limit = self.policy.latency_p99_ms
-        return worst, f"the p99 latency of its requests is above {limit:.0f} ms"
+            what = f"{per[worst][1]} of its {own} requests in the window failed"
+        else:
+            worst = max(per, key=lambda t: per[t][3])
+            own = per[worst][0] + per[worst][1]
+            what = f"the p99 latency of its requests is above {self.policy.latency_p99_ms:.0f} ms"
+        if own == ok + failed:
+            # Its requests alone came in the window: by them alone it cannot tell the
+            # tenant from the model. Unless the model has served another tenant well since
+            # it last opened (without that, perhaps nobody else uses it at all), it opens.
+            if not self._served_another(worst):
+                return None
+            return worst, (
+                f"{what}; no other tenant's requests came in the window, and another "
+                "tenant's were served well before"
+            )
+        if failures:
+            rest = ok + failed - own
+            if (failed - per[worst][1]) / rest > self.policy.failure_rate:
+                return None
+        else:
+            measured = sum(b.measured for b in self._buckets)
+            slow = sum(b.slow for b in self._buckets)
+            rest = measured - per[worst][2]
+            if not rest or _p99_above(slow - per[worst][3], rest):
+                return None
+        return worst, f"{what}, while other tenants' requests did not"
 
-    def _cut_tenant_off(self, tenant: Hashable, what: str, now: float) -> None:
-        """Refuse `tenant` alone for a while: the others go on as if it had not come."""
+    def _cut_tenant_off(self, tenant: Hashable, reason: str, now: float) -> None:
+        """Refuse `tenant` alone for a while, saying why: the others go on as if it had
+        not come."""
         before = self._cut.get(tenant)
         backoff = self.policy.backoff_initial_s
         if before is not None and now - before.until < self.policy.window_seconds:
             backoff = min(before.backoff * 2, self.policy.backoff_max_s)  # it kept at it
-        reason = f"{what}, while other tenants' requests did not"
         self._cut[tenant] = _CutOff(now + backoff, backoff, reason)
         self._bad_evaluations = 0
         for bucket in self._buckets:
@@ -358,6 +395,7 @@ class Breaker:
         self._bad_evaluations = 0
         self._buckets.clear()
         self._cut.clear()  # every tenant is refused now
+        self._served = self._served_before = None  # served before the model failed for all
         self._move("open", why)
 
     def _close(self) -> None:

@@ -66,6 +66,8 @@ class Instance:
         # Called each time a worker becomes ready (its scheduler looks at its queue again:
         # a request pinned to this instance waits for it through a restart).
         self.on_ready: Callable[[], None] = lambda: None
+        # Called when it fails for good (its scheduler answers what can no longer run).
+        self.on_failed: Callable[[], None] = lambda: None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -248,6 +250,7 @@ class Instance:
     def _fail(self, reason: str) -> None:
         self.state, self.reason = "failed", reason
         self._settled.set()
+        self.on_failed()
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop the worker: it finishes its call in flight, if any, within `grace_s`."""

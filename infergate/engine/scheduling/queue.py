@@ -227,6 +227,14 @@ class JobQueue(Generic[T]):
             self._prune_deadlines()
         return expired
 
+    def clear(self) -> list[Job[T]]:
+        """Remove and return every waiting job, a started request's chunks too (which
+        `expire` never takes): for when nothing will ever run them."""
+        jobs = list(self._live())
+        for job in jobs:
+            self._remove(job)
+        return jobs
+
     def next_deadline(self) -> float | None:
         """When the next job may expire (jobs that cannot expire are left out)."""
         self._prune_deadlines()

@@ -1,12 +1,12 @@
 """The scheduler's refusals, worded once: a request too large for the queue, a full queue,
 one shed for a more urgent one (or for a tenant that holds less of the queue), one past
-its queue deadline, and a stopped version."""
+its queue deadline, one whose second try could not start, and a stopped version."""
 
 from __future__ import annotations
 
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import QueuePolicy
-from infergate.errors import Overloaded, QueueDeadlineExceeded, TooLargeForQueue
+from infergate.errors import InfergateError, Overloaded, QueueDeadlineExceeded, TooLargeForQueue
 
 
 def too_large(model: str, rows: int, chunks: int, policy: QueuePolicy) -> TooLargeForQueue:
@@ -51,6 +51,20 @@ def expired(
         f"deadline of {patience_s * 1000:.0f} ms ({cls.name} class); "
         "it was not run. Hint: retry later, lower the load, or add instances"
     )
+
+
+def not_run_again(first: InfergateError, waited_s: float, patience_s: float) -> InfergateError:
+    """A request whose batch failed (its worker died, or was killed) and whose one more
+    try found no instance within its deadline: the first failure (its status, its
+    Retry-After), saying so."""
+    said, hint, rest = str(first).partition(" Hint:")
+    why = (
+        f"{said.rstrip(' .')}; it was to run again alone, but no instance could take it "
+        f"within its deadline of {patience_s * 1000:.0f} ms (it waited {waited_s * 1000:.0f} ms)."
+    )
+    error = type(first)(f"{why}{hint}{rest}")
+    error.__cause__ = first
+    return error
 
 
 def stopped(model: str, version: int) -> Overloaded:

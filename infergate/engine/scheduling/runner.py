@@ -1,6 +1,14 @@
 """Running batches on instances: send a batch to its worker, await the reply, answer each
-caller with its own rows, and give the work of a worker that died one more try on a
-sibling. It owns which instances are busy; the scheduler decides what runs next."""
+caller with its own rows, and give the work of a batch that failed one more try, alone.
+It owns which instances are busy; the scheduler decides what runs next.
+
+One tenant's request must not fail another's by sharing its batch. A batch that one
+request's data broke (the model raised) runs again request by request; so does a batch
+whose worker ran past its timeout or was killed for its memory, when it held more than one
+request: alone, only the request that did it times out or is killed again. A worker that
+died otherwise (a crash) gives each of its requests one more try, alone, on a sibling or,
+with none ready, on its own instance once restarted. Each request gets one such try at
+most (a hostile flood cannot loop), within a deadline of its own."""
 
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ from infergate.engine.triton.stats import VersionStats
 from infergate.engine.workers.protocol import Worker
 from infergate.errors import (
     DataNotServable,
+    DeadlineExceeded,
     InfergateError,
     ModelExecutionError,
     WorkerFailed,
@@ -30,6 +39,8 @@ from infergate.metrics import Metrics
 from infergate.tensors import Array
 
 log = logging.getLogger("infergate.scheduler")
+
+_GONE = ("failed", "stopped")  # an instance in these states never runs a batch again
 
 
 def _pinned_to(instance: Instance, cpu: int) -> bool:
@@ -49,6 +60,7 @@ class Batch:
     future: asyncio.Future[dict[str, Array]] | None = None
     replied: float | None = None  # when the worker's reply was read
     released: bool = False
+    killed: bool = False  # past its timeout: its worker is being killed
 
 
 class BatchRunner:
@@ -120,7 +132,7 @@ class BatchRunner:
             )
             instance.running = True
         except WorkerFailed as exc:
-            self._retry_or_fail(jobs, instance, exc)
+            self._again_or_fail(jobs, exc)
             self._release(batch, pump=False)  # the loop looks again; we may be inside a pump
             return None
         except Exception as exc:  # tensors the arena cannot take: a bug, but answer anyway
@@ -136,7 +148,8 @@ class BatchRunner:
         batch before this one's callers are answered (answering a large batch keeps the
         event loop busy a while, and the worker would sit idle meanwhile)."""
         batch.replied = self._clock.now()
-        self._release(batch)
+        if not batch.killed:  # (a reply that beat the kill: the instance waits for the exit)
+            self._release(batch)
 
     def _release(self, batch: Batch, pump: bool = True) -> None:
         if batch.released:
@@ -159,8 +172,8 @@ class BatchRunner:
             if batch.future.done():
                 self._release(batch)
             raise  # else the reply is still to come, and whoever awaits it releases it
-        except WorkerFailed as exc:
-            self._retry_or_fail(jobs, batch.instance, exc)  # queued again before the pump
+        except WorkerFailed as exc:  # it died, or was killed for its memory
+            self._again_or_fail(jobs, exc)  # queued again before the pump
             self._release(batch)
             return
         except (DataNotServable, ModelExecutionError) as exc:
@@ -169,14 +182,30 @@ class BatchRunner:
             self._alone_or_fail(jobs, exc)  # queued again before the pump
             self._release(batch)
             return
-        except InfergateError as exc:
+        except DeadlineExceeded as exc:
             batch.future.cancel()  # past its timeout, the worker is killed: no reply comes
+            batch.killed = True
+            self._again_or_fail(jobs, exc)
+            # The instance takes nothing more until that worker is gone (it is alive until
+            # the kill lands, and what went to it would fail with it); a sibling may.
+            self._release_when_gone(batch)
+            self._on_free(True)
+            return
+        except InfergateError as exc:
+            batch.future.cancel()
             for w in works:
                 w.ticket.fail(exc)
             self._release(batch)
             return
         self._release(batch)  # the reply has released it already, unless it came too late
         self._answer(batch, outputs)
+
+    def _release_when_gone(self, batch: Batch) -> None:
+        exited = batch.handle.exited
+        if exited.done():
+            self._release(batch)
+        else:
+            exited.add_done_callback(lambda _: self._release(batch))
 
     def _answer(self, batch: Batch, outputs: dict[str, Array]) -> None:
         """Give each caller its own rows of the batch's outputs, and count the batch."""
@@ -241,38 +270,52 @@ class BatchRunner:
         self._queue.admit(again, force=True)
         self._on_free(True)  # (the reply freed the instance, and the loop looked, before)
 
-    def _retry_or_fail(self, jobs: list[Job[Work]], failed: Instance, exc: WorkerFailed) -> None:
-        """Inference is idempotent: work on a worker that died gets one more try, on a
-        sibling, when one is ready. The try runs alone: a request whose data ends the
-        worker (a query of death) then takes down no other request a second time, nor
-        one that would have been merged with it on the sibling."""
-        # A worker killed for its memory would take the sibling down the same way.
-        sibling_ready = not isinstance(exc, WorkerOverMemory) and any(
-            i.ready for i in self._instances if i is not failed
+    def _again_or_fail(self, jobs: list[Job[Work]], exc: InfergateError) -> None:
+        """A batch whose worker died, was killed for its memory, or ran past its timeout
+        (and was killed). Inference is idempotent: its requests get one more try, each
+        alone, on a sibling or, with none ready, on the instance once it is restarted.
+        After a crash every request gets it (a lone one too): chance, or its data, ended
+        the worker. Memory and time are what the batch took: a lone request took them
+        itself and gets the error, while the requests of a batch of several run again
+        alone so that only the one that took them fails (its lone run is killed again).
+
+        Once only, and never for a sequence's request (bound to its instance) or once
+        the scheduler stopped or no instance is left that could come back. The try gets a
+        fresh queue deadline of the patience it came with, as its first run did (the
+        first run's deadline was to start, and it started; its execution timeout counts
+        anew from its start): it waits that long for an instance (a restart, with none
+        other), and past it the caller gets the first run's error (scheduler._expired).
+        A failed instance, or a stopped version, fails it at once (scheduler.py)."""
+        # A lone request's own memory or time: running it again would only do it again.
+        again = not isinstance(exc, (WorkerOverMemory, DeadlineExceeded)) or any(
+            j.payload.ticket is not jobs[0].payload.ticket for j in jobs
         )
+        if again and (self.stopped or all(i.state in _GONE for i in self._instances)):
+            again = False
+        now = self._clock.now()
+        retried = 0
         for job in jobs:
-            if (
-                sibling_ready
-                and not self.stopped
-                and not job.payload.retried
-                and not job.payload.bound
-            ):
-                job.payload.retried = True
-                # It met its deadline once already: the retry gets a fresh one.
-                now = self._clock.now()
-                patience = job.deadline - job.arrival
-                again = Job(
-                    job.payload,
-                    job.cls,
-                    now,
-                    now + patience,
-                    job.rows,
-                    None,  # alone
-                    None,
-                    job.fair,
-                    job.group,
-                )
-                self._queue.admit([again], force=True)
-                self._metrics.child(self._metrics.retries, self.name).inc()
-            else:
-                job.payload.ticket.fail(exc)
+            work = job.payload
+            if work.ticket.future.done():
+                continue  # its caller gave up, or another chunk failed it
+            if not again or work.retried or work.bound:
+                work.ticket.fail(exc)
+                continue
+            work.retried = True
+            work.failed_with = exc
+            patience = job.deadline - job.arrival
+            alone = Job(
+                work,
+                job.cls,
+                now,
+                now + patience,
+                job.rows,
+                None,  # alone
+                None,  # on whichever instance is free first
+                job.fair,
+                job.group,
+            )
+            self._queue.admit([alone], force=True)
+            retried += 1
+        if retried:
+            self._metrics.child(self._metrics.retries, self.name).inc(retried)

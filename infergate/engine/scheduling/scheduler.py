@@ -8,6 +8,8 @@ passed in the queue (it never runs; once a chunk started, the rest are never exp
 503 when the queue was full or it was shed, or 400 when it has more chunks than the queue
 can ever hold. A caller that gives up (its task is cancelled) leaves its batch running:
 the worker finishes it, the batch's other callers get their rows, and its own are dropped.
+What waits in the queue when no instance can ever run it (the version stops, or its last
+instance fails: a request waiting for a restart to run again) is answered at once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Awaitable, Hashable
 from functools import partial
 
 from infergate.clock import Clock
+from infergate.engine.lifecycle import readiness
 from infergate.engine.lifecycle.instance import Instance
 from infergate.engine.scheduling import refusals
 from infergate.engine.scheduling.affinity import pinned_instance
@@ -71,6 +74,7 @@ class Scheduler:
         self._batches: set[asyncio.Task[None]] = set()  # awaited by no caller: kept alive here
         for instance in instances:  # one back from a restart may take what waits for it
             instance.on_ready = partial(self._instance_freed, True)
+            instance.on_failed = self._instance_failed
 
     def depth_by_class(self) -> dict[str, int]:
         return self._queue.depth_by_class()
@@ -92,7 +96,18 @@ class Scheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         error = refusals.stopped(self.name, self.version)
-        for job in self._queue.expire(float("inf")):
+        for job in self._queue.clear():  # a started request's chunks too: none will run
+            job.payload.ticket.fail(error)
+
+    def _instance_failed(self) -> None:
+        """An instance failed, and is not restarted: when no instance is left that could
+        come back, nothing queued can ever run (a request waiting for a restart to run
+        again, a started request's chunks, which never expire): it fails now, with why."""
+        if any(i.state not in ("failed", "stopped") for i in self._instances):
+            return
+        reason = readiness.first_reason(self._instances)
+        error = readiness.not_ready_error(self.name, self.version, "failed", reason)
+        for job in self._queue.clear():
             job.payload.ticket.fail(error)
 
     async def submit(
@@ -321,7 +336,11 @@ class Scheduler:
     def _expired(self, job: Job[Work], now: float) -> None:
         self._metrics.shed.labels(self.name, job.cls.name, "deadline").inc()
         waited, patience = now - job.arrival, job.deadline - job.arrival
-        job.payload.ticket.fail(refusals.expired(self.name, job.cls, waited, patience))
+        first = job.payload.failed_with
+        if first is not None:  # its one more try (runner.py) found no instance in time
+            job.payload.ticket.fail(refusals.not_run_again(first, waited, patience))
+        else:
+            job.payload.ticket.fail(refusals.expired(self.name, job.cls, waited, patience))
 
 
 class _Alarm:

@@ -71,5 +71,8 @@ class Work:
     ticket: Ticket
     index: int
     inputs: dict[str, Array]
-    retried: bool = False
+    retried: bool = False  # it had its one more try (runner.py): it gets no other
     bound: bool = False  # a sequence's: it runs on its instance or not at all
+    # Why its first run failed, while it waits to run again: what its caller learns if
+    # the second run cannot start by its deadline.
+    failed_with: InfergateError | None = None
