@@ -17,7 +17,7 @@ InfergateError                    500
 ├── PlacementRefused              507  (no device or quota room; the version fails with it)
 ├── ModelNotReady                 503  (loading, restarting: Retry-After)
 ├── WorkerFailed                  503  (the worker died or was killed mid-request)
-│   ├── WorkerOverMemory          503  (killed past its memory limit: never retried)
+│   ├── WorkerOverMemory          503  (killed past its memory limit: run again only from a batch)
 │   └── SharedMemoryUnavailable   503  (the system gave no arena large enough)
 ├── SequenceLost                  410  (a sequence's instance died: its state is gone)
 ├── CircuitOpen                   503  (Retry-After)
@@ -189,7 +189,8 @@ class WorkerFailed(InfergateError):
 
 
 class WorkerOverMemory(WorkerFailed):
-    """The worker was killed for using more than its memory limit (never retried)."""
+    """The worker was killed for using more than its memory limit (a lone request is not run
+    again; a batch's requests run again alone, once)."""
 
 
 class SequenceLost(InfergateError):

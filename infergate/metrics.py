@@ -202,7 +202,7 @@ class Metrics:
         )
         self.retries = Counter(
             "infergate_retries",
-            "Work retried on a sibling instance after its worker failed",
+            "Work run again after its worker died, timed out or was killed for its memory",
             ["model"],
             registry=self.registry,
         )
