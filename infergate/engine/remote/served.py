@@ -271,8 +271,9 @@ class RemoteServedVersion(ServedVersion):
     ) -> tuple[dict[str, Array], Timing]:
         """Decoded inputs (a request that needed decoding here, e.g. one in shared
         memory): sent upstream as binary tensors, the answer decoded back."""
-        # The HTTP client's codec (infergate.client imports httpx): loaded on first use.
-        from infergate.client import decode_infer_response, encode_infer_request
+        # The HTTP client's V2 codec (without the client, which imports httpx): loaded on
+        # first use.
+        from infergate.client_codec import decode_infer_response, encode_infer_request
 
         clock = self._context.clock
         body, headers = encode_infer_request(inputs, list(outputs))
