@@ -140,12 +140,68 @@ def test_an_empty_form_body_drops_shm_registrations_at_most(admin_server: Server
     assert httpx.get(f"{admin_server.url}/v2/models/mlp/ready").status_code == 200
 
 
-def test_a_replay_that_is_not_a_number_is_a_400_naming_it(admin_server: ServerProcess) -> None:
-    answer = httpx.get(f"{admin_server.url}/admin/events?replay=ten", timeout=10)
+@pytest.mark.parametrize("replay", ["ten", "-2", "1.0", "\u0661"])
+def test_a_replay_that_is_not_a_whole_number_is_a_400_naming_it(
+    admin_server: ServerProcess, replay: str
+) -> None:
+    answer = httpx.get(f"{admin_server.url}/admin/events", params={"replay": replay}, timeout=10)
     assert answer.status_code == 400
     assert answer.json()["error"] == (
-        "replay must be a whole number of past events to send first, not 'ten'"
+        f"replay must be a whole number (0 or more) of past events to send first, not {replay!r}"
     )
+
+
+def test_a_version_or_region_in_the_query_is_read_as_in_the_path(
+    admin_server: ServerProcess,
+) -> None:
+    """Where a route's path has no place for it, the version or region comes from the
+    query, as the routes read it before they moved off FastAPI: `?region=a` unregisters
+    region a, not every region."""
+    url = admin_server.url
+    assert httpx.get(f"{url}/v2/models/mlp/ready?version=1", timeout=10).status_code == 200
+    missing = httpx.get(f"{url}/v2/models/mlp/ready?version=7", timeout=10)
+    assert missing.status_code == 404, missing.text
+    assert httpx.get(f"{url}/v2/models/mlp?version=abc", timeout=10).status_code == 400
+    key = f"/infergate-test-{admin_server.port}"
+    shm = Path("/dev/shm") / key.lstrip("/")
+    shm.write_bytes(b"\0" * 64)
+    try:
+        for region in ("a", "b"):
+            body = {"key": key, "offset": 0, "byte_size": 64}
+            r = httpx.post(f"{url}/v2/systemsharedmemory/region/{region}/register", json=body)
+            assert r.status_code == 200, r.text
+        assert httpx.post(f"{url}/v2/systemsharedmemory/unregister?region=a").status_code == 200
+        left = httpx.get(f"{url}/v2/systemsharedmemory/status", timeout=10).json()
+        assert [r["name"] for r in left] == ["b"]
+        one = httpx.get(f"{url}/v2/systemsharedmemory/status?region=a", timeout=10)
+        assert one.status_code == 400
+    finally:
+        httpx.post(f"{url}/v2/systemsharedmemory/unregister")
+        shm.unlink()
+
+
+def test_a_405_says_which_methods_the_path_takes(admin_server: ServerProcess) -> None:
+    answer = httpx.delete(f"{admin_server.url}/v2/health/live", timeout=10)
+    assert answer.status_code == 405
+    assert answer.json()["error"] == "DELETE is not allowed on /v2/health/live"
+    assert answer.headers["allow"] == "GET, HEAD"
+
+
+def test_head_on_the_event_stream_is_its_headers_alone(admin_server: ServerProcess) -> None:
+    with connect(admin_server.port) as sock:  # the next request on it is still answered
+        sock.sendall(
+            head("HEAD", "/admin/events", admin_server.port)
+            + head("GET", "/v2/health/live", admin_server.port)
+        )
+        data = b""
+        while b'{"live":true}' not in data:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+    first, _, second = data.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200")
+    assert b"text/event-stream" in first
+    assert second.startswith(b"HTTP/1.1 200")
 
 
 def test_a_get_route_answers_head_with_its_headers_and_no_body(

@@ -19,7 +19,7 @@ from infergate import __version__
 from infergate.engine.engine import Engine
 from infergate.engine.lifecycle.readiness import not_ready_error
 from infergate.engine.triton.shared_memory import SYSTEM_SHM
-from infergate.errors import BadRequest
+from infergate.errors import BadRequest, shown
 from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
 from infergate.server.access_log import AccessLog
@@ -30,7 +30,7 @@ from infergate.server.errors import error_handlers, error_response
 from infergate.server.infer_request import version_number
 from infergate.server.infer_route import InferRoute
 from infergate.server.private_models import PrivateModels
-from infergate.server.routes import Routes
+from infergate.server.routes import Routes, optional_param
 from infergate.server.triton import EXTENSIONS, strict_not_ready, triton_routes
 from infergate.server.views import (
     device_sample,
@@ -48,12 +48,14 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 def replay_count(raw: str) -> int:
     """/admin/events' `replay`: how many past events to send first (400 for another value)."""
-    try:
-        return int(raw)
-    except ValueError:
+    if not (raw.isascii() and raw.isdigit()):
         raise BadRequest(
-            f"replay must be a whole number of past events to send first, not {raw!r}"
-        ) from None
+            f"replay must be a whole number (0 or more) of past events to send first, not "
+            f"{shown(raw)}"
+        )
+    # Past nine digits it is more than the events kept: all of them (and no int() of
+    # thousands of digits, past Python's limit).
+    return int(raw) if len(raw) <= 9 else 10**9
 
 
 def create_app(
@@ -113,13 +115,13 @@ def create_app(
 
     @routes.get("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
     async def metadata(request: Request) -> Response:
-        name, version = request.path_params["name"], request.path_params.get("version")
+        name, version = request.path_params["name"], optional_param(request, "version")
         view = engine.version_view(name, version_number(version))
         return _json(model_metadata(view, engine.model_view(name)))
 
     @routes.get("/v2/models/{name}/ready", "/v2/models/{name}/versions/{version}/ready")
     async def model_ready(request: Request) -> Response:
-        name, version = request.path_params["name"], request.path_params.get("version")
+        name, version = request.path_params["name"], optional_param(request, "version")
         view = engine.version_view(name, version_number(version))
         if not view.ready:
             raise not_ready_error(view.name, view.version, view.state, view.reason)
@@ -149,6 +151,8 @@ def create_app(
     async def events(request: Request) -> Response:
         """Server-sent events: reloads, failures, restarts, as they happen."""
         replay = replay_count(request.query_params.get("replay", "0"))
+        if request.method == "HEAD":  # the stream's headers; its body never ends
+            return Response(media_type="text/event-stream")
 
         async def stream() -> AsyncIterator[bytes]:
             yield b": infergate events\n\n"

@@ -47,6 +47,10 @@ def error_handlers() -> dict[type[Exception], ExceptionHandler]:
             message = f"{request.method} is not allowed on {request.url.path}"
         else:
             message = str(exc.detail)
-        return error_response(exc.status_code, message)
+        answer = error_response(exc.status_code, message)
+        if exc.headers and "Allow" in exc.headers:  # a 405 says which methods the path takes
+            methods = sorted(m.strip() for m in exc.headers["Allow"].split(","))
+            answer.headers["Allow"] = ", ".join(methods)  # (Starlette's are in a set's order)
+        return answer
 
     return {InfergateError: on_engine_error, HTTPException: on_http_error}

@@ -51,9 +51,17 @@ class Routes:
             served = endpoint if guard is None else _guarded(guard, endpoint)
             for path in paths:
                 self.routes.append(Route(path, served, methods=[method]))
-            return endpoint
+            return served  # the name in the module is the guarded endpoint too
 
         return add
+
+
+def optional_param(request: Request, name: str) -> str | None:
+    """A route's optional part (a version, a region): from its path when the route names it
+    there (`/versions/{version}`), else from the query (`?version=1`), where clients of
+    the FastAPI routes could also give it."""
+    value = request.path_params.get(name)
+    return value if value is not None else request.query_params.get(name)
 
 
 def _guarded(guard: Guard, endpoint: Endpoint) -> Endpoint:
@@ -61,4 +69,5 @@ def _guarded(guard: Guard, endpoint: Endpoint) -> Endpoint:
         await guard(request)  # raises the 401 or 403
         return await endpoint(request)
 
+    run.__name__ = run.__qualname__ = endpoint.__name__  # Starlette names a route by it
     return run

@@ -13,7 +13,7 @@ from infergate.engine.engine import Engine
 from infergate.engine.triton.shared_memory import SYSTEM_SHM
 from infergate.errors import BadRequest, shown
 from infergate.server.codec import json_object
-from infergate.server.routes import Guard, Routes
+from infergate.server.routes import Guard, Routes, optional_param
 
 
 def _json(doc: Any) -> Response:
@@ -27,7 +27,7 @@ def shared_memory_routes(engine: Engine, guard: Guard) -> Routes:
 
     @routes.get("/v2/systemsharedmemory/status", "/v2/systemsharedmemory/region/{region}/status")
     async def status(request: Request) -> Response:
-        return _json(SYSTEM_SHM.status(request.path_params.get("region")))
+        return _json(SYSTEM_SHM.status(optional_param(request, "region")))
 
     @routes.post("/v2/systemsharedmemory/region/{region}/register")
     async def register(request: Request) -> Response:
@@ -44,7 +44,7 @@ def shared_memory_routes(engine: Engine, guard: Guard) -> Routes:
         "/v2/systemsharedmemory/unregister", "/v2/systemsharedmemory/region/{region}/unregister"
     )
     async def unregister(request: Request) -> Response:
-        SYSTEM_SHM.unregister(request.path_params.get("region"))
+        SYSTEM_SHM.unregister(optional_param(request, "region"))
         return _json({})
 
     def no_cuda() -> BadRequest:

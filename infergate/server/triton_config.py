@@ -18,7 +18,7 @@ from infergate.errors import BadRequest, ModelNotFound
 from infergate.server.admin import check_model_name
 from infergate.server.codec import json_object
 from infergate.server.infer_request import version_number
-from infergate.server.routes import Guard, Routes
+from infergate.server.routes import Guard, Routes, optional_param
 
 
 def _json(doc: Any) -> Response:
@@ -52,7 +52,7 @@ def config_routes(engine: Engine, guard: Guard) -> Routes:
 
     @routes.get("/v2/models/{name}/config", "/v2/models/{name}/versions/{version}/config")
     async def config(request: Request) -> Response:
-        name, version = request.path_params["name"], request.path_params.get("version")
+        name, version = request.path_params["name"], optional_param(request, "version")
         return _json(model_config(engine.version_view(name, version_number(version))))
 
     @routes.post("/v2/repository/models/{name}/load", guard=guard)

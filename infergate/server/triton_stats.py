@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from infergate.engine.engine import Engine
 from infergate.server.infer_request import version_number
-from infergate.server.routes import Routes
+from infergate.server.routes import Routes, optional_param
 
 
 def _stats(model_stats: list[dict[str, Any]]) -> Response:
@@ -26,7 +26,7 @@ def stats_routes(engine: Engine) -> Routes:
 
     @routes.get("/v2/models/{name}/stats", "/v2/models/{name}/versions/{version}/stats")
     async def model_stats(request: Request) -> Response:
-        name, version = request.path_params["name"], request.path_params.get("version")
+        name, version = request.path_params["name"], optional_param(request, "version")
         return _stats(engine.statistics(name, version_number(version)))
 
     return routes
