@@ -365,3 +365,21 @@ def test_models_that_cannot_serve_are_4xx_without_retry_after(server: ServerProc
     assert unloaded.status_code == 404
     assert "retry-after" not in unloaded.headers
     assert "infergate model load spare" in unloaded.json()["error"]
+
+
+def test_inputs_with_different_batch_sizes_are_a_400(server: ServerProcess) -> None:
+    """A batched model's inputs carry the request's rows: a request whose inputs disagree
+    (x of 2 rows, sleep_ms of 1) would be merged with others' requests and cut back apart
+    by its first input's rows, handing one caller's rows to another."""
+    body = scripted_inputs(rows=2)
+    body["inputs"].append({"name": "sleep_ms", "datatype": "INT64", "shape": [1, 1], "data": [0]})
+    answer = httpx.post(f"{server.url}/v2/models/chunky/infer", json=body, timeout=30)
+    assert answer.status_code == 400
+    assert answer.json()["error"] == (
+        "the inputs of model 'chunky' have different batch sizes (first dimensions): "
+        "x [2, 4], sleep_ms [1, 1]. Hint: send the same number of rows in every input"
+    )
+    fine = httpx.post(
+        f"{server.url}/v2/models/chunky/infer", json=scripted_inputs(rows=2, sleep_ms=0)
+    )
+    assert fine.status_code == 200

@@ -279,6 +279,25 @@ def is_bad(call: FakeCall) -> bool:
     return bool(call.inputs["x"][0, 0] == 2)
 
 
+async def test_a_batch_whose_outputs_do_not_split_into_its_rows_runs_again_alone() -> None:
+    """A batch's output without one row per request (a model that does not keep rows
+    apart) cannot be cut back into the requests' rows: each request runs again alone and
+    gets its own answer, where before every caller of the batch got a 500."""
+    served = await Served(1, QueuePolicy(max_batch_size=4), backoff_initial_s=1000).start()
+    try:
+        good, bad, both = await two_in_a_batch(served)
+        both.reply({"y": np.zeros((3, 4), np.float32)})  # 3 rows for a batch of 2
+        for what in ("each again, alone", "the other, alone"):
+            call = await served.workers.next_call(what=what)
+            assert call.rows == 1
+            call.reply()
+        assert (await good)[0]["y"].tolist() == [[1.0] * 4]
+        assert (await bad)[0]["y"].tolist() == [[2.0] * 4]
+        assert not served.workers.pending()
+    finally:
+        await served.stop()
+
+
 async def test_a_batch_past_its_timeout_runs_again_request_by_request() -> None:
     """A batch of two runs past the model's timeout (one request's input makes it slow):
     its worker is killed, and each request runs again alone, here once the only instance

@@ -11,7 +11,7 @@ import numpy as np
 
 from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.scheduling.batching import batch_key
-from infergate.engine.scheduling.validate import check_inputs, check_outputs
+from infergate.engine.scheduling.validate import check_inputs, check_outputs, check_rows
 from infergate.tensors import Array, numpy_dtype
 
 _UNCHECKED = object()
@@ -54,6 +54,8 @@ class TensorChecks:
         if key is _UNCHECKED:
             source = self._source
             check_inputs(source.name, source.inputs, inputs)
+            if source.batchable:
+                check_rows(source.name, inputs)
             key = batch_key(inputs) if source.batchable else None
             if source.tensors_final:
                 if len(self._checked) >= _MAX_SIGNATURES:

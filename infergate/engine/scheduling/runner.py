@@ -214,8 +214,10 @@ class BatchRunner:
         try:
             pieces = unmerge(outputs, batch.rows) if len(works) > 1 else [outputs]
         except ValueError as exc:
-            for w in works:
-                w.ticket.fail(ModelExecutionError(str(exc)))
+            # Its outputs do not split back into the requests' rows (a model that does not
+            # keep rows apart): each request runs again alone, so none gets another's rows
+            # and one whose own output is odd does not fail the others.
+            self._alone_or_fail(jobs, ModelExecutionError(str(exc)))
             return
         batch.instance.batches += 1
         for job, work, piece in zip(jobs, works, pieces, strict=True):

@@ -43,6 +43,19 @@ def check_inputs(model: str, specs: tuple[TensorSpec, ...], inputs: dict[str, Ar
     _check_empty(inputs)
 
 
+def check_rows(model: str, inputs: dict[str, Array]) -> None:
+    """A batched model's inputs all carry the request's rows in their first dimension: a
+    request whose inputs disagree would be merged with other requests and cut back apart
+    by the first input's rows, handing one caller's rows to another."""
+    rows = {int(a.shape[0]) for a in inputs.values()}
+    if len(rows) > 1:
+        shapes = ", ".join(f"{n} {list(a.shape)}" for n, a in inputs.items())
+        raise BadRequest(
+            f"the inputs of model {model!r} have different batch sizes (first dimensions): "
+            f"{shapes}. Hint: send the same number of rows in every input"
+        )
+
+
 def _check_empty(inputs: dict[str, Array]) -> None:
     """The worker's shared memory cannot carry a tensor without elements; a batch of zero
     rows never goes there (the engine answers it), so any other empty tensor is refused."""
