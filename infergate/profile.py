@@ -65,6 +65,7 @@ class ServerSettings:
     body_timeout_s: float = _SERVER.body_timeout_s
     keep_alive_timeout_s: float = _SERVER.keep_alive_timeout_s
     max_connections: int = _SERVER.max_connections
+    max_connections_per_client: int = _SERVER.max_connections_per_client
     fronts: int = _SERVER.fronts  # front processes (server/front.py); 0: one process
 
 

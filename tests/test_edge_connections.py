@@ -201,3 +201,58 @@ def test_the_connection_cap_leaves_descriptors_for_the_gateway() -> None:
     assert "max_connections = 2048 does not fit the open-file limit (600); using 344" in (
         done.stderr
     )
+
+
+def _connect_from(address: str, port: int) -> socket.socket:
+    """A connection from another loopback address: another client, as the gateway sees it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.bind((address, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+@pytest.mark.parametrize("fronts", [0, 1], ids=["one-process", "fronts"])
+def test_one_client_past_its_connection_cap_leaves_room_for_others(
+    tmp_path: Path, fronts: int
+) -> None:
+    """`max_connections_per_client`: a client holding connections open with heads it never
+    finishes (no key checked yet) gets 503 for one more, while another client's connection
+    is served; a slot it closes is its own again."""
+    profile = (
+        f"[server]\nmax_connections_per_client = 2\nheader_timeout_s = 60\nfronts = {fronts}\n"
+    )
+    server = _server(tmp_path, profile).start()
+    held = [connect(server.port) for _ in range(2)]
+    try:
+        for sock in held:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+        with connect(server.port) as third:
+            reply = read_reply(third, timeout_s=15)
+        assert reply is not None
+        assert reply.status == 503
+        assert reply.headers["retry-after"] == "1"
+        assert reply.json()["error"] == (
+            "this client address has 2 connections open, the gateway's limit for one "
+            "client; retry shortly. Hint: reuse connections (keep-alive), or raise "
+            "max_connections_per_client in the profile's [server] table"
+        )
+        with _connect_from("127.0.0.2", server.port) as other:
+            other.sendall(head("GET", "/v2/health/live", server.port))
+            answer = read_reply(other)
+        assert answer is not None
+        assert answer.status == 200
+        held.pop().close()
+        deadline = time.monotonic() + 15  # its slot comes back once the gateway sees it close
+        while True:
+            with connect(server.port) as sock:
+                sock.sendall(head("GET", "/v2/health/live", server.port))
+                reply = read_reply(sock)
+            if reply is not None and reply.status == 200:
+                break
+            assert time.monotonic() < deadline, "the closed connection's slot never came back"
+            time.sleep(0.05)
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()

@@ -141,6 +141,7 @@ def serve(
         body_timeout_s=settings.body_timeout_s,
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         max_connections=connection_cap(settings.max_connections),
+        max_connections_per_client=settings.max_connections_per_client,
     )
     if settings.fronts:
         from infergate.server.fronts import serve_with_fronts

@@ -240,7 +240,13 @@ def serve_with_fronts(
     host, port = sock.getsockname()[:2]
     folder = tempfile.mkdtemp(prefix="infergate-fronts-")  # mode 0700: only we reach the link
     link_path = str(Path(folder) / "link.sock")
-    per_front = dataclasses.replace(limits, max_connections=max(1, limits.max_connections // count))
+    per_client = limits.max_connections_per_client
+    per_front = dataclasses.replace(
+        limits,
+        max_connections=max(1, limits.max_connections // count),
+        # The kernel spreads one client's connections over the fronts too.
+        max_connections_per_client=-(-per_client // count) if per_client else 0,
+    )
     config = front_config(
         link_path,
         host,

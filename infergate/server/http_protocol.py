@@ -41,6 +41,7 @@ period of a busy connection, and every deadline still ends on time.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -98,6 +99,7 @@ class ConnectionLimits:
     body_timeout_s: float = 60.0
     keep_alive_timeout_s: float = 5.0
     max_connections: int = 2048
+    max_connections_per_client: int = 0  # from one client address; 0: no limit of its own
 
 
 def error_message(status: int, message: str, retry_after_s: int | None = None) -> bytes:
@@ -156,7 +158,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def with_limits(
         cls, limits: ConnectionLimits, lane: InferLane | None = None
     ) -> type[GatewayHttpProtocol]:
-        return type(cls.__name__, (cls,), {"limits": limits, "lane": lane})
+        # Each server's class counts its clients' connections apart.
+        per_client: Counter[str] = Counter()
+        return type(
+            cls.__name__, (cls,), {"limits": limits, "lane": lane, "per_client": per_client}
+        )
+
+    # Open connections by client address, when max_connections_per_client is set.
+    per_client: ClassVar[Counter[str]] = Counter()
+    _client: str | None = None  # the address this connection counts against
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if self.one_write:
@@ -173,11 +183,43 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 )
             )
             return
+        if self.limits.max_connections_per_client and self._over_client_cap(transport):
+            return
         # uvicorn arms the idle timer only after a response: a connection that never
         # sends a byte would stay open (and hold a descriptor) for ever.
         self._set_idle()
 
+    def _over_client_cap(self, transport: asyncio.Transport) -> bool:
+        """Count this connection against its client's address; past the cap, answer 503 and
+        close it: one client holding connections open (slowly sent heads, reconnected
+        after each 408) cannot take every slot before any key is checked."""
+        peer = transport.get_extra_info("peername")
+        if not isinstance(peer, tuple) or not peer:
+            return False  # a Unix socket: no address to count by
+        client, cap = str(peer[0]), self.limits.max_connections_per_client
+        if self.per_client[client] >= cap:
+            self._answer_and_close(
+                error_message(
+                    503,
+                    f"this client address has {cap} connections open, the gateway's limit "
+                    "for one client; retry shortly. Hint: reuse connections (keep-alive), "
+                    "or raise max_connections_per_client in the profile's [server] table",
+                    1,
+                )
+            )
+            return True
+        self.per_client[client] += 1
+        self._client = client
+        return False
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._client is not None:
+            left = self.per_client[self._client] - 1
+            if left:
+                self.per_client[self._client] = left
+            else:
+                del self.per_client[self._client]
+            self._client = None
         self._idle_at = self._late_at = None
         if self._timer is not None:
             self._timer.cancel()

@@ -101,6 +101,12 @@ class ServerSection(Section):
     max_connections: int = setting(
         2048, "open connections; past it a new one gets 503 + Retry-After", ge=1
     )
+    max_connections_per_client: int = setting(
+        0,
+        "open connections from one client address; past it a new one gets 503 + "
+        "Retry-After (0: no limit of its own; behind a proxy every client has its address)",
+        ge=0,
+    )
     fronts: int = setting(
         0,
         "front processes doing the HTTP side beside the engine's process, for more small "
