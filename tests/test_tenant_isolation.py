@@ -102,6 +102,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Iterator[Se
     scripted("failing", "", ("hold", "fail"))
     scripted("crashing", "instances = 2\n", ("hold", "crash"))
     scripted("fragile", "", ("hold", "crash"))  # one instance: no sibling to retry on
+    # B's queries of death: the breaker holds a cut-off for 30 s.
+    scripted("deadly", "instances = 2\n[breaker]\nbackoff_initial_s = 30\n", ("crash",))
     scripted("slowpoke", "timeout_ms = 2000\n", ("hold",))
     scripted("judged", JUDGED, ("fail",))
     scripted("lonely", JUDGED, ("fail",))
@@ -379,6 +381,36 @@ def test_bs_crashing_request_does_not_fail_as_request_on_a_lone_instance(
     assert sent.status(alice) == 200, sent.answers[alice].text
 
 
+def test_bs_queries_of_death_cut_off_b_alone(server: ServerProcess) -> None:
+    """B's requests end their worker (crash=1), each running alone. The first is not run
+    again on the sibling (it would end it too: before, both workers died and A got 503
+    "restarting"); the second, within the window, cuts B off for the breaker's backoff,
+    though the window is far below min_requests, and A is served. Before, B went on
+    ending workers and the breaker never acted."""
+    assert post(server, "deadly", ALICE, scripted_inputs(crash=0)).status_code == 200
+    for _ in range(2):
+        server.wait_model_state("deadly", "ready")
+        ended = post(server, "deadly", BOB, scripted_inputs(crash=1))
+        assert ended.status_code == 503, ended.text
+        assert "cut off" not in ended.json()["error"], ended.text
+    server.wait_model_state("deadly", "ready")
+    cut = post(server, "deadly", BOB, scripted_inputs(crash=1))
+    assert cut.status_code == 503, cut.text
+    error = cut.json()["error"]
+    assert "cut off for tenant 'bob'" in error, error
+    assert "its requests ended 2 workers of this version" in error, error
+    assert "Retry-After" in cut.headers
+    row = breaker_row(server, "deadly")
+    assert (row["state"], set(row["tenants_cut_off"])) == ("closed", {"bob"})
+    served = wait_until(
+        lambda: (
+            (r := post(server, "deadly", ALICE, scripted_inputs(crash=0))).status_code != 503 and r
+        ),
+        what="A to be served after the restarts",
+    )
+    assert served.status_code == 200, served.text
+
+
 def test_bs_memory_hungry_requests_do_not_fail_the_model(
     server: ServerProcess, gates: Path
 ) -> None:
@@ -596,6 +628,87 @@ def test_a_tenant_whose_requests_alone_run_slow_is_cut_off() -> None:
     assert breaker.cut_off("bob") is not None
     assert "p99 latency" in (breaker.cut_off("bob") or "")
     assert breaker.cut_off("alice") is None
+
+
+def test_a_cut_off_tenant_s_answers_in_flight_do_not_open_it_for_the_others() -> None:
+    """B's requests admitted before its cut-off (in flight then) end after it, failing or
+    slow, while A is served: they do not count, neither as the model failing nor as a
+    second tenant failing it. Before, the next evaluation opened it for everyone."""
+    for late_ok, late_latency in ((False, None), (True, 0.5)):  # failing, then slow
+        clock = FakeClock()
+        breaker = Breaker(POLICY, clock)
+        in_flight = [breaker.allow("bob") for _ in range(8)]
+        assert in_flight == ["normal"] * 8
+        for _ in range(3):
+            if breaker.allow("alice") == "normal":
+                breaker.record("normal", True, 0.01, "alice")
+            if breaker.allow("bob") == "normal":
+                breaker.record("normal", late_ok, late_latency or 0.01, "bob")
+            clock.advance(0.1)
+        assert breaker.cut_off("bob") is not None
+        for admission in in_flight:  # they end now, one a bucket, among A's successes
+            breaker.record(admission, late_ok, late_latency, "bob")
+            outcomes(breaker, clock, alice=True)
+        assert state(breaker) == "closed", breaker.reason
+        assert breaker.allow("alice") == "normal"
+        assert breaker.window_stats()[1] == 0  # A's alone
+        clock.advance(2)  # its cut-off is over: its answers count again
+        for _ in range(3):
+            outcomes(breaker, clock, alice=True, bob=False)
+        assert breaker.cut_off("bob") is not None  # cut off again, not opened
+        assert state(breaker) == "closed"
+
+
+def test_a_tenant_whose_lone_requests_end_two_workers_is_cut_off() -> None:
+    """A query of death: B's requests, each running alone, end a worker twice within the
+    window, once A was served well: B is cut off, without min_requests, saying why, and
+    neither run gets another try (it would end a sibling). Where nobody else was served
+    (the default tenant alone, no tenants configured) nobody is cut off, and a lone
+    request gets its try unless its tenant ended another worker within the window."""
+    clock = FakeClock()
+    cut: list[tuple[object, str]] = []
+    breaker = Breaker(POLICY, clock, on_cut_off=lambda t, why, _: cut.append((t, why)))
+    outcomes(breaker, clock, alice=True)
+    assert breaker.worker_ended("bob", "crashed") is False
+    assert not cut
+    clock.advance(0.5)
+    assert breaker.worker_ended("bob", "was killed for its memory") is False
+    assert cut == [
+        (
+            "bob",
+            "its requests ended 2 workers of this version within 1 s, each running alone "
+            "(the last was killed for its memory)",
+        )
+    ]
+    assert state(breaker) == "closed"
+    assert breaker.allow("bob") == "refused"
+    assert breaker.allow("alice") == "normal"
+    assert breaker.worker_ended("bob", "crashed") is False  # one admitted before its cut-off
+    assert len(cut) == 1
+    # Deaths further apart than the window: none cut it off.
+    apart = Breaker(POLICY, clock)
+    outcomes(apart, clock, alice=True)
+    apart.worker_ended("bob", "crashed")
+    clock.advance(POLICY.window_seconds)
+    apart.worker_ended("bob", "crashed")
+    assert apart.cut_off("bob") is None
+    # The default tenant alone: nobody to protect, and a first death may be chance.
+    lone = Breaker(POLICY, clock)
+    outcomes(lone, clock, default=True)
+    assert lone.worker_ended("default", "crashed") is True
+    assert lone.worker_ended("default", "crashed") is False  # it ended one already
+    clock.advance(POLICY.window_seconds)
+    assert lone.worker_ended("default", "crashed") is True
+    assert lone.cut_off("default") is None
+    assert state(lone) == "closed"
+    assert lone.worker_ended(None, "crashed") is True  # an outcome naming nobody
+    # A second tenant ending workers while one is cut off: the model, for everyone.
+    two = Breaker(POLICY, clock)
+    outcomes(two, clock, carol=True)
+    for tenant in ("bob", "bob", "alice", "alice"):
+        two.worker_ended(tenant, "crashed")
+    assert state(two) == "open"
+    assert "a second tenant's requests ended 2 workers" in two.reason
 
 
 def test_a_full_queue_sheds_the_tenant_that_holds_most_of_it_never_its_equal() -> None:

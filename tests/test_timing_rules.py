@@ -18,6 +18,7 @@ import pytest
 
 from infergate.clock import FakeClock
 from infergate.engine.admission.breaker import BreakerPolicy
+from infergate.engine.admission.tenants import Tenant
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.inference import InferenceRequest
@@ -632,3 +633,104 @@ async def test_the_client_s_timeout_never_kills_a_started_call(gateway: Gateway)
     _, call = await gateway.call(timeout_s=0.3)
     assert call is not None
     assert call.timeout_s == 5.0
+
+
+# ---- queries of death: a tenant's lone requests that end workers, on the FakeClock ----
+
+
+class Tenanted:
+    """An engine serving `m` (two instances) to tenants alice and bob."""
+
+    def __init__(self, engine: Engine, clock: FakeClock, workers: FakeWorkers) -> None:
+        self.engine, self.clock, self.workers = engine, clock, workers
+
+    async def send(self, tenant: str) -> tuple[asyncio.Task[object], FakeCall]:
+        """One request of `tenant`, once it reached a worker."""
+        state = self.engine.context.tenants.get(tenant)
+        request = InferenceRequest("m", {"x": np.ones((1, 4), np.float32)})
+        task: asyncio.Task[object] = asyncio.create_task(self.engine.infer(request, state))
+        return task, await self.workers.next_call()
+
+    async def served(self, tenant: str) -> None:
+        task, call = await self.send(tenant)
+        call.reply()
+        await task
+
+
+@pytest.fixture
+async def tenanted(tmp_path: Path) -> AsyncIterator[Tenanted]:
+    make_scripted(tmp_path / "models" / "m" / "1" / "model.scripted", controls=())
+    (tmp_path / "models" / "m" / "model.toml").write_text("instances = 2\ntimeout_ms = 5000\n")
+    clock, workers = FakeClock(), FakeWorkers()
+    tenants = (Tenant("alice"), Tenant("bob"))
+    settings = LiveSettings(breaker=BREAKER, tenants=tenants, allow_anonymous=False)
+    context = EngineContext(clock=clock, worker_factory=workers, settings=settings)
+    engine = Engine(EngineSettings(tmp_path / "models", "explicit"), context)
+    await engine.start()
+    await eventually(lambda: engine.ready and engine.version("m").ready, what="m to load")
+    await eventually(lambda: len(workers.made) == 2, what="both workers")
+    yield Tenanted(engine, clock, workers)
+    await engine.stop()
+
+
+async def test_a_tenant_whose_lone_requests_end_two_workers_is_cut_off_alone(
+    tenanted: Tenanted,
+) -> None:
+    """B's request, alone on its worker, ends it: it is not run again on the sibling
+    (which it would end too), and A is served there. B's next one ends a worker again,
+    within the window: B is cut off (503, Retry-After, the reason), without min_requests,
+    and A is not. Before, the sibling ran B's request again and died too, and B went on."""
+    await tenanted.served("alice")
+    task, call = await tenanted.send("bob")
+    call.worker.end("was killed by signal 11")
+    await eventually(lambda: task.done() or tenanted.workers.pending(), what="B's answer")
+    assert not tenanted.workers.pending()  # not run again on the sibling
+    with pytest.raises(WorkerFailed, match="signal 11"):
+        await task
+    _, alice = await tenanted.send("alice")
+    assert alice.worker is not call.worker
+    assert alice.worker.alive
+    alice.reply()
+    tenanted.clock.advance(0.5)  # within the window of 2 s
+    task, call = await tenanted.send("bob")
+    call.time_out()  # past the model's timeout: killed too
+    with pytest.raises(DeadlineExceeded):
+        await task
+    tenanted.clock.advance(0.3)  # both workers restart (backoff 0.25 s)
+    served = tenanted.engine.version("m")
+    await eventually(lambda: all(i.ready for i in served.instances), what="the restarts")
+    state = tenanted.engine.context.tenants.get("bob")
+    request = InferenceRequest("m", {"x": np.ones((1, 4), np.float32)})
+    with pytest.raises(CircuitOpen) as refused:
+        await tenanted.engine.infer(request, state)
+    message = str(refused.value)
+    assert "cut off for tenant 'bob'" in message
+    assert "its requests ended 2 workers of this version within 2 s" in message
+    assert refused.value.retry_after_s == pytest.approx(0.7)  # 1 s from the second death
+    breaker = served.breaker
+    assert (breaker.state, set(breaker.cut_off_tenants())) == ("closed", {"bob"})
+    await tenanted.served("alice")
+    assert len(tenanted.workers.made) == 4  # two deaths, not three
+
+
+async def test_a_lone_request_that_ended_its_worker_is_tried_again_once_in_a_window(
+    gateway: Gateway,
+) -> None:
+    """No tenants: the default tenant's lone request that ended its worker gets one more
+    try (chance may have done it), once a window; nobody is cut off (nobody to protect)."""
+    x = np.ones((1, 4), np.float32)
+    engine = gateway.engine
+    task = asyncio.create_task(engine.infer(InferenceRequest("m", {"x": x})))
+    first = await gateway.workers.next_call()
+    first.worker.end("was killed by signal 9")
+    gateway.clock.advance(1)  # the only instance restarts (backoff 0.25 s)
+    retry = await gateway.workers.next_call(what="the retry after the restart")
+    retry.reply()
+    await task
+    task = asyncio.create_task(engine.infer(InferenceRequest("m", {"x": x})))
+    (await gateway.workers.next_call()).worker.end("was killed by signal 9")
+    with pytest.raises(WorkerFailed):
+        await asyncio.wait_for(task, 10)  # it ended one already in the window: no retry
+    assert not gateway.workers.pending()
+    breaker = engine.version("m").breaker
+    assert (breaker.state, breaker.cut_off_tenants()) == ("closed", {})

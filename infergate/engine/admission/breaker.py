@@ -27,6 +27,20 @@ every request is the default tenant's, or a model only that tenant uses): with n
 shown to be served well, and perhaps nobody to protect, it cannot tell the tenant from
 the model.
 
+A cut-off tenant's outcomes do not count while its cut-off lasts: its requests admitted
+before it (in flight then) end afterwards, and counted they would make the window bad
+again, as a second tenant failing it, and open it for the others.
+
+A query of death: a request that ran alone (a batch of its own) and ended its worker (a
+crash, a kill for its memory or past its timeout) is its tenant's doing. A tenant whose
+requests end `WORKER_DEATHS` workers of the version within `window_seconds` is cut off as
+above, without waiting for `min_requests` (the requests refused while the model restarts
+never reach the window), once the model served another tenant well since it last opened
+(while another tenant is cut off, it opens for everyone instead); such a request gets no
+other try on a sibling, which it would end too. Where nobody else was served (the default
+tenant alone), nobody is cut off, and a lone request that ended its worker gets its try
+unless its tenant ended another worker within the window.
+
 The window's cost does not grow with the traffic: the latency verdict counts, in each
 bucket, the latencies measured and those above `latency_p99_ms` (the p99 is above the
 limit exactly when more than 1% of them are), and keeps a uniform sample of at most
@@ -65,6 +79,9 @@ class BreakerPolicy:
 
 
 SAMPLES = 1024  # latencies a bucket keeps for the p99 it shows (the verdict counts all)
+# Workers of a version a tenant's lone requests may end within the window before it is cut
+# off (a query of death): one may be chance, a second is its inputs.
+WORKER_DEATHS = 2
 
 
 @dataclass(slots=True)
@@ -128,6 +145,8 @@ class Breaker:
         # none yet): is there another tenant than one failing alone that the model serves?
         self._served: Hashable = None
         self._served_before: Hashable = None
+        # When each tenant's lone requests ended a worker, within the window (oldest first).
+        self._deaths: dict[Hashable, deque[float]] = {}
 
     @property
     def state(self) -> State:
@@ -201,6 +220,8 @@ class Breaker:
             return
         if self._state != "closed":
             return  # a request from before the breaker opened
+        if self._cut and tenant in self._cut and now < self._cut[tenant].until:
+            return  # admitted before its cut-off: the others go on as if it had not come
         buckets = self._buckets
         if buckets and now < buckets[-1].start + self._bucket_s:  # `_current`, inline
             bucket = buckets[-1]
@@ -240,6 +261,36 @@ class Breaker:
                 bucket.weight *= math.exp(math.log(self._uniform()) / SAMPLES)
                 bucket.next_kept += self._skip(bucket.weight)
 
+    def worker_ended(self, tenant: Hashable, how: str) -> bool:
+        """A request of `tenant` that ran alone ended its worker (`how`: what ended it).
+        Whether that request may have another try: not when the death counts against its
+        tenant (the model served another tenant well since the breaker last opened: it
+        would end a sibling too), nor when its tenant ended another worker within the
+        window. `WORKER_DEATHS` of them within the window cut the tenant off, as a bad
+        window does, whatever `min_requests`."""
+        if tenant is None:
+            return True  # nobody to tell it by (the outcomes named no tenant)
+        now = self._clock.now()
+        self._tick(now)
+        if self.cut_off(tenant) is not None:
+            return False  # admitted before its cut-off, and at it still
+        deaths = self._deaths.setdefault(tenant, deque())
+        while deaths and deaths[0] <= now - self.policy.window_seconds:
+            deaths.popleft()
+        before = len(deaths)
+        deaths.append(now)
+        judged = self._state == "closed" and self._served_another(tenant)
+        if judged and len(deaths) >= WORKER_DEATHS:
+            why = (
+                f"{len(deaths)} workers of this version within "
+                f"{self.policy.window_seconds:g} s, each running alone (the last {how})"
+            )
+            if any(c.until > now for c in self._cut.values()):
+                self._open(f"a second tenant's requests ended {why}")  # as `_culprit`
+            else:
+                self._cut_tenant_off(tenant, f"its requests ended {why}", now)
+        return not judged and before == 0
+
     def _served_well(self, tenant: Hashable) -> None:
         if tenant != self._served:
             self._served_before, self._served = self._served, tenant
@@ -260,6 +311,7 @@ class Breaker:
     def reset(self) -> None:
         self._buckets.clear()
         self._cut.clear()
+        self._deaths.clear()
         self._served = self._served_before = None
         self._backoff = self.policy.backoff_initial_s
         self._bad_evaluations = 0
@@ -395,6 +447,7 @@ class Breaker:
         self._bad_evaluations = 0
         self._buckets.clear()
         self._cut.clear()  # every tenant is refused now
+        self._deaths.clear()
         self._served = self._served_before = None  # served before the model failed for all
         self._move("open", why)
 

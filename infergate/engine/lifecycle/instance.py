@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Literal
 
@@ -68,6 +68,10 @@ class Instance:
         self.on_ready: Callable[[], None] = lambda: None
         # Called when it fails for good (its scheduler answers what can no longer run).
         self.on_failed: Callable[[], None] = lambda: None
+        # Called when a request of a tenant (None: unnamed), running alone, ended this
+        # instance's worker, with what ended it: its version's breaker counts it against
+        # the tenant (a query of death), and says whether the request may run again.
+        self.on_ended_by: Callable[[Hashable, str], bool] = lambda tenant, how: True
         self._task: asyncio.Task[None] | None = None
 
     @property

@@ -93,6 +93,7 @@ class ServedVersion:
         self.breaker = version_breaker.version_breaker(
             entry.name, file.version, entry.config, context
         )
+        version_breaker.judge_worker_deaths(self.instances, self.breaker)
         self._known: Ready | None = None
         self._batchable: bool | None = None
         self._tensors = TensorChecks(self)

@@ -3,12 +3,16 @@ and the answer while it is open."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
 
 from infergate.engine.admission.breaker import Admission, Breaker
 from infergate.engine.context import EngineContext
 from infergate.engine.repository.spec import ModelConfig
 from infergate.errors import CircuitOpen, InfergateError
+
+if TYPE_CHECKING:
+    from infergate.engine.lifecycle.instance import Instance
 
 BREAKER_STATES = ["closed", "half_open", "open"]  # the gauge's values: 0, 1, 2
 
@@ -44,6 +48,13 @@ def show_state(name: str, version: int, breaker: Breaker, context: EngineContext
     breaker too, so that a scrape can tell it from a missing one)."""
     gauge = context.metrics.breaker_state.labels(name, str(version))
     gauge.set(BREAKER_STATES.index(breaker.state))
+
+
+def judge_worker_deaths(instances: Sequence[Instance], breaker: Breaker) -> None:
+    """The breaker judges the workers of these instances that a tenant's lone requests end
+    (a query of death, Breaker.worker_ended); the version wires them once it made both."""
+    for instance in instances:
+        instance.on_ended_by = breaker.worker_ended
 
 
 def record_failure(

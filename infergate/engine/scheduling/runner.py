@@ -173,7 +173,7 @@ class BatchRunner:
                 self._release(batch)
             raise  # else the reply is still to come, and whoever awaits it releases it
         except WorkerFailed as exc:  # it died, or was killed for its memory
-            self._again_or_fail(jobs, exc)  # queued again before the pump
+            self._again_or_fail(jobs, exc, batch.instance)  # queued again before the pump
             self._release(batch)
             return
         except (DataNotServable, ModelExecutionError) as exc:
@@ -185,7 +185,7 @@ class BatchRunner:
         except DeadlineExceeded as exc:
             batch.future.cancel()  # past its timeout, the worker is killed: no reply comes
             batch.killed = True
-            self._again_or_fail(jobs, exc)
+            self._again_or_fail(jobs, exc, batch.instance)
             # The instance takes nothing more until that worker is gone (it is alive until
             # the kill lands, and what went to it would fail with it); a sibling may.
             self._release_when_gone(batch)
@@ -272,7 +272,9 @@ class BatchRunner:
         self._queue.admit(again, force=True)
         self._on_free(True)  # (the reply freed the instance, and the loop looked, before)
 
-    def _again_or_fail(self, jobs: list[Job[Work]], exc: InfergateError) -> None:
+    def _again_or_fail(
+        self, jobs: list[Job[Work]], exc: InfergateError, ended: Instance | None = None
+    ) -> None:
         """A batch whose worker died, was killed for its memory, or ran past its timeout
         (and was killed). Inference is idempotent: its requests get one more try, each
         alone, on a sibling or, with none ready, on the instance once it is restarted.
@@ -287,11 +289,18 @@ class BatchRunner:
         first run's deadline was to start, and it started; its execution timeout counts
         anew from its start): it waits that long for an instance (a restart, with none
         other), and past it the caller gets the first run's error (scheduler._expired).
-        A failed instance, or a stopped version, fails it at once (scheduler.py)."""
+        A failed instance, or a stopped version, fails it at once (scheduler.py).
+
+        `ended`: the instance whose worker this batch's run ended (None: the batch never
+        reached it). A lone request that ended it is a query of death for its tenant
+        (`Instance.on_ended_by`, the version's breaker): counted against it, and it is not
+        run again where its tenant would be cut off for it or ended another worker
+        within the window (it would end a sibling too)."""
+        lone = all(j.payload.ticket is jobs[0].payload.ticket for j in jobs)
         # A lone request's own memory or time: running it again would only do it again.
-        again = not isinstance(exc, (WorkerOverMemory, DeadlineExceeded)) or any(
-            j.payload.ticket is not jobs[0].payload.ticket for j in jobs
-        )
+        again = not lone or not isinstance(exc, (WorkerOverMemory, DeadlineExceeded))
+        if ended is not None and lone and jobs and not self.stopped:
+            again = ended.on_ended_by(jobs[0].fair.tenant, _how(exc)) and again
         if again and (self.stopped or all(i.state in _GONE for i in self._instances)):
             again = False
         now = self._clock.now()
@@ -321,3 +330,12 @@ class BatchRunner:
             retried += 1
         if retried:
             self._metrics.child(self._metrics.retries, self.name).inc(retried)
+
+
+def _how(exc: InfergateError) -> str:
+    """What ended a worker, in a few words (a breaker's reason quotes it)."""
+    if isinstance(exc, WorkerOverMemory):
+        return "was killed for its memory"
+    if isinstance(exc, DeadlineExceeded):
+        return "ran past the model's timeout and was killed"
+    return "crashed"
