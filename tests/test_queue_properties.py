@@ -119,7 +119,11 @@ def test_queue_promises(
                         and held[tenant] / victim.fair.weight
                         > (held[r.tenant] + len(parts)) / fair.weight
                     )
-                    assert victim.expirable  # a started request keeps its chunks
+                    # A started request keeps its chunks against a higher class; in its own
+                    # class a tenant holding more loses it whole.
+                    assert victim.expirable or victim.cls.rank == r.cls.rank
+                    if victim.group is not None:
+                        assert not [j for j in queue.waiting() if j.group is victim.group]
                     record(victim, "shed")
             except QueueFull:
                 for job in parts:
@@ -267,3 +271,31 @@ def test_a_started_request_is_never_expired_and_none_keys_never_merge() -> None:
     one = queue2.take(0.0)
     assert isinstance(one, list)
     assert len(one) == 1
+
+
+def test_a_started_request_holding_the_queue_is_shed_whole_for_another_tenant() -> None:
+    """One tenant's large request, cut into chunks and started, held a full queue: another
+    tenant of its class found it full and nothing could be shed (started chunks were
+    never shed). Now that request goes whole (its sender gets one 503), and a chunk of it
+    keeps no place; a tenant's own newcomer still cannot shed it."""
+    burst = DEFAULT_CLASSES[1]
+    queue: JobQueue[tuple[str, int]] = JobQueue(QueuePolicy(max_batch_size=4, max_queue_size=8))
+    bob, alice = Fairness("bob", 1.0), Fairness("alice", 1.0)
+    group = Group()
+    chunks = [Job(("bob", i), burst, 0.0, 0.2, 4, 0, None, bob, group) for i in range(9)]
+    queue.admit(chunks[:8])
+    taken = queue.take(0.0, may_wait=False)
+    assert isinstance(taken, list)
+    assert [j.payload for j in taken] == [("bob", 0)]  # started: 7 of its chunks wait
+    assert group.started
+    queue.admit([chunks[8]], force=True)  # (its last chunk, as if cut into 9)
+    with_bob = Job(("bob-again", 0), burst, 0.0, 0.2, 1, 0, None, bob, None)
+    try:
+        queue.admit([with_bob])
+    except QueueFull:
+        pass  # its own tenant cannot shed it
+    else:
+        raise AssertionError("bob's newcomer shed bob's own request")
+    shed = queue.admit([Job(("alice", 0), burst, 0.0, 0.2, 1, 0, None, alice, None)])
+    assert sorted(j.payload for j in shed) == [("bob", i) for i in range(1, 9)]
+    assert [j.payload for j in queue.waiting()] == [("alice", 0)]

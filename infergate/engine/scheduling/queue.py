@@ -169,7 +169,7 @@ class JobQueue(Generic[T]):
             lower = [j for j in self._live() if j.cls.rank > rank and j.expirable]
             # The least urgent go first: the lowest class, then the latest deadline.
             lower.sort(key=lambda j: (j.cls.rank, j.deadline, j.seq), reverse=True)
-            victims = lower[:need]
+            victims = self._whole(lower[:need], lower)
             if len(victims) < need:
                 victims += self._over_share(jobs, need - len(victims))
             for victim in victims:
@@ -178,12 +178,24 @@ class JobQueue(Generic[T]):
             self._push(job)
         return victims
 
+    @staticmethod
+    def _whole(victims: list[Job[T]], candidates: list[Job[T]]) -> list[Job[T]]:
+        """`victims` with the other queued chunks of each request they cut: a request shed
+        is failed whole, so none of its chunks may keep a place."""
+        groups = {id(v.group) for v in victims if v.group is not None}
+        if not groups:
+            return victims
+        chosen = {id(v) for v in victims}
+        return victims + [j for j in candidates if id(j.group) in groups and id(j) not in chosen]
+
     def _over_share(self, jobs: list[Job[T]], need: int) -> list[Job[T]]:
         """`need` jobs of `jobs`' class to shed for them, each from the tenant that holds
         the most of the queue (weighted), while it holds more than the arriving tenant
         then will: a tenant's backlog cannot keep another's request out of a full queue,
         and cannot take the place back (nor shed its equal). Each is the last its tenant
-        would run, never a started request's chunk. QueueFull when there are not that many."""
+        would run; a request cut into chunks goes whole, its queued chunks together, even
+        once it started (else one large request could hold a full queue against the
+        others). QueueFull when there are not that many."""
         rank, arriving = jobs[0].cls.rank, jobs[0].fair
         held: dict[Hashable, int] = {}  # jobs queued in the class, per tenant
         weights: dict[Hashable, float] = {}
@@ -193,7 +205,7 @@ class JobQueue(Generic[T]):
                 tenant = job.fair.tenant
                 held[tenant] = held.get(tenant, 0) + 1
                 weights[tenant] = job.fair.weight
-                if job.expirable and tenant != arriving.tenant:
+                if tenant != arriving.tenant:
                     sheddable.setdefault(tenant, []).append(job)
         share = (held.get(arriving.tenant, 0) + len(jobs)) / arriving.weight
         victims: list[Job[T]] = []
@@ -205,8 +217,14 @@ class JobQueue(Generic[T]):
             )
             if tenant is None or held[tenant] / weights[tenant] <= share:
                 raise QueueFull
-            victims.append(sheddable[tenant].pop())
-            held[tenant] -= 1
+            victim = sheddable[tenant].pop()
+            gone = [victim]
+            if victim.group is not None:  # its sender gets one 503: no chunk of it stays
+                left = sheddable[tenant]
+                gone += [j for j in left if j.group is victim.group]
+                sheddable[tenant] = [j for j in left if j.group is not victim.group]
+            victims += gone
+            held[tenant] -= len(gone)
         return victims
 
     def _prune_deadlines(self) -> None:
