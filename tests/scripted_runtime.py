@@ -60,7 +60,7 @@ def _touch(mb: int) -> Array:
     return np.ones(mb * 2**20, dtype=np.uint8)  # ones, so every page is really resident
 
 
-def _wait_while(holding: Callable[[], bool]) -> None:
+def wait_while(holding: Callable[[], bool]) -> None:
     """Look often at first, then every 20 ms: a test may hold many workers for seconds."""
     pause = 0.001
     while holding():
@@ -80,7 +80,7 @@ class ScriptedRuntime:
             self._gates.mkdir(parents=True, exist_ok=True)
             marker.touch()
         try:
-            _wait_while(lambda: (self._gates / "hold-loads").exists())  # a restart waits
+            wait_while(lambda: (self._gates / "hold-loads").exists())  # a restart waits
             if script.get("load_fail"):
                 raise RuntimeError(script["load_fail"])
             if script.get("load_alloc_mb"):
@@ -115,7 +115,7 @@ class ScriptedRuntime:
             release = self._gates / f"release-{gate}"
             self._gates.mkdir(parents=True, exist_ok=True)
             (self._gates / f"holding-{gate}-{os.getpid()}").touch()
-            _wait_while(lambda: not release.exists())  # the worker polls; the test never sleeps
+            wait_while(lambda: not release.exists())  # the worker polls; the test never sleeps
         time.sleep(_largest(inputs, "sleep_ms") / 1000)
         del held
         if _largest(inputs, "fail"):

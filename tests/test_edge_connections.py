@@ -12,12 +12,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from tests.edge_raw import closed_by_server, connect, head, read_reply
 from tests.onnx_models import make_mlp
+from tests.polling import wait_until
 from tests.server import ServerProcess
 
 TIGHT = """
@@ -172,15 +174,7 @@ def test_past_the_connection_cap_a_newcomer_gets_503_and_the_others_keep_working
     finally:
         for sock in held:
             sock.close()
-    deadline = time.monotonic() + 15  # their slots come back as they close
-    while True:
-        with connect(capped.port) as sock:
-            sock.sendall(head("GET", "/v2/health/live", capped.port))
-            reply = read_reply(sock)
-        if reply is not None and reply.status == 200:
-            break
-        assert time.monotonic() < deadline, "the cap never freed up"
-        time.sleep(0.05)
+    wait_until(partial(_served, capped.port), 15, "their slots back as they close")
 
 
 def test_the_connection_cap_leaves_descriptors_for_the_gateway() -> None:
@@ -201,6 +195,14 @@ def test_the_connection_cap_leaves_descriptors_for_the_gateway() -> None:
     assert "max_connections = 2048 does not fit the open-file limit (600); using 344" in (
         done.stderr
     )
+
+
+def _served(port: int) -> bool:
+    """Whether a new connection's request is answered 200 (not refused at the cap)."""
+    with connect(port) as sock:
+        sock.sendall(head("GET", "/v2/health/live", port))
+        reply = read_reply(sock)
+    return reply is not None and reply.status == 200
 
 
 def _connect_from(address: str, port: int) -> socket.socket:
@@ -243,15 +245,7 @@ def test_one_client_past_its_connection_cap_leaves_room_for_others(
         assert answer is not None
         assert answer.status == 200
         held.pop().close()
-        deadline = time.monotonic() + 15  # its slot comes back once the gateway sees it close
-        while True:
-            with connect(server.port) as sock:
-                sock.sendall(head("GET", "/v2/health/live", server.port))
-                reply = read_reply(sock)
-            if reply is not None and reply.status == 200:
-                break
-            assert time.monotonic() < deadline, "the closed connection's slot never came back"
-            time.sleep(0.05)
+        wait_until(partial(_served, server.port), 15, "the closed connection's slot back")
     finally:
         for sock in held:
             sock.close()

@@ -1,0 +1,326 @@
+"""Tenant isolation's rules as in-process logic, on an injected clock or in this process:
+the breaker cuts off the one tenant that fails it (and opens for everyone only when it
+cannot tell the tenant from the model), the queue sheds the tenant holding most of it, and
+the decoding helper takes tenants in turn. tests/test_tenant_isolation.py holds the same
+promises end to end, on one real server."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+import pytest
+
+from infergate.clock import FakeClock
+from infergate.engine.admission.breaker import Breaker, BreakerPolicy
+from infergate.engine.scheduling.classes import PriorityClass
+from infergate.engine.scheduling.queue import Fairness, Job, JobQueue, QueueFull, QueuePolicy
+from infergate.server.decoding import BodyDecoder
+from tests.polling import eventually
+from tests.scripted_runtime import scripted_inputs, wait_while
+
+POLICY = BreakerPolicy(
+    window_seconds=1,
+    failure_rate=0.3,
+    latency_p99_ms=100,
+    consecutive_windows=1,
+    min_requests=4,
+    backoff_initial_s=2,
+    backoff_max_s=5,
+    probes=1,
+)
+
+
+def state(breaker: Breaker) -> str:
+    """The breaker's state now (a call: mypy would narrow a property read twice)."""
+    return breaker.state
+
+
+def outcomes(breaker: Breaker, clock: FakeClock, **tenants: bool) -> None:
+    """A request of each tenant named (True: it succeeds) that the breaker lets through,
+    then one bucket later."""
+    for tenant, ok in tenants.items():
+        if breaker.allow(tenant) == "normal":
+            breaker.record("normal", ok, 0.01, tenant)
+    clock.advance(0.1)
+
+
+def test_a_breaker_cuts_off_the_one_tenant_that_fails_it() -> None:
+    clock = FakeClock()
+    cut: list[tuple[object, float]] = []
+    breaker = Breaker(POLICY, clock, on_cut_off=lambda t, _, backoff: cut.append((t, backoff)))
+    for _ in range(3):
+        outcomes(breaker, clock, alice=True, bob=False)
+    assert cut == [("bob", 2)]
+    assert breaker.state == "closed"
+    assert breaker.allow("bob") == "refused"
+    assert breaker.allow("alice") == "normal"
+    assert breaker.retry_after("bob") == pytest.approx(1.9)
+    assert breaker.retry_after("alice") == 0
+    clock.advance(2)  # over: it keeps at it, and is cut off for twice as long
+    for _ in range(3):
+        outcomes(breaker, clock, alice=True, bob=False)
+    assert cut[-1] == ("bob", 4)
+    breaker.reset()
+    assert breaker.allow("bob") == "normal"
+
+
+def test_a_breaker_opens_when_the_model_fails_for_two_tenants_or_the_only_one() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for _ in range(3):
+        outcomes(breaker, clock, alice=False, bob=False)
+    assert breaker.state == "open"
+    lone = Breaker(POLICY, clock)
+    for _ in range(5):
+        outcomes(lone, clock, bob=False)  # no one else's requests: it cannot tell
+    assert lone.state == "open"
+
+
+def test_a_tenant_failing_alone_is_cut_off_once_the_model_served_another() -> None:
+    """No other tenant's requests in the window, but A was served well before: B alone is
+    cut off, saying so. A failing too (B cut off) opens it for everyone."""
+    clock = FakeClock()
+    cut: list[tuple[object, str]] = []
+    breaker = Breaker(POLICY, clock, on_cut_off=lambda t, why, _: cut.append((t, why)))
+    outcomes(breaker, clock, alice=True)
+    clock.advance(POLICY.window_seconds)  # A's request has left the window
+    for _ in range(5):
+        outcomes(breaker, clock, bob=False)
+    assert state(breaker) == "closed"
+    [(tenant, why)] = cut
+    assert tenant == "bob"
+    assert why == (
+        "4 of its 4 requests in the window failed; no other tenant's requests came in "
+        "the window, and another tenant's were served well before"
+    )
+    assert breaker.allow("bob") == "refused"
+    assert breaker.allow("alice") == "normal"
+    for _ in range(5):
+        outcomes(breaker, clock, alice=False)
+    assert state(breaker) == "open"
+
+
+def test_a_tenant_running_slow_alone_is_cut_off_once_the_model_served_another() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    outcomes(breaker, clock, alice=True)
+    clock.advance(POLICY.window_seconds)
+    for _ in range(5):
+        if breaker.allow("bob") == "normal":
+            breaker.record("normal", True, 0.5, "bob")  # above the 100 ms p99 limit
+        clock.advance(0.1)
+    assert state(breaker) == "closed"
+    assert "p99 latency of its requests" in (breaker.cut_off("bob") or "")
+    assert "no other tenant's requests came" in (breaker.cut_off("bob") or "")
+
+
+def test_a_tenant_failing_alone_opens_it_when_no_other_was_served_well_since_it_opened() -> None:
+    """A window of one tenant's requests opens it for everyone unless another tenant was
+    served well since it last opened: not the tenant's own successes, not another's slow
+    ones, not another's from before the model failed for all (the default tenant alone,
+    where no tenants are configured, is the first case)."""
+    clock = FakeClock()
+    own = Breaker(POLICY, clock)
+    outcomes(own, clock, bob=True)
+    clock.advance(POLICY.window_seconds)
+    for _ in range(5):
+        outcomes(own, clock, bob=False)
+    assert state(own) == "open"
+    slow = Breaker(POLICY, clock)
+    slow.record(slow.allow("alice"), True, 0.5, "alice")  # served, above the p99 limit
+    clock.advance(POLICY.window_seconds)
+    for _ in range(5):
+        outcomes(slow, clock, bob=False)
+    assert state(slow) == "open"
+    before = Breaker(POLICY, clock)
+    outcomes(before, clock, alice=True)
+    for _ in range(5):
+        outcomes(before, clock, alice=False, bob=False)  # the model fails for two
+    assert state(before) == "open"
+    clock.advance(POLICY.backoff_initial_s)
+    assert before.allow("bob") == "probe"
+    before.record("probe", True, 0.01, "bob")
+    assert state(before) == "closed"
+    for _ in range(5):
+        outcomes(before, clock, bob=False)
+    assert state(before) == "open"  # A's success came before the model failed for all
+
+
+def test_a_tenant_whose_requests_alone_run_slow_is_cut_off() -> None:
+    """B's inputs make the model slow (its p99 above the limit), A's run fast: B alone."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for _ in range(3):
+        for tenant, latency in (("alice", 0.01), ("bob", 0.5)):
+            if breaker.allow(tenant) == "normal":
+                breaker.record("normal", True, latency, tenant)
+        clock.advance(0.1)
+    assert breaker.state == "closed"
+    assert breaker.cut_off("bob") is not None
+    assert "p99 latency" in (breaker.cut_off("bob") or "")
+    assert breaker.cut_off("alice") is None
+
+
+def test_a_cut_off_tenant_s_answers_in_flight_do_not_open_it_for_the_others() -> None:
+    """B's requests admitted before its cut-off (in flight then) end after it, failing or
+    slow, while A is served: they do not count, neither as the model failing nor as a
+    second tenant failing it. Before, the next evaluation opened it for everyone."""
+    for late_ok, late_latency in ((False, None), (True, 0.5)):  # failing, then slow
+        clock = FakeClock()
+        breaker = Breaker(POLICY, clock)
+        in_flight = [breaker.allow("bob") for _ in range(8)]
+        assert in_flight == ["normal"] * 8
+        for _ in range(3):
+            if breaker.allow("alice") == "normal":
+                breaker.record("normal", True, 0.01, "alice")
+            if breaker.allow("bob") == "normal":
+                breaker.record("normal", late_ok, late_latency or 0.01, "bob")
+            clock.advance(0.1)
+        assert breaker.cut_off("bob") is not None
+        for admission in in_flight:  # they end now, one a bucket, among A's successes
+            breaker.record(admission, late_ok, late_latency, "bob")
+            outcomes(breaker, clock, alice=True)
+        assert state(breaker) == "closed", breaker.reason
+        assert breaker.allow("alice") == "normal"
+        assert breaker.window_stats()[1] == 0  # A's alone
+        clock.advance(2)  # its cut-off is over: its answers count again
+        for _ in range(3):
+            outcomes(breaker, clock, alice=True, bob=False)
+        assert breaker.cut_off("bob") is not None  # cut off again, not opened
+        assert state(breaker) == "closed"
+
+
+def test_a_tenant_whose_lone_requests_end_two_workers_is_cut_off() -> None:
+    """A query of death: B's requests, each running alone, end a worker twice within the
+    window, once A was served well: B is cut off, without min_requests, saying why, and
+    neither run gets another try (it would end a sibling). Where nobody else was served
+    (the default tenant alone, no tenants configured) nobody is cut off, and a lone
+    request gets its try unless its tenant ended another worker within the window."""
+    clock = FakeClock()
+    cut: list[tuple[object, str]] = []
+    breaker = Breaker(POLICY, clock, on_cut_off=lambda t, why, _: cut.append((t, why)))
+    outcomes(breaker, clock, alice=True)
+    assert breaker.worker_ended("bob", "crashed") is False
+    assert not cut
+    clock.advance(0.5)
+    assert breaker.worker_ended("bob", "was killed for its memory") is False
+    assert cut == [
+        (
+            "bob",
+            "its requests ended 2 workers of this version within 1 s, each running alone "
+            "(the last was killed for its memory)",
+        )
+    ]
+    assert state(breaker) == "closed"
+    assert breaker.allow("bob") == "refused"
+    assert breaker.allow("alice") == "normal"
+    assert breaker.worker_ended("bob", "crashed") is False  # one admitted before its cut-off
+    assert len(cut) == 1
+    # Deaths further apart than the window: none cut it off.
+    apart = Breaker(POLICY, clock)
+    outcomes(apart, clock, alice=True)
+    apart.worker_ended("bob", "crashed")
+    clock.advance(POLICY.window_seconds)
+    apart.worker_ended("bob", "crashed")
+    assert apart.cut_off("bob") is None
+    # The default tenant alone: nobody to protect, and a first death may be chance.
+    lone = Breaker(POLICY, clock)
+    outcomes(lone, clock, default=True)
+    assert lone.worker_ended("default", "crashed") is True
+    assert lone.worker_ended("default", "crashed") is False  # it ended one already
+    clock.advance(POLICY.window_seconds)
+    assert lone.worker_ended("default", "crashed") is True
+    assert lone.cut_off("default") is None
+    assert state(lone) == "closed"
+    assert lone.worker_ended(None, "crashed") is True  # an outcome naming nobody
+    # A second tenant ending workers while one is cut off: the model, for everyone.
+    two = Breaker(POLICY, clock)
+    outcomes(two, clock, carol=True)
+    for tenant in ("bob", "bob", "alice", "alice"):
+        two.worker_ended(tenant, "crashed")
+    assert state(two) == "open"
+    assert "a second tenant's requests ended 2 workers" in two.reason
+
+
+def test_a_full_queue_sheds_the_tenant_that_holds_most_of_it_never_its_equal() -> None:
+    patient = PriorityClass("patient", 0, 60.0)
+    queue: JobQueue[str] = JobQueue(QueuePolicy(max_batch_size=0, max_queue_size=4))
+
+    def job(name: str, tenant: str, weight: float = 1.0) -> list[Job[str]]:
+        return [Job(name, patient, 0.0, 60.0, fair=Fairness(tenant, weight))]
+
+    for i in range(4):
+        queue.admit(job(f"b{i}", "bob"))
+    assert [v.payload for v in queue.admit(job("a0", "alice"))] == ["b3"]  # bob's last
+    assert [v.payload for v in queue.admit(job("a1", "alice"))] == ["b2"]
+    with pytest.raises(QueueFull):  # two each: neither sheds the other
+        queue.admit(job("a2", "alice"))
+    with pytest.raises(QueueFull):
+        queue.admit(job("b4", "bob"))
+    # A tenant of weight 3 holds three places for each of a tenant of weight 1.
+    weighted: JobQueue[str] = JobQueue(QueuePolicy(max_batch_size=0, max_queue_size=4))
+    for i in range(4):
+        weighted.admit(job(f"b{i}", "bob"))
+    shed = [v.payload for i in range(3) for v in weighted.admit(job(f"c{i}", "carol", 3.0))]
+    assert shed == ["b3", "b2", "b1"]
+    with pytest.raises(QueueFull):
+        weighted.admit(job("c3", "carol", 3.0))
+
+
+def held_until(release: str) -> None:
+    """Run in the decoding helper: it decodes nothing else until the test writes `release`."""
+    wait_while(lambda: not Path(release).exists())
+
+
+async def test_a_body_whose_client_gives_up_ends_its_turn_with_its_decoding(
+    tmp_path: Path,
+) -> None:
+    """A caller cancelled while it waits for its turn, or while the helper decodes its
+    body, leaves the turns as they were: the next body is decoded once that is done."""
+    body = orjson.dumps(scripted_inputs(rows=2))
+    decoder = BodyDecoder(inline_max_bytes=16)
+    release = tmp_path / "release"
+    try:
+        await decoder.decode(body, None, None, "bob")  # the helper is up
+        pool = decoder._helper()
+        # The helper held, whatever the machine's speed: the first body stays in it.
+        held = asyncio.wrap_future(pool.submit(held_until, str(release)))
+        first = asyncio.create_task(decoder.decode(body, None, None, "bob"))
+        waiting = asyncio.create_task(decoder.decode(body, None, None, "bob"))
+        await eventually(
+            lambda: len(pool._pending_work_items) >= 2, what="the first body in the helper"
+        )
+        waiting.cancel()
+        first.cancel()
+        for task in (first, waiting):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        release.touch()
+        await asyncio.wait_for(held, 30)
+        decoded = await asyncio.wait_for(decoder.decode(body, None, None, "alice"), 30)
+        assert decoded.inputs["x"].shape == (2, 4)
+    finally:
+        release.touch()
+        decoder.close()
+
+
+async def test_bs_large_bodies_do_not_hold_up_as_in_the_decoder() -> None:
+    """B sends six large JSON bodies at once, then A one: the helper process that decodes
+    large bodies takes the tenants in turn, so A's is decoded right after the one in hand,
+    not after B's whole backlog (before: first in, first out, however many B sent)."""
+    body = orjson.dumps(scripted_inputs(rows=64))
+    decoder = BodyDecoder(inline_max_bytes=16)  # every body counts as large
+    done: list[str] = []
+
+    async def decode(tenant: str) -> None:
+        decoded = await decoder.decode(body, None, None, tenant)
+        assert decoded.inputs["x"].shape == (64, 4)
+        done.append(tenant)
+
+    try:
+        await asyncio.gather(*(decode("bob") for _ in range(6)), decode("alice"))
+    finally:
+        decoder.close()
+    assert done.index("alice") <= 1, done
