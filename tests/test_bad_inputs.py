@@ -6,9 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import numpy as np
 import orjson
 import pytest
 
+from infergate.client import encode_infer_request
+from infergate.tensors import numpy_dtype
+from tests.onnx_models import ECHO_TYPES
 from tests.server import ServerProcess
 
 
@@ -316,3 +320,33 @@ def test_input_checks_hold_for_a_model_already_serving(server: ServerProcess) ->
     assert wrong_type.status_code == 400
     assert "has datatype FP64 but model 'mlp' expects FP32" in wrong_type.json()["error"]
     assert httpx.post(url, json={"inputs": [x_input()]}).status_code == 200
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_a_request_of_more_strings_than_the_body_limit_allows_is_a_413(
+    server: ServerProcess, binary: bool
+) -> None:
+    """Each BYTES element is a Python object of about 64 bytes in the gateway and the
+    worker, so a body of short strings would take many times its size in memory: a
+    request holds at most one per 64 bytes of max_request_mb (1 MB here: 16,384), counted
+    from the shapes before any is built. One more is a 413 that says so; the limit itself
+    serves."""
+    limit = 2**20 // 64
+    url = f"{server.url}/v2/models/echo/infer"
+    for rows, status in ((limit // 2 + 1, 413), (limit // 2, 200)):
+        tensors = {
+            f"in_{datatype}": np.zeros((rows, 2), numpy_dtype(datatype))
+            for datatype in ECHO_TYPES
+            if datatype != "BYTES"
+        }
+        tensors["in_BYTES"] = np.full((rows, 2), b"a", dtype=object)
+        body, headers = encode_infer_request(tensors, binary=binary)
+        response = httpx.post(url, content=body, headers=headers, timeout=30)
+        assert response.status_code == status, response.text[:300]
+        if status == 413:
+            error = response.json()["error"]
+            assert f"input 'in_BYTES' brings the request to {limit + 2} BYTES elements" in error
+            assert f"at most {limit}" in error
+            assert "max_request_mb" in error
+        else:
+            assert len(response.content) > limit * 3

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from infergate.client import encode_infer_request
-from infergate.errors import BadRequest, InfergateError
+from infergate.errors import BadRequest, InfergateError, PayloadTooLarge
 from infergate.server.codec import DecodedRequest, decode_request
 from infergate.server.decoding import HELPER_NAME, BodyDecoder
 from infergate.tensors import Array
@@ -58,6 +58,30 @@ def test_a_large_body_decodes_to_what_a_small_one_does(binary: bool) -> None:
         assert large.inputs[name].shape == array.shape
         assert large.inputs[name].tolist() == array.tolist()
     assert large._replace(inputs={}) == inline._replace(inputs={})
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_a_large_body_of_too_many_strings_is_refused_before_they_are_built(binary: bool) -> None:
+    """The BYTES element limit holds on the large bodies' ways too: the helper (JSON) and
+    the slices on the loop (binary) refuse by the shapes, with a 413."""
+
+    async def large(body: bytes, length: str | None) -> DecodedRequest:
+        decoder = BodyDecoder(inline_max_bytes=16, max_strings=4)
+        try:
+            return await decoder.decode(body, length)
+        finally:
+            decoder.close()
+
+    two = {"s": np.array([[b"a", b"b"]], dtype=object)}
+    five = {**two, "t": np.array([[b"x", b"y", b"z"]], dtype=object)}
+    for tensors, refused in ((two, False), (five, True)):
+        body, headers = encode_infer_request(tensors, binary=binary)
+        length = headers.get("Inference-Header-Content-Length")
+        if not refused:
+            assert asyncio.run(large(body, length)).inputs["s"].tolist() == [[b"a", b"b"]]
+            continue
+        with pytest.raises(PayloadTooLarge, match="input 't' brings the request to 5 BYTES"):
+            asyncio.run(large(body, length))
 
 
 def test_a_large_body_with_bad_bytes_is_a_400_either_way() -> None:

@@ -356,35 +356,31 @@ def test_bytes_tensors_round_trip_exactly_as_binary_data(edge: ServerProcess) ->
 def test_a_large_body_s_shape_or_header_length_is_refused_before_any_work(
     edge: ServerProcess,
 ) -> None:
-    """Over 1 MB a body is decoded off the loop, in slices; a shape claiming far more
-    BYTES elements than its bytes can hold, or a header length of thousands of digits, is
-    a 400 before anything is built for it (a 1 GB array of 134 million elements before)."""
+    """Over 1 MB a body is decoded off the loop, in slices; a shape claiming more BYTES
+    elements than a request may hold (a 413), or more than its bytes can hold, or a header
+    length of thousands of digits (400s) is refused before anything is built for it (a 1 GB
+    array of 134 million elements before)."""
     data = b"\0" * 1_200_000  # 300,000 empty elements at most
-    claims = {
-        "inputs": [
-            {
-                "name": "x",
-                "datatype": "BYTES",
-                "shape": [1, 134_217_728],
-                "parameters": {"binary_data_size": len(data)},
-            }
-        ]
-    }
-    header = orjson.dumps(claims)
-    r = httpx.post(
-        f"{edge.url}/v2/models/bytes_echo/infer",
-        content=header + data,
-        headers={"Inference-Header-Content-Length": str(len(header))},
-        timeout=30,
-    )
+
+    def claiming(elements: int, length: str | None = None) -> httpx.Response:
+        tensor = {"name": "x", "datatype": "BYTES", "shape": [1, elements]}
+        header = orjson.dumps(
+            {"inputs": [{**tensor, "parameters": {"binary_data_size": len(data)}}]}
+        )
+        return httpx.post(
+            f"{edge.url}/v2/models/bytes_echo/infer",
+            content=header + data,
+            headers={"Inference-Header-Content-Length": length or str(len(header))},
+            timeout=30,
+        )
+
+    r = claiming(134_217_728)
+    assert r.status_code == 413, r.text
+    assert "brings the request to 134217728 BYTES elements" in r.json()["error"]
+    r = claiming(400_000)
     assert r.status_code == 400, r.text
-    assert "too few for the 134217728 BYTES elements" in r.json()["error"]
-    r = httpx.post(
-        f"{edge.url}/v2/models/bytes_echo/infer",
-        content=header + data,
-        headers={"Inference-Header-Content-Length": "0" * 5000 + str(len(header))},
-        timeout=30,
-    )
+    assert "too few for the 400000 BYTES elements" in r.json()["error"]
+    r = claiming(400_000, "0" * 5000 + "100")
     assert r.status_code == 400, r.text
     assert "Inference-Header-Content-Length must be an integer" in r.json()["error"]
 

@@ -24,6 +24,7 @@ from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
 from infergate.server.access_log import AccessLog
 from infergate.server.admin import admin_guard, admin_routes, check_model_name
+from infergate.server.codec import strings_limit
 from infergate.server.decoding import BodyDecoder
 from infergate.server.drain import Drain
 from infergate.server.errors import error_handlers, error_response
@@ -68,7 +69,7 @@ def create_app(
     With `drain`, the app drains on its signal inside the access log, so a drain's 503
     carries a request id and a log line as every other answer does."""
     store = store or ProfileStore(None, Profile(source=None), engine)
-    decoder = BodyDecoder()
+    decoder = BodyDecoder(max_strings=strings_limit(max_request_bytes))
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:

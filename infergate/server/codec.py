@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 
 from infergate.engine.triton.shared_memory import SYSTEM_SHM, wants_shared_memory
-from infergate.errors import BadRequest, shown
+from infergate.errors import BadRequest, PayloadTooLarge, shown
 from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wire, v2_datatype
 
 Body = bytes | bytearray | memoryview  # a request body, as read or as mapped
@@ -59,6 +59,21 @@ def _loads(raw: Body) -> dict[str, Any]:
 # size check could refuse it.
 _MAX_ELEMENTS = 2**59
 _MAX_DIMS = 64  # numpy's most
+
+# A BYTES element is a Python bytes object in the gateway (and again in the worker): about
+# 50 bytes of header and pointer whatever its length, so a body of one-byte strings takes
+# ten times its size in memory, a JSON one more (a 14 MB body held 260 MB in the gateway).
+# A request may hold one BYTES element per this many bytes of the body limit, which keeps
+# what its strings take in memory within about the body limit (64 MB: 1,048,576 elements).
+BYTES_ELEMENT_COST = 64
+
+
+def strings_limit(max_request_bytes: int) -> int:
+    """The most BYTES elements a request may hold under a body limit of this size."""
+    return max(1, max_request_bytes // BYTES_ELEMENT_COST)
+
+
+DEFAULT_MAX_STRINGS = strings_limit(64 << 20)  # the default max_request_mb's
 
 
 def _shape(name: str, value: Any) -> tuple[int, ...]:
@@ -233,10 +248,14 @@ _NO_BINARY = memoryview(b"")  # a JSON-only request's binary part (read-only: sh
 
 
 def decode_request(
-    body: Body, header_length: str | None, defer_bytes: bool = False
+    body: Body,
+    header_length: str | None,
+    defer_bytes: bool = False,
+    max_strings: int = DEFAULT_MAX_STRINGS,
 ) -> DecodedRequest:
     """Parse an infer request; errors name the input and say expected vs got.
-    `defer_bytes` leaves binary BYTES inputs in `deferred`, unparsed."""
+    `defer_bytes` leaves binary BYTES inputs in `deferred`, unparsed; `max_strings`: the
+    most BYTES elements the request may hold (its shapes are checked before any is built)."""
     if header_length is not None:
         json_len = _header_length(header_length, len(body))
         doc = _loads(body[:json_len])
@@ -252,6 +271,7 @@ def decode_request(
     inputs: dict[str, Array] = {}
     deferred: dict[str, DeferredBytes] = {}
     offset = 0
+    strings = 0
     for i, item in enumerate(raw_inputs):
         name = item.get("name") if type(item) is dict else None
         if type(name) is not str:
@@ -265,6 +285,10 @@ def decode_request(
                 f"{', '.join(V2_TO_NUMPY)}"
             )
         shape = _shape(name, item.get("shape"))
+        if datatype == "BYTES":
+            strings += math.prod(shape)
+            if strings > max_strings:
+                raise too_many_strings(name, strings, max_strings)
         params = item.get("parameters")
         size = params.get("binary_data_size") if type(params) is dict else None
         if size is not None:
@@ -295,6 +319,15 @@ def decode_request(
         )
     decoded = _decode_outputs(doc, inputs)
     return decoded._replace(deferred=deferred) if deferred else decoded
+
+
+def too_many_strings(name: str, count: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"input {name!r} brings the request to {count} BYTES elements; a request may hold at "
+        f"most {limit} (one per {BYTES_ELEMENT_COST} bytes of the body limit: each element "
+        "is a Python object in the gateway and the worker). Hint: send fewer strings per "
+        "request, or raise max_request_mb in the profile's [server] table"
+    )
 
 
 # Shared-memory regions are this machine's: an upstream server cannot read them.

@@ -51,6 +51,7 @@ from infergate.engine.workers.shm import MappedArena
 from infergate.errors import BadRequest, InfergateError
 from infergate.server.body import anonymous_mapping, free_off_loop
 from infergate.server.codec import (
+    DEFAULT_MAX_STRINGS,
     Body,
     DecodedRequest,
     _header_length,
@@ -80,13 +81,15 @@ class _Decoded(NamedTuple):
     tensors: tuple[_Tensor, ...]
 
 
-def _decode_in_helper(segment: str, size: int, header_length: str | None) -> _Decoded:
+def _decode_in_helper(
+    segment: str, size: int, header_length: str | None, max_strings: int
+) -> _Decoded:
     """Runs in the helper process: decode the body in `segment`, write the tensors to a
     new segment (made here, outside multiprocessing's tracker: the gateway unlinks it as
     soon as it has mapped it)."""
     body = MappedArena(segment)
     try:
-        decoded = decode_request(body.buf[:size], header_length)
+        decoded = decode_request(body.buf[:size], header_length, max_strings=max_strings)
         name, tensors = _write_tensors(decoded.inputs)
         request = decoded._replace(inputs={})
         del decoded  # binary tensors are views of the body's mapping
@@ -376,8 +379,11 @@ def _give_back(loop: asyncio.AbstractEventLoop, turns: _Turns, job: Future[Any])
 
 
 class BodyDecoder:
-    def __init__(self, inline_max_bytes: int = INLINE_MAX_BYTES) -> None:
+    def __init__(
+        self, inline_max_bytes: int = INLINE_MAX_BYTES, max_strings: int = DEFAULT_MAX_STRINGS
+    ) -> None:
         self._inline_max = inline_max_bytes
+        self.max_strings = max_strings  # BYTES elements a request may hold (codec)
         self._pool: ProcessPoolExecutor | None = None
         self._io: ThreadPoolExecutor | None = None
         self._turns = _Turns()
@@ -396,11 +402,13 @@ class BodyDecoder:
     ) -> DecodedRequest:
         """The request in `body`; `tenant`: whose it is, for its turn in the helper."""
         if self.inline(body):
-            return decode_request(body, header_length)
+            return decode_request(body, header_length, max_strings=self.max_strings)
         if keeper is not None:
             keeper.keep_buffer(body)  # the request's own reference goes first
         if not self._json_heavy(header_length):  # a small JSON header, then binary tensors
-            decoded = decode_request(body, header_length, defer_bytes=True)
+            decoded = decode_request(
+                body, header_length, defer_bytes=True, max_strings=self.max_strings
+            )
             if not decoded.deferred:
                 return decoded
             inputs = dict(decoded.inputs)
@@ -435,7 +443,8 @@ class BodyDecoder:
     async def _in_helper(
         self, body: Body, header_length: str | None, keeper: Keeper | None, tenant: Hashable
     ) -> DecodedRequest:
-        decoded = await self._call_helper(body, _decode_in_helper, header_length, _discard, tenant)
+        call = partial(_decode_in_helper, max_strings=self.max_strings)
+        decoded = await self._call_helper(body, call, header_length, _discard, tenant)
         # The read unlinks the helper's segment whether or not this request is still
         # waiting for it.
         raw = await asyncio.wrap_future(self._io_thread().submit(_read_segment, decoded))

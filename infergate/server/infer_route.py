@@ -35,6 +35,7 @@ from infergate.server.codec import (
     decode_request,
     encode_response,
     response_headers,
+    strings_limit,
 )
 from infergate.server.compression import MIN_BYTES, compress_response
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
@@ -82,7 +83,7 @@ class InferRoute:
         self._engine = engine
         self._fallback = fallback
         self._limit = max_request_bytes
-        self._decoder = decoder or BodyDecoder()
+        self._decoder = decoder or BodyDecoder(max_strings=strings_limit(max_request_bytes))
         self._running: asyncio.AbstractEventLoop | None = None
         # Answers given in this step of the loop, counted at its end (`_count`).
         self._counts: list[Finished] = []
@@ -177,7 +178,11 @@ class InferRoute:
             self._engine.admit(state, name)
             try:
                 if decoded is None:
-                    decoded = decode_request(whole, header_text(headers_in, HEADER_LENGTH))
+                    decoded = decode_request(
+                        whole,
+                        header_text(headers_in, HEADER_LENGTH),
+                        max_strings=self._decoder.max_strings,
+                    )
                 running = self._engine.begin_admitted(
                     inference_request(name, number, decoded), state, served
                 )
@@ -350,7 +355,7 @@ class InferRoute:
                         tenant,
                     )
             if self._decoder.inline(body):  # most bodies: decoded here, no coroutine
-                decoded = decode_request(body, length)
+                decoded = decode_request(body, length, max_strings=self._decoder.max_strings)
             else:
                 decoded = await self._decoder.decode(body, length, keeper, tenant.tenant.name)
             result = await self._engine.infer_admitted(

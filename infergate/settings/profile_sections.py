@@ -38,7 +38,13 @@ class ServerSection(Section):
         "the model repository; a relative path is taken from the folder above a profiles/ "
         "folder the profile is in, else from the working directory",
     )
-    max_request_mb: float = setting(64.0, "a larger request body gets 413", ge=0.001, unit="MB")
+    max_request_mb: float = setting(
+        64.0,
+        "a larger request body gets 413; a request holds at most one BYTES element per 64 "
+        "bytes of it",
+        ge=0.001,
+        unit="MB",
+    )
     load_timeout_s: float = setting(
         120.0, "a worker that has not loaded and warmed up by then is killed", ge=1, unit="s"
     )
