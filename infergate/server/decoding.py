@@ -7,18 +7,12 @@ machine), and health checks and every other client would wait behind it.
 Threads do not fix that: orjson, numpy's list conversion and pickle hold the GIL for a
 whole call (a single 60 MB copy takes 50 ms on a small machine), and a thread running a
 Python loop still takes the GIL from the loop every few milliseconds. So the work is
-split: a large JSON document is parsed in a helper process (the body goes over in a
-shared-memory segment and the tensors come back in one: numbers as raw arrays, BYTES in
-their length-prefixed wire form), and what is left for the gateway runs either on a
-thread in calls that let go of the GIL, or on the event loop in slices of a few
-milliseconds, with the loop answering others between slices. The segments are files in
-/dev/shm written and read with plain write and read calls on an I/O thread, never mapped
-by the gateway: the copies, the page faults, and the freeing of tens of megabytes at
-unlink (munmap and unlink of a 60 MB segment: tens of milliseconds, more on a busy
-machine) all happen there, with the GIL released. What needs Python objects (building the
-BYTES elements) runs on the loop in slices. A large binary request has only a small JSON
-header to parse; its numbers are views of the body, and its BYTES are built in the same
-slices.
+split: a large JSON document is parsed in a helper process (server/decode_helper.py: the
+body goes over in a shared-memory segment and the tensors come back in one, copied on an
+I/O thread with the GIL released), and what needs Python objects (building the BYTES
+elements) runs on the event loop in slices of a few milliseconds, with the loop answering
+others between slices. A large binary request has only a small JSON header to parse; its
+numbers are views of the body, and its BYTES are built in the same slices.
 
 The helper decodes one body at a time, and the tenants whose bodies wait take turns
 (`_Turns`): a tenant that sends many large bodies at once delays another's by at most
@@ -42,14 +36,13 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from infergate import procname
-from infergate.engine.workers.shm import MappedArena
 from infergate.errors import BadRequest, InfergateError
-from infergate.server.body import anonymous_mapping, free_off_loop
+from infergate.server.body import free_off_loop
 from infergate.server.codec import (
     DEFAULT_MAX_STRINGS,
     Body,
@@ -58,148 +51,20 @@ from infergate.server.codec import (
     decode_request,
     pass_through_header,
 )
-from infergate.tensors import Array, read_bytes_elements, serialize_bytes
+from infergate.server.decode_helper import (
+    Decoded,
+    Raw,
+    decode_in_helper,
+    pass_through_header_in_helper,
+    read_segment,
+    unlink_segment,
+    write_segment,
+)
+from infergate.tensors import Array, read_bytes_elements
 
 T = TypeVar("T")
 INLINE_MAX_BYTES = 1 << 20  # bodies up to this size decode in one go
 _ELEMENTS = 2_000  # BYTES elements built per slice (a few milliseconds)
-
-
-class _Tensor(NamedTuple):
-    name: str
-    datatype: str  # a numpy dtype string ("<f4"), or "BYTES"
-    shape: tuple[int, ...]
-    offset: int
-    size: int
-
-
-class _Decoded(NamedTuple):
-    """What the helper hands back: the request without its tensors, and where they lie."""
-
-    request: DecodedRequest
-    segment: str
-    tensors: tuple[_Tensor, ...]
-
-
-def _decode_in_helper(
-    segment: str, size: int, header_length: str | None, max_strings: int
-) -> _Decoded:
-    """Runs in the helper process: decode the body in `segment`, write the tensors to a
-    new segment (made here, outside multiprocessing's tracker: the gateway unlinks it as
-    soon as it has mapped it)."""
-    body = MappedArena(segment)
-    try:
-        decoded = decode_request(body.buf[:size], header_length, max_strings=max_strings)
-        name, tensors = _write_tensors(decoded.inputs)
-        request = decoded._replace(inputs={})
-        del decoded  # binary tensors are views of the body's mapping
-    finally:
-        with contextlib.suppress(BufferError):  # a view still held (an error's frames)
-            body.close()
-    return _Decoded(request, name, tensors)
-
-
-def _pass_through_header_in_helper(
-    segment: str, size: int, header_length: str | None
-) -> dict[str, Any] | None:
-    """Runs in the helper process: a remote model's request header, read from `segment`."""
-    body = MappedArena(segment)
-    try:
-        return pass_through_header(body.buf[:size], header_length)
-    finally:
-        with contextlib.suppress(BufferError):
-            body.close()
-
-
-def _write_tensors(inputs: dict[str, Array]) -> tuple[str, tuple[_Tensor, ...]]:
-    blobs: list[tuple[str, str, tuple[int, ...], memoryview | bytes]] = []
-    for name, array in inputs.items():
-        if array.dtype.kind == "O":
-            blobs.append((name, "BYTES", array.shape, serialize_bytes(array)))
-        else:
-            data = np.ascontiguousarray(array)
-            raw = data.data.cast("B") if data.size else b""  # (cast refuses empty shapes)
-            blobs.append((name, data.dtype.str, data.shape, raw))
-    segment = f"infergate-decode-{os.getpid()}-{secrets.token_hex(6)}"
-    total = max(1, sum(len(blob) for *_, blob in blobs))
-    fd = os.open(f"/dev/shm/{segment}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.ftruncate(fd, total)
-        with mmap.mmap(fd, total) as out:
-            tensors = []
-            offset = 0
-            view = memoryview(out)
-            for name, datatype, shape, blob in blobs:
-                view[offset : offset + len(blob)] = blob
-                tensors.append(_Tensor(name, datatype, shape, offset, len(blob)))
-                offset += len(blob)
-            view.release()
-    finally:
-        os.close(fd)
-    return segment, tuple(tensors)
-
-
-def _segment_path(segment: str) -> str:
-    return f"/dev/shm/{segment}"
-
-
-def _write_segment(segment: str, body: Body) -> None:
-    """On the I/O thread: the body into a new segment (os.write lets go of the GIL)."""
-    fd = os.open(_segment_path(segment), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        view = memoryview(body).cast("B")
-        written = 0
-        while written < len(view):
-            written += os.write(fd, view[written:])
-    finally:
-        os.close(fd)
-
-
-def _unlink(segment: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(_segment_path(segment))
-
-
-_Raw = dict[str, Array | mmap.mmap]
-
-
-def _read_segment(decoded: _Decoded) -> _Raw:
-    """On the I/O thread: the helper's tensors out of its segment, which goes away
-    (numbers as arrays of their dtype, BYTES as their wire form, for the loop to split).
-    Each lands in an anonymous mapping of its own, so that it can be freed off the loop
-    too (see Keeper)."""
-    fd = os.open(_segment_path(decoded.segment), os.O_RDONLY)
-    try:
-        os.unlink(_segment_path(decoded.segment))  # its pages go when fd closes, here
-        raw: _Raw = {}
-        for t in decoded.tensors:
-            if t.size == 0:  # (a mapping cannot be empty)
-                raw[t.name] = _empty(t)
-                continue
-            target = anonymous_mapping(t.size)
-            view = memoryview(target)
-            if t.datatype == "BYTES":
-                raw[t.name] = target
-            else:
-                dtype = np.dtype(t.datatype)
-                array = np.frombuffer(target, dtype, t.size // dtype.itemsize)
-                raw[t.name] = array.reshape(t.shape)
-            done = 0
-            while done < t.size:
-                got = os.preadv(fd, [view[done:]], t.offset + done)
-                if got == 0:
-                    raise InfergateError(f"the body decoder's segment ended inside {t.name!r}")
-                done += got
-            view.release()
-    finally:
-        os.close(fd)
-    return raw
-
-
-def _empty(t: _Tensor) -> Array | mmap.mmap:
-    if t.datatype == "BYTES":
-        return anonymous_mapping(1)  # (read as a view of its first 0 bytes)
-    return np.empty(t.shape, dtype=np.dtype(t.datatype))
 
 
 class Keeper:
@@ -285,7 +150,7 @@ async def bytes_in_slices(
     return out.reshape(shape)
 
 
-async def _tensors_from_raw(raw: _Raw, decoded: _Decoded, keeper: Keeper | None) -> DecodedRequest:
+async def _tensors_from_raw(raw: Raw, decoded: Decoded, keeper: Keeper | None) -> DecodedRequest:
     inputs: dict[str, Array] = {}
     for t in decoded.tensors:
         value = raw.pop(t.name)
@@ -305,9 +170,9 @@ async def _tensors_from_raw(raw: _Raw, decoded: _Decoded, keeper: Keeper | None)
     return decoded.request._replace(inputs=inputs)
 
 
-def _discard(job: Future[_Decoded]) -> None:
+def _discard(job: Future[Decoded]) -> None:
     if not job.cancelled() and job.exception() is None:
-        _unlink(job.result().segment)
+        unlink_segment(job.result().segment)
 
 
 HELPER_NAME = b"ig-decoder"  # its name in ps and top, apart from the model workers
@@ -437,17 +302,17 @@ class BodyDecoder:
         if len(body) <= self._inline_max or not self._json_heavy(header_length):
             return pass_through_header(body, header_length)
         return await self._call_helper(
-            body, _pass_through_header_in_helper, header_length, None, tenant
+            body, pass_through_header_in_helper, header_length, None, tenant
         )
 
     async def _in_helper(
         self, body: Body, header_length: str | None, keeper: Keeper | None, tenant: Hashable
     ) -> DecodedRequest:
-        call = partial(_decode_in_helper, max_strings=self.max_strings)
+        call = partial(decode_in_helper, max_strings=self.max_strings)
         decoded = await self._call_helper(body, call, header_length, _discard, tenant)
         # The read unlinks the helper's segment whether or not this request is still
         # waiting for it.
-        raw = await asyncio.wrap_future(self._io_thread().submit(_read_segment, decoded))
+        raw = await asyncio.wrap_future(self._io_thread().submit(read_segment, decoded))
         return await _tensors_from_raw(raw, decoded, keeper)
 
     async def _call_helper(
@@ -467,7 +332,7 @@ class BodyDecoder:
         held = True  # the turn is given back below, unless the helper still runs the job
         segment = f"infergate-body-{os.getpid()}-{secrets.token_hex(6)}"
         try:
-            await asyncio.wrap_future(self._io_thread().submit(_write_segment, segment, body))
+            await asyncio.wrap_future(self._io_thread().submit(write_segment, segment, body))
             try:
                 job = self._helper().submit(call, segment, len(body), header_length)
             except OSError as exc:  # the helper could not start (EAGAIN, EMFILE, ENOMEM)
@@ -491,7 +356,8 @@ class BodyDecoder:
             self._pool = None  # a new helper for the next large body
             raise InfergateError("the body decoder process died; retry the request") from None
         finally:
-            self._io_thread().submit(_unlink, segment)  # freeing its pages takes a while: not here
+            # Freeing its pages takes a while: not here.
+            self._io_thread().submit(unlink_segment, segment)
             if held:
                 self._turns.give()
 
