@@ -6,7 +6,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -18,6 +18,9 @@ from tests.onnx_models import make_echo, make_mlp
 from tests.redis_server import RedisProcess
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
+
+if TYPE_CHECKING:
+    from tests.fronts_parity import Pair
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -114,6 +117,17 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
     proc.stop()
 
 
+@pytest.fixture(scope="session")
+def parity_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    """The fronts-parity pair (tests/fronts_parity.py): the same models in one process and
+    behind a front, each WARM path served once in both. Shared by PARITY_FILES (below: one
+    xdist worker runs them, so one starts this pair, as one file did)."""
+    from tests.fronts_parity import running_pair, warm_up
+
+    with running_pair(tmp_path_factory.mktemp("parity")) as pair:
+        yield warm_up(pair)
+
+
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
     """A real redis-server of the test's own on a loopback port (the cluster tests)."""
@@ -182,9 +196,14 @@ TRITON_FILES = (  # conftest's `triton_server`
     "test_triton_stats.py",
     "test_triton_strings.py",
 )
+PARITY_FILES = (  # conftest's `warm`; the corpus first: the tenants' file checks, last,
+    "test_fronts_parity_corpus.py",  # that neither gateway holds a slot after both files
+    "test_fronts_parity_tenants.py",
+)
 ONE_WORKER = {
     **dict.fromkeys(SERVER_FILES, "server"),
     **dict.fromkeys(TRITON_FILES, "triton_server"),
+    **dict.fromkeys(PARITY_FILES, "warm"),
 }
 
 
@@ -214,7 +233,7 @@ LONGEST_FIRST = (  # by their wall seconds in full parallel runs (INFERGATE_TEST
     "test_edge_connections.py",
     "test_private_models.py",
     "test_fronts.py",
-    "test_fronts_parity.py",
+    *PARITY_FILES,  # one unit of work, as the one file they were
     "test_devices.py",
     "test_models_verified_store.py",
     *TRITON_FILES,  # one unit of work: the six take about as long as that together
