@@ -85,6 +85,38 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
         "unexpected input 'z'",
     ),
     (
+        "more inputs than any model takes",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(name=f"x{i}") for i in range(1025)]}),
+        JSON,
+        400,
+        "request has 1025 inputs; a request has at most 1024",
+    ),
+    (
+        "an input name of megabytes",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input(name="\x7f" * 600_000)]}),
+        JSON,
+        400,
+        "inputs[0].name is 600000 characters long",
+    ),
+    (
+        "more outputs than any model has",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input()], "outputs": [{"name": "y"}] * 1025}),
+        JSON,
+        400,
+        "request has 1025 outputs",
+    ),
+    (
+        "an output name too long",
+        "/v2/models/mlp/infer",
+        orjson.dumps({"inputs": [x_input()], "outputs": [{"name": "y" * 1025}]}),
+        JSON,
+        400,
+        "outputs[0].name is 1025 characters long",
+    ),
+    (
         "wrong datatype",
         "/v2/models/mlp/infer",
         orjson.dumps({"inputs": [x_input(datatype="FP64")]}),
@@ -350,3 +382,12 @@ def test_a_request_of_more_strings_than_the_body_limit_allows_is_a_413(
             assert "max_request_mb" in error
         else:
             assert len(response.content) > limit * 3
+
+
+def test_an_error_about_a_long_name_is_short(server: ServerProcess) -> None:
+    """A 600,000-character input name (DEL, which repr writes as 4 characters) came back
+    in full in the 400, expanded five times: a 30 MB request made a 150 MB answer."""
+    body = orjson.dumps({"inputs": [x_input(name="\x7f" * 600_000)]})
+    response = httpx.post(f"{server.url}/v2/models/mlp/infer", content=body, headers=JSON)
+    assert response.status_code == 400
+    assert len(response.content) < 1_000, response.content[:200]

@@ -228,11 +228,14 @@ def test_sequence_parameters_as_tritonclient_sends_them() -> None:
     assert sequence_params({"sequence_id": "abc", "sequence_end": True}) == SequenceParams(
         "abc", False, True
     )
+    assert sequence_params({"sequence_id": "s" * 256}) == SequenceParams("s" * 256, False, False)
     cases: list[tuple[dict[str, Any], str]] = [
         ({"sequence_id": 1.5}, "sequence_id must be a non-negative integer or a string"),
         ({"sequence_id": True}, "sequence_id must be"),
         ({"sequence_id": 1, "sequence_start": 1}, "sequence_start must be true or false"),
         ({"sequence_start": True}, "need a sequence_id"),
+        # Ids are remembered after their sequence ends: one of megabytes kept megabytes.
+        ({"sequence_id": "s" * 257}, "a string of 257 characters; a sequence id has at most 256"),
     ]
     for bad, words in cases:
         with pytest.raises(BadRequest, match=words):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import numpy as np
 import pytest
@@ -9,6 +11,8 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from infergate.engine.triton.classification import MAX_ENTRIES, classify
+from infergate.errors import BadRequest
 from infergate.server.compression import MIN_BYTES, compress_response
 from tests.server import ServerProcess
 
@@ -66,6 +70,19 @@ def test_classification_without_labels_and_bad_counts(triton_server: ServerProce
     )
     assert response.status_code == 400
     assert "classification must be a positive integer" in response.json()["error"]
+
+
+def test_classification_is_bounded_by_the_entries_it_makes(tmp_path: Path) -> None:
+    """Each entry is a string made on the event loop: k = 2 million over one row of 2
+    million values held it 4 s. An answer holds at most MAX_ENTRIES (rows x k); more is a
+    400 before any is made, and the bound itself is served."""
+    model = tmp_path / "1" / "model.onnx"
+    rows = np.zeros((MAX_ENTRIES + 1, 1), dtype=np.float32)
+    with pytest.raises(BadRequest, match=f"makes {MAX_ENTRIES + 1} entries; an answer holds"):
+        classify("y", rows, 1, True, model)
+    with pytest.raises(BadRequest, match="1 row"):
+        classify("y", rows.reshape(-1), MAX_ENTRIES + 1, False, model)
+    assert classify("y", rows[:MAX_ENTRIES], 5, True, model).shape == (MAX_ENTRIES, 1)
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])

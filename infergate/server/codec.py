@@ -75,6 +75,13 @@ def strings_limit(max_request_bytes: int) -> int:
 
 DEFAULT_MAX_STRINGS = strings_limit(64 << 20)  # the default max_request_mb's
 
+# No model takes more tensors, nor names one longer (ONNX exports' longest run to about
+# 200 characters). Each input costs the gateway its own objects and mapping whatever its
+# size (a 30 MB body of 530,000 one-value inputs took 2.7 GB), and names come back in
+# errors: both are bounded before anything is built for them.
+MAX_TENSORS = 1024
+MAX_NAME = 1024
+
 
 def _shape(name: str, value: Any) -> tuple[int, ...]:
     if type(value) is list:  # a loop, not all(<genexpr>): this runs for every input
@@ -268,6 +275,8 @@ def decode_request(
             "request must have a non-empty 'inputs' array of tensors "
             "(each with name, datatype, shape and data)"
         )
+    if len(raw_inputs) > MAX_TENSORS:
+        raise _too_many("inputs", len(raw_inputs))
     inputs: dict[str, Array] = {}
     deferred: dict[str, DeferredBytes] = {}
     offset = 0
@@ -276,6 +285,8 @@ def decode_request(
         name = item.get("name") if type(item) is dict else None
         if type(name) is not str:
             raise BadRequest(f"inputs[{i}] must be an object with a string 'name'")
+        if len(name) > MAX_NAME:
+            raise _too_long(f"inputs[{i}]", name)
         if name in inputs:
             raise BadRequest(f"input {name!r} appears twice")
         datatype = item.get("datatype")
@@ -319,6 +330,17 @@ def decode_request(
         )
     decoded = _decode_outputs(doc, inputs)
     return decoded._replace(deferred=deferred) if deferred else decoded
+
+
+def _too_many(what: str, count: int) -> BadRequest:
+    return BadRequest(f"request has {count} {what}; a request has at most {MAX_TENSORS}")
+
+
+def _too_long(where: str, name: str) -> BadRequest:
+    return BadRequest(
+        f"{where}.name is {len(name)} characters long ({shown(name)}); a tensor name has at "
+        f"most {MAX_NAME}"
+    )
 
 
 def too_many_strings(name: str, count: int, limit: int) -> PayloadTooLarge:
@@ -392,12 +414,16 @@ def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedReq
         return DecodedRequest(request_id, inputs, None, _NO_NAMES, binary_default, params)
     if type(raw_outputs) is not list:
         raise BadRequest("'outputs' must be an array of {\"name\": ...} objects")
+    if len(raw_outputs) > MAX_TENSORS:
+        raise _too_many("outputs", len(raw_outputs))
     names = []
     binary: set[str] = set()
     extra: dict[str, dict[str, Any]] = {}
     for i, out in enumerate(raw_outputs):
         if type(out) is not dict or type(out.get("name")) is not str:
             raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
+        if len(out["name"]) > MAX_NAME:
+            raise _too_long(f"outputs[{i}]", out["name"])
         names.append(out["name"])
         out_params = out.get("parameters")
         if out_params is None:

@@ -40,6 +40,11 @@ class SequenceParams:
     end: bool = False
 
 
+# Ids are kept (the live table, and the ended ones remembered: see _remember) for as long
+# as their sequences last and after: an id of megabytes would keep megabytes.
+MAX_SEQUENCE_ID = 256
+
+
 def sequence_params(parameters: dict[str, Any]) -> SequenceParams | None:
     """The sequence a request belongs to, as tritonclient sends it (an integer or a string
     id; 0 or "" with no flags is no sequence, as in Triton)."""
@@ -64,6 +69,11 @@ def sequence_params(parameters: dict[str, Any]) -> SequenceParams | None:
     ):
         raise BadRequest(
             f"parameters.sequence_id must be a non-negative integer or a string, got {shown(sid)}"
+        )
+    if isinstance(sid, str) and len(sid) > MAX_SEQUENCE_ID:
+        raise BadRequest(
+            f"parameters.sequence_id is a string of {len(sid)} characters; a sequence id "
+            f"has at most {MAX_SEQUENCE_ID} (a UUID has 36)"
         )
     if sid in (0, ""):
         if any(flags):
