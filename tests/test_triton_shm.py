@@ -178,6 +178,32 @@ def test_inference_naming_a_missing_region_or_past_its_end(
         assert message in caught.value.message()
 
 
+def test_an_input_larger_than_a_body_may_be_is_413_before_it_is_read(
+    triton_server: ServerProcess,
+) -> None:
+    """An input is copied out of its region on the event loop, as a body is read: it may
+    be no larger than max_request_mb (1 MB here). A 156-byte request read a 512 MB region
+    whole, and held every client 1.5 s, before its rows were refused."""
+    c = client(triton_server)
+    size = 2**20 + BYTES
+    key, path = shm_file("big", b"\0" * size)
+    try:
+        c.register_system_shared_memory("big_input", key, size)
+        inputs = [
+            httpclient.InferInput(n, [size // BYTES, 16], "INT32") for n in ("INPUT0", "INPUT1")
+        ]
+        for tensor in inputs:
+            tensor.set_shared_memory("big_input", size)
+        with pytest.raises(InferenceServerException) as caught:
+            c.infer("simple", inputs)
+        assert caught.value.status() == "413"
+        assert f"names {size} bytes of shared memory region 'big_input'" in caught.value.message()
+        assert "max_request_mb" in caught.value.message()
+    finally:
+        c.unregister_system_shared_memory("big_input")
+        path.unlink()
+
+
 def test_an_output_range_too_small_is_400(
     triton_server: ServerProcess, regions: tuple[object, object, str, str]
 ) -> None:

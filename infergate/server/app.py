@@ -70,6 +70,7 @@ def create_app(
     carries a request id and a log line as every other answer does."""
     store = store or ProfileStore(None, Profile(source=None), engine)
     decoder = BodyDecoder(max_strings=strings_limit(max_request_bytes))
+    SYSTEM_SHM.max_input_bytes = max_request_bytes
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TypeGuard
 
-from infergate.errors import BadRequest, shown
+from infergate.errors import BadRequest, PayloadTooLarge, shown
 from infergate.tensors import Array, from_wire, to_wire
 
 SHM_ROOT = Path("/dev/shm")
@@ -119,6 +119,10 @@ class SharedMemoryRegions:
     def __init__(self, root: Path = SHM_ROOT) -> None:
         self._root = root
         self._regions: dict[str, Region] = {}
+        # An input is copied out of its region on the event loop, as a body would be read:
+        # it may be no larger than a body (the gateway sets max_request_mb's bytes). A
+        # 156-byte request read 512 MB before its rows were refused, and held the loop 1.5 s.
+        self.max_input_bytes: int | None = None
 
     def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
         if name in self._regions:
@@ -193,6 +197,12 @@ class SharedMemoryRegions:
         what = _Tensor("input", input_name)
         size = _non_negative(params.get("shared_memory_byte_size"), "shared_memory_byte_size")
         offset = _non_negative(params.get("shared_memory_offset", 0), "shared_memory_offset")
+        if self.max_input_bytes is not None and size > self.max_input_bytes:
+            raise PayloadTooLarge(
+                f"{what} names {size} bytes of shared memory region {shown(region.name)}, over "
+                f"the {self.max_input_bytes / 2**20:g} MB a request may bring. Hint: send "
+                "smaller batches or raise max_request_mb in the profile's [server] table"
+            )
         try:
             return from_wire(region.read(offset, size, what), datatype, shape)
         except ValueError as exc:
