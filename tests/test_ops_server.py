@@ -6,6 +6,7 @@ duration histogram per model and tenant on /metrics."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from infergate.cli.logs import JsonFormatter
 from tests.conftest import write_profile
 from tests.onnx_models import make_mlp
 from tests.polling import wait_until
@@ -93,16 +95,20 @@ def test_configured_by_environment_with_json_logs_at_warning(env_server: EnvServ
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
     # INFERGATE_LOG_LEVEL=warning: no INFO from the engine (the model_ready event)...
     assert not [r for r in records if r["level"] == "INFO" and r["logger"] != "infergate.access"]
-    # ...but a rejected profile edit is a WARNING.
+    # ...but a rejected profile edit is a WARNING, its kind a field of its own (it names
+    # no model, and its message has no empty slot for one).
     good = env_server.profile.read_text()
     env_server.profile.write_text(good + "\n[tenants.bad]\nrps = 'fast'\n")
     try:
         wait_for(
             lambda: any(
-                r["level"] == "WARNING" and "profile_rejected" in r["message"]
+                r["level"] == "WARNING" and r.get("event") == "profile_rejected"
                 for r in env_server.records()
             )
         )
+        [rejected] = [r for r in env_server.records() if r.get("event") == "profile_rejected"]
+        assert rejected["model"] is None
+        assert rejected["message"].startswith("profile_rejected: "), rejected
     finally:
         env_server.profile.write_text(good)
 
@@ -199,3 +205,13 @@ def test_serve_logs_where_it_listens(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def test_json_logs_leave_out_uvicorn_s_coloured_template() -> None:
+    """uvicorn's records carry `color_message`, their template with terminal colours
+    ("Started server process [\x1b[36m%d\x1b[0m]"): not a field of a JSON line."""
+    record = logging.LogRecord("uvicorn.error", logging.INFO, "", 0, "Started %d", (7,), None)
+    record.color_message = "Started \x1b[36m%d\x1b[0m"
+    line = json.loads(JsonFormatter().format(record))
+    assert line["message"] == "Started 7"
+    assert "color_message" not in line

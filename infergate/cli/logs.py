@@ -15,7 +15,11 @@ FORMATS = ("text", "json")
 WARNING_EVENTS = frozenset(
     {"model_unavailable", "profile_rejected", "breaker_open", "worker_restarting"}
 )
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
+# uvicorn's records carry `color_message`, the message's template with terminal colours.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):

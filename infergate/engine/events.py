@@ -43,7 +43,11 @@ class EventBus:
         event = Event(kind, model, message, version, data, next(self._ids), time.time())
         self._recent.append(event)
         level = logging.WARNING if "fail" in kind or "kill" in kind else logging.INFO
-        log.log(level, "%s %s%s: %s", kind, model, f" v{version}" if version else "", message)
+        # The kind first in the args (cli/logs.py's EventLevels reads it); JSON logs get the
+        # fields as keys of their own. A profile's events name no model.
+        where = (f" {model}" if model else "") + (f" v{version}" if version else "")
+        fields = {"event": kind, "model": model or None, "version": version}
+        log.log(level, "%s%s: %s", kind, where, message, extra=fields)
         for queue in self._subscribers:
             if queue.full():
                 queue.get_nowait()  # drop the oldest for a slow reader
