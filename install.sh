@@ -31,13 +31,24 @@ fi
 
 # The interpreter: python3's version, in its fastest build on this machine (the gateway's
 # request path is pure Python: scripts/choose_python.py says why and how it is chosen).
-# PYTHON=/path/to/python overrides it; a .venv made before is kept.
-if [ -n "${PYTHON:-}" ]; then
+# It is chosen once, when .venv is made: a .venv made before is kept (its pyvenv.cfg names
+# the interpreter), and PYTHON=/path/to/python chooses for a new one. One line says which.
+if [ -x .venv/bin/python ]; then
+  python=.venv/bin/python
+  made=$(sed -n 's/^executable = //p' .venv/pyvenv.cfg 2>/dev/null || true)
+  ignored=""
+  if [ -n "${PYTHON:-}" ]; then ignored=", not PYTHON=$PYTHON"; fi
+  echo "install.sh: python: ${made:-.venv/bin/python} (.venv's, made before, kept$ignored;" \
+    "rm -r .venv and run this again to choose anew)"
+elif [ -n "${PYTHON:-}" ]; then
   python=$PYTHON
-elif [ -x .venv/bin/python ]; then
-  python=.venv/bin/python  # already made: kept (rm -r .venv, then run this again, to choose anew)
+  echo "install.sh: python: $python (from PYTHON)"
 else
-  python=$(python3 scripts/choose_python.py) || python=python3
+  # scripts/choose_python.py says which and why on stderr
+  if ! python=$(python3 scripts/choose_python.py); then
+    python=python3
+    echo "install.sh: python: python3 (scripts/choose_python.py failed)"
+  fi
 fi
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
   echo "install.sh: infergate needs Python 3.10 or newer; set PYTHON=/path/to/python3.11" >&2

@@ -1,6 +1,7 @@
 """Which Python `install.sh` makes `.venv` with: the fastest build of python3's version here.
 
-    python3 scripts/choose_python.py      # prints the interpreter's path; why, on stderr
+    python3 scripts/choose_python.py      # prints the interpreter's path; which and why,
+                                          # one line on stderr
 
 The gateway's request path is pure Python on one event loop, so the interpreter's build
 sets its CPU per request, and builds of the same version differ: pyenv's default build
@@ -71,13 +72,15 @@ def choose(
     neighbour's burst of work slows one pass, not all."""
     version = version_of(default)
     if version is None:
-        return default, "python3 cannot make a venv"
+        return default, "python3, which cannot make a venv: no other build was looked for"
     timed = [default]
     for path in others:
         if not os.access(path, os.X_OK) or any(_same(path, t, same) for t in timed):
             continue
         if version_of(path) == version:
             timed.append(path)
+    if len(timed) == 1:
+        return default, f"python3; no other build of Python {version} here"
     best_s: dict[str, float] = {}
     for _ in range(passes):
         for path in timed:
@@ -86,13 +89,22 @@ def choose(
                 best_s[path] = min(s, best_s.get(path, s))
     base = best_s.get(default)
     if base is None:
-        return default, "python3 could not be timed"
+        return default, "python3, which could not be timed"
     best = min(best_s, key=lambda p: (best_s[p], p != default))
     if best == default or best_s[best] >= CLEARLY_FASTER * base:
-        return default, f"python3 ({default}): no other build of Python {version} is faster"
+        runner_up = min((p for p in best_s if p != default), key=best_s.__getitem__, default=None)
+        timed_too = (
+            f": {runner_up} took {best_s[runner_up] / base:.2f} times as long"
+            if runner_up is not None
+            else ""
+        )
+        return default, (
+            f"python3; no other build of Python {version} took {1 - CLEARLY_FASTER:.0%} less "
+            f"time on a short loop{timed_too}"
+        )
     return best, (
-        f"{best} runs Python code {base / best_s[best]:.1f} times as fast as python3 "
-        f"({default}), the same Python {version}"
+        f"{base / best_s[best]:.1f} times as fast on a short loop as python3, {default}, the "
+        f"same Python {version}; to use python3: rm -r .venv && PYTHON={default} ./install.sh"
     )
 
 
@@ -125,11 +137,8 @@ def main() -> None:
     default = sys.executable  # the real interpreter behind a shim such as pyenv's
     version = "{}.{}".format(*sys.version_info[:2])
     chosen, why = choose(default, candidates(version), lambda p: _run(p, PROBE), _loop_seconds)
-    if chosen != default:
-        print(
-            f"install.sh: using {why}; PYTHON={default} ./install.sh keeps that one",
-            file=sys.stderr,
-        )
+    # Always one line, so that a build passed over (or a python3 kept) shows.
+    print(f"install.sh: python: {chosen} ({why})", file=sys.stderr)
     print(chosen)
 
 

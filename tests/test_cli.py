@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,56 @@ def test_infer_reads_a_v2_request_on_stdin(server: ServerProcess) -> None:
     assert doc["outputs"][0]["shape"] == [1, 3]
 
 
+STDIN_OUTPUT_LINE = (
+    "-o/--output does not apply to a request on stdin, which names its own outputs: drop -o, "
+    'or put "outputs" in the request'
+)
+
+
+def test_infer_output_with_a_request_on_stdin_is_a_usage_error(server: ServerProcess) -> None:
+    """`infer MODEL - -o NAME` ignored -o and answered every output: the request on stdin
+    is sent as it is, so it is the one to name the outputs."""
+    data = np.load(REPO / "examples" / "digit-7.npy").reshape(-1).tolist()
+    request: dict[str, Any] = {
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": data}]
+    }
+    for extra, stdout in (([], ""), (["--json"], json.dumps({"error": STDIN_OUTPUT_LINE}))):
+        result = runner.invoke(
+            app,
+            ["infer", "digits", "-", "-o", "label", "--url", server.url, *extra],
+            input=json.dumps(request),
+        )
+        assert result.exit_code == 2, result.output
+        if extra:
+            assert (json.loads(result.stdout), result.stderr) == (json.loads(stdout), "")
+        else:
+            assert (result.stdout, result.stderr) == ("", f"error: {STDIN_OUTPUT_LINE}\n")
+    # What the line says to do instead
+    request["outputs"] = [{"name": "label"}]
+    code, out = run(
+        "infer", "digits", "-", "--url", server.url, "--json", stdin=json.dumps(request)
+    )
+    assert code == 0, out
+    assert [(o["name"], o["data"]) for o in json.loads(out)["outputs"]] == [("label", [7])]
+
+
+def test_infer_help_examples_run_as_written(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`infer -h`'s examples, run from the project folder, against the example `digits`."""
+    monkeypatch.chdir(REPO)
+    code, out = run("infer", "-h")
+    assert code == 0, out
+    examples = [
+        shlex.split(line.split("$ infergate ")[1]) for line in out.splitlines() if "$ " in line
+    ]
+    assert len(examples) == 2, out
+    for args in examples:
+        code, out = run(*args, "--url", server.url)
+        assert code == 0, (args, out)
+        assert "label" in out
+
+
 def test_failures_and_usage_have_exit_codes(server: ServerProcess) -> None:
     code, out = run("infer", "nope", "x=[1]", "--url", server.url, "--json")
     assert code == 1
@@ -138,6 +189,31 @@ def test_doctor(tmp_path: Path) -> None:
     code, out = run("doctor", "--models", str(tmp_path / "missing"), "--json")
     assert code == 1
     assert "does not exist" in {c["name"]: c for c in json.loads(out)}["models"]["detail"]
+
+
+def test_doctor_without_torch_says_to_install_it_into_the_venv_then_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bare `pip install` goes to whatever environment is first on PATH: the hint names
+    install.sh or the project's own pip, and the load that picks the runtime up."""
+    import importlib.metadata
+
+    installed = importlib.metadata.version
+
+    def version(package: str) -> str:
+        if package == "torch":
+            raise importlib.metadata.PackageNotFoundError(package)
+        return installed(package)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    code, out = run("doctor", "--models", str(REPO / "models"), "--json")
+    assert code == 0, out
+    assert {c["name"]: c for c in json.loads(out)}["torch"] == {
+        "name": "torch",
+        "status": "warn",
+        "detail": "not installed: TorchScript models are unavailable. Hint: ./install.sh "
+        "--torch (or .venv/bin/pip install 'infergate[torch]'), then infergate model load NAME",
+    }
 
 
 @pytest.mark.parametrize(

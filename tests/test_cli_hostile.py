@@ -216,6 +216,45 @@ def test_a_tenant_name_with_a_slash_is_a_usage_error_where_one_is_named(
     assert fake.requests == []
 
 
+MODEL_NAME_LINE = (
+    "error: {!r} is not a model name: a model is a folder or file in the repository, named "
+    "with letters, digits, '_', '-' and '.', starting with a letter or digit. Hint: "
+    "infergate model list"
+)
+
+
+@pytest.mark.parametrize("name", ["a/b", "../etc", "a?b", ".hidden", "_x", "dig its"])
+def test_a_model_name_no_repository_could_hold_is_a_usage_error(
+    fake: FakeServer, name: str
+) -> None:
+    """`model load a/b` was POST /v2/repository/models/a%2Fb/load, which the server reads
+    as more path steps (it decodes the path before routing) and answered "no such
+    endpoint" (exit 1): the server's rule for a model's name holds in every command that
+    puts one in a path."""
+    for command in (
+        *(["model", action, name] for action in ("load", "reload", "unload", "status")),
+        ["infer", name, "x=[[1, 2]]"],
+        ["bench", name, "--duration", "0.1"],
+        ["breaker", "set", name, "failure_rate=0.5"],
+        ["breaker", "reset", name],
+    ):
+        r = run(*command, "--url", fake.url)
+        assert (r.code, one_error_line(r)) == (2, MODEL_NAME_LINE.format(name)), command
+        r = run(*command, "--url", fake.url, "--json")
+        assert (r.code, r.stderr) == (2, ""), command
+        assert json.loads(r.stdout) == {"error": MODEL_NAME_LINE.format(name)[7:]}
+    assert fake.requests == []
+
+
+def test_every_name_the_repository_serves_is_still_a_model_name(fake: FakeServer) -> None:
+    fake.json("*", {"name": "x", "versions": [], "default_version": None})
+    for name in ("digits", "Model_2.v1", "9lives", "a-b"):
+        assert run("model", "unload", name, "--url", fake.url).code == 0, name
+    assert fake.requests[::2] == [
+        f"POST /v2/repository/models/{n}/unload" for n in ("digits", "Model_2.v1", "9lives", "a-b")
+    ]
+
+
 def test_a_hand_written_tenant_name_is_still_reached_by_set_and_remove(fake: FakeServer) -> None:
     """A profile written by hand may name a tenant "team-a" (only `tenant add` holds new
     names to the server's rule): set and remove send it as one escaped segment."""

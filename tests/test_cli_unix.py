@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -112,9 +113,15 @@ def test_every_help_has_h_an_example_and_its_defaults(command: list[str]) -> Non
     assert f"$ infergate {command[0]}" in out
     if command == ["serve"]:
         assert "[default: the profile's server.models, else models/" in out
-        assert "INFERGATE_PORT" in out
+        for name in ("MODELS", "PROFILE", "HOST", "PORT", "LOG_LEVEL"):  # Click's, once
+            assert out.count(f"INFERGATE_{name}") == 1, out
+            assert f"[env var: INFERGATE_{name}" in out
     if command == ["bench"]:
         assert "[default: 2.0]" in out
+    # The examples name models the project's models/ holds (README's quick start serves it).
+    named = r"infer|bench|model (?:status|load|reload|unload)|breaker (?:set|reset)"
+    for name in re.findall(rf"\$ infergate (?:{named}) ([\w.-]+) ", out + " "):
+        assert (REPO / "models" / name).is_dir(), name
     if command[0] in ("infer", "bench"):
         assert "-v," not in out  # -v is not the model version (it looked like --version)
         assert "--model-version" in out
@@ -133,8 +140,8 @@ def test_text_is_shown_as_written(unix_server: ServerProcess, tmp_path: Path) ->
     assert "dig[a-z]ts" in out
     done = cli("model", "status", "[/x]", "--url", unix_server.url,
                env={"INFERGATE_ADMIN_TOKEN": ADMIN})  # fmt: skip
-    assert done.returncode == 1
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 2  # not a model name (Rich would have read [/x] as a tag)
+    assert done.stderr.startswith("error: '[/x]' is not a model name: ")
     assert len(done.stderr.strip().splitlines()) == 1
     odd = tmp_path / "a[b]c[red].txt"
     odd.write_text("not a model")
@@ -343,6 +350,43 @@ def test_serve_mistakes_are_one_line_and_an_exit_code(
     done = cli("serve", "--models", models, cwd=tmp_path, env={"INFERGATE_PORT": "70000"})
     assert done.returncode == 2
     assert "port 70000 is out of range" in done.stderr
+
+
+def test_serve_on_a_public_address_without_admin_keys_names_the_command_that_fixes_it(
+    tmp_path: Path,
+) -> None:
+    """The refusal names the command to run, for the profile serve reads, in one line on
+    stderr (plain text: it is said before logging starts, whatever --log-format); that
+    command, run as written, lets the same serve past the check (to the next one: --port)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    bare, project = tmp_path / "bare", tmp_path / "project"
+    bare.mkdir()
+    (project / "profiles").mkdir(parents=True)
+    (project / "other.toml").write_text("[server]\n")
+    for cwd, args, fix in (
+        (bare, [], "mkdir profiles && infergate key new --admin --write"),
+        (project, [], "infergate key new --admin --write"),
+        (
+            project,
+            ["--profile", "other.toml"],
+            "infergate key new --admin --write --profile other.toml",
+        ),
+    ):
+        serve = ["serve", "--models", str(models), "--host", "0.0.0.0", *args]
+        done = cli(*serve, "--log-format", "json", cwd=cwd)
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.startswith("error: refusing to serve on 0.0.0.0, which is not a loopback")
+        assert f"Fix: {fix} (adds an admin key's hash to " in line
+        assert line.endswith("or bind 127.0.0.1")
+        shell = f'infergate() {{ {shlex.quote(sys.executable)} -m infergate "$@"; }}; {fix}'
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INFERGATE_")}
+        env["PYTHONPATH"] = str(REPO)
+        fixed = subprocess.run(["bash", "-c", shell], cwd=cwd, env=env, capture_output=True)
+        assert fixed.returncode == 0, fixed.stderr
+        done = cli(*serve, "--port", "99999", cwd=cwd)
+        assert "port 99999 is out of range" in done.stderr
 
 
 def test_port_0_serves_on_a_free_port_that_the_listening_line_names(

@@ -39,7 +39,7 @@ COMMANDS = {
         "infer",
         example(
             "infergate infer digits examples/digit-7.npy",
-            "infergate infer mlp 'x=[[1, 2, 3, 4]]' --model-version 1 --json",
+            "infergate infer digits input=examples/digit-7.npy -o label --model-version 1 --json",
         ),
     ),
     "doctor": _Entry("doctor", "doctor", example("infergate doctor --models models")),

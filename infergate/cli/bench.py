@@ -28,6 +28,7 @@ from infergate.cli.common import (
     JsonOption,
     TokenOption,
     UrlOption,
+    check_model_name,
     check_name,
     client,
     fail,
@@ -135,7 +136,7 @@ def bench(
         else parse_range(concurrency, "--concurrency-range", integer=True)
     )
     shapes = parse_shapes(shape or [])
-    check_name("model", model, json)
+    check_model_name(model, json)
     if version is not None:
         check_name("model version", version, json)
     from infergate.client import ClientError, model_path

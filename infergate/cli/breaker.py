@@ -14,7 +14,7 @@ from infergate.cli.common import (
     JsonOption,
     UrlOption,
     answer_of,
-    check_name,
+    check_model_name,
     chosen_format,
     emit_table,
     make_app,
@@ -84,7 +84,7 @@ def set_(
     json: JsonOption = False,
 ) -> None:
     """Tune a model's breaker; applies at once and persists in the profile."""
-    check_name("model", model, json)
+    check_model_name(model, json)
     values = parse_settings(settings, "breaker")
     doc = request(url, token, json, lambda c: c.set_breaker(model, values))
     if json:
@@ -101,7 +101,7 @@ def reset(
     json: JsonOption = False,
 ) -> None:
     """Close a model's breakers now."""
-    check_name("model", model, json)
+    check_model_name(model, json)
     request(url, token, json, lambda c: c.reset_breaker(model))
     if json:
         print_json({"reset": model})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
@@ -138,6 +139,26 @@ def check_tenant_in_path(name: str, as_json: bool = False) -> None:
         fail(
             f"tenant name {name!r}: a tenant's name has no '/' (the admin API could not "
             "address it). Hint: infergate tenant list",
+            EXIT_USAGE,
+            as_json,
+        )
+
+
+# The server's rule for a model's name (infergate/server/admin.py check_model_name, and the
+# repository's scan, which serves no other): a folder or file name in the repository.
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def check_model_name(name: str, as_json: bool = False) -> None:
+    """A model named on the command line (`model load`, `infer`, `bench`, `breaker set`
+    ...): a name no repository could hold (`a/b`, `../etc`, `_x`) is a usage mistake here,
+    not a request the server answers with a 404 naming an endpoint."""
+    check_name("model", name, as_json)
+    if not _MODEL_NAME.fullmatch(name):
+        fail(
+            f"{name!r} is not a model name: a model is a folder or file in the repository, "
+            "named with letters, digits, '_', '-' and '.', starting with a letter or digit. "
+            "Hint: infergate model list",
             EXIT_USAGE,
             as_json,
         )

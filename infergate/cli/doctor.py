@@ -63,7 +63,8 @@ def _torch() -> Check:
         return Check(
             "torch",
             "warn",
-            "not installed: TorchScript models are unavailable. Hint: ./install.sh --torch",
+            "not installed: TorchScript models are unavailable. Hint: ./install.sh --torch "
+            "(or .venv/bin/pip install 'infergate[torch]'), then infergate model load NAME",
         )
     if _torch_is_cpu_build():
         # Not imported, so a build that cannot load (a missing libgomp, a numpy ABI

@@ -18,6 +18,7 @@ from infergate.cli.common import (
     TokenOption,
     UrlOption,
     answer_of,
+    check_model_name,
     check_name,
     client,
     emit_table,
@@ -184,7 +185,12 @@ def infer(
         str | None, typer.Option("--model-version", help="Model version [default: the latest]")
     ] = None,
     output: Annotated[
-        list[str] | None, typer.Option("--output", "-o", help="Only this output (repeatable)")
+        list[str] | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Only this output (repeatable; not with -, whose request names its outputs)",
+        ),
     ] = None,
     save: Annotated[Path | None, typer.Option(help="Write each output to DIR/NAME.npy")] = None,
     binary: Annotated[bool, typer.Option(help="Send tensors as binary data")] = True,
@@ -202,9 +208,16 @@ def infer(
             EXIT_USAGE,
             json,
         )
-    check_name("model", model, json)
+    check_model_name(model, json)
     if version is not None:
         check_name("model version", version, json)
+    if items == ["-"] and output:
+        fail(
+            "-o/--output does not apply to a request on stdin, which names its own outputs: "
+            'drop -o, or put "outputs" in the request',
+            EXIT_USAGE,
+            json,
+        )
     try:
         with client(url, token, json) as c:
             response = _run(c, model, items, version, output, binary)

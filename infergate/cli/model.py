@@ -18,7 +18,7 @@ from infergate.cli.common import (
     JsonOption,
     UrlOption,
     answer_of,
-    check_name,
+    check_model_name,
     chosen_format,
     emit_table,
     fail,
@@ -107,7 +107,7 @@ def status(
     json: JsonOption = False,
 ) -> None:
     """One model in detail: versions, instances with their PIDs and devices, tensors."""
-    check_name("model", name, json)
+    check_model_name(name, json)
     model = request(url, token, json, lambda c: c.model(name))
     if json:
         print_json(model)
@@ -168,7 +168,7 @@ def _show_status(model: dict[str, Any]) -> None:
 def _repository_call(
     action: str, name: str, url: str | None, token: str | None, json: bool
 ) -> None:
-    check_name("model", name, json)
+    check_model_name(name, json)
 
     def call(c: Client) -> dict[str, Any]:
         if action == "unload":

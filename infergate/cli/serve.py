@@ -8,6 +8,7 @@ import ipaddress
 import logging
 import math
 import resource
+import shlex
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -38,40 +39,35 @@ def serve(
         Path | None,
         typer.Option(
             envvar="INFERGATE_MODELS",
-            help="Model repository [default: the profile's server.models, else models/; "
-            "env: INFERGATE_MODELS]",
+            help="Model repository [default: the profile's server.models, else models/]",
         ),
     ] = None,
     profile: Annotated[
         Path | None,
         typer.Option(
             envvar="INFERGATE_PROFILE",
-            help="Profile TOML [default: profiles/default.toml when present; "
-            "env: INFERGATE_PROFILE]",
+            help="Profile TOML [default: profiles/default.toml when present]",
         ),
     ] = None,
     host: Annotated[
         str | None,
         typer.Option(
             envvar="INFERGATE_HOST",
-            help="Address to bind [default: the profile's, else 127.0.0.1; env: INFERGATE_HOST]",
+            help="Address to bind [default: the profile's, else 127.0.0.1]",
         ),
     ] = None,
     port: Annotated[
         int | None,
         typer.Option(
             envvar="INFERGATE_PORT",
-            help=(
-                "Port, 0-65535 (0: any free one) [default: the profile's, else 8000; env: "
-                "INFERGATE_PORT]"
-            ),
+            help="Port, 0-65535 (0: any free one) [default: the profile's, else 8000]",
         ),
     ] = None,
     log_level: Annotated[
         str,
         typer.Option(
             envvar="INFERGATE_LOG_LEVEL",
-            help="debug, info, warning, error or critical [env: INFERGATE_LOG_LEVEL]",
+            help="debug, info, warning, error or critical",
         ),
     ] = "info",
     log_format: Annotated[
@@ -110,8 +106,10 @@ def serve(
     if not is_loopback(bind) and not settings.admin_keys:
         fail(
             f"refusing to serve on {bind}, which is not a loopback address, with no admin "
-            "keys: anyone who can reach it could load, unload and reconfigure models. Add "
-            "server.admin_keys (and tenants' api_keys) to the profile, or bind 127.0.0.1",
+            "keys: anyone who can reach it could load, unload and reconfigure models. Fix: "
+            f"{_admin_key_command(loaded.source)} (adds an admin key's hash to "
+            f"{loaded.source or DEFAULT_PROFILE}; the same with --tenant NAME for a tenant's "
+            "key), or bind 127.0.0.1",
             EXIT_USAGE,
         )
     bind_port = settings.port if port is None else port
@@ -184,6 +182,19 @@ def serve(
     server.run(sockets=[sock])
     if not server.started:
         raise typer.Exit(1)
+
+
+def _admin_key_command(source: Path | None) -> str:
+    """The command that adds an admin key to the profile serve reads: `source`, else the
+    default profile, which `key new --write` creates (in a folder that exists)."""
+    from infergate.profile import DEFAULT_PROFILE
+
+    command = "infergate key new --admin --write"
+    if source is not None and source != DEFAULT_PROFILE:
+        return f"{command} --profile {shlex.quote(str(source))}"
+    if not DEFAULT_PROFILE.parent.is_dir():
+        return f"mkdir {DEFAULT_PROFILE.parent} && {command}"
+    return command
 
 
 def listen_url(sock: socket.socket) -> str:
