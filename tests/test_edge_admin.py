@@ -32,7 +32,7 @@ def admin_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     proc.stop()
 
 
-@pytest.mark.parametrize("name", ["..", "%2E%2E", ".hidden", "."])
+@pytest.mark.parametrize("name", ["..", "%2E%2E", ".hidden", ".", "mlp%0A"])
 @pytest.mark.parametrize("action", ["load", "unload"])
 def test_a_model_name_that_is_a_path_is_a_400(
     admin_server: ServerProcess, name: str, action: str

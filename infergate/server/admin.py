@@ -39,7 +39,7 @@ _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 def check_model_name(name: str) -> str:
     """400 for a name that could not be a model in the repository: `..`, a path, hidden."""
-    if not _MODEL_NAME.match(name):
+    if not _MODEL_NAME.fullmatch(name):  # (match with $ took a name ending in a newline)
         raise BadRequest(
             f"{name!r} is not a model name: a model is a folder or file in the repository, "
             "named with letters, digits, '_', '-' and '.', not starting with '.'"

@@ -52,7 +52,7 @@ BUILT_IN = (
         (".onnx",),
         "onnxruntime_onnx",
         "onnxruntime",
-        "pip install onnxruntime   (or ./install.sh)",
+        "./install.sh   (or .venv/bin/pip install onnxruntime), then infergate model load NAME",
         "infergate.engine.runtimes.onnx:open_onnx",
     ),
     RuntimeKind(
@@ -60,7 +60,8 @@ BUILT_IN = (
         (".pt", ".pth", ".torchscript"),
         "pytorch_libtorch",
         "torch",
-        "pip install 'infergate[torch]'   (or ./install.sh --torch)",
+        "./install.sh --torch   (or .venv/bin/pip install 'infergate[torch]'), then infergate "
+        "model load NAME",
         "infergate.engine.runtimes.torchscript:open_torchscript",
         needs_declared_tensors=True,
     ),
@@ -69,7 +70,7 @@ BUILT_IN = (
         (),
         "remote",
         "httpx",
-        "pip install httpx   (or ./install.sh)",
+        "./install.sh   (or .venv/bin/pip install httpx), then infergate model load NAME",
         "",  # never opened in a worker: infergate.engine.remote.served
         in_gateway=True,
     ),

@@ -54,7 +54,8 @@ def choose_providers(device: str, memory_mb: int | None = None) -> tuple[list[An
         raise RuntimeError(
             f"device {device} asked for, but onnxruntime has no CUDA provider "
             f"(available: {', '.join(available)}). Hint: install the gpu extra: "
-            "pip install 'infergate[gpu]'"
+            "./install.sh on a host where nvidia-smi answers (or .venv/bin/pip install "
+            "'infergate[gpu]')"
         )
     return ["CPUExecutionProvider"], "cpu"
 
