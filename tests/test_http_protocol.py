@@ -1,5 +1,6 @@
 """Responses leave the gateway in one write: head and body together, nothing lost on close;
-and a busy connection costs no timer per request."""
+a busy connection costs no timer per request; and a pipelining client is answered in
+order, up to a bounded depth of requests waiting."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-import uvicorn
+import pytest
 from starlette.types import Receive, Scope, Send
-from uvicorn.server import ServerState
 
 from infergate.loadgen import prepare
-from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol, _HeadWithBody
+from infergate.server.http_protocol import (
+    PIPELINE_DEPTH,
+    ConnectionLimits,
+    GatewayHttpProtocol,
+    _HeadWithBody,
+)
+from tests.fake_connection import serve_on
 from tests.polling import eventually
 from tests.server import ServerProcess
 
@@ -171,12 +177,8 @@ def test_a_busy_keep_alive_connection_arms_no_timer_per_request() -> None:
         def counting_later(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
             return counting_at(loop.time() + delay, callback, *args)
 
-        protocol_class = GatewayHttpProtocol.with_limits(limits)
-        config = uvicorn.Config(app, http=protocol_class, log_config=None)
-        config.load()
-        protocol = protocol_class(config, ServerState(), {}, loop)
         transport = _Socketless()
-        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol = serve_on(transport, app, limits)
         setattr(loop, "call_at", counting_at)  # noqa: B010  (mypy: a method replaced)
         setattr(loop, "call_later", counting_later)  # noqa: B010
         began = loop.time()
@@ -200,3 +202,166 @@ def test_a_busy_keep_alive_connection_arms_no_timer_per_request() -> None:
     # came due while the answers went on (a slow machine); the old code armed 60.
     assert armed <= 2 + int(took / limits.header_timeout_s)
     assert writes[20].startswith(b"HTTP/1.1 408")
+
+
+def test_a_long_pipeline_is_answered_up_to_its_depth_then_closed_cleanly(
+    server: ServerProcess,
+) -> None:
+    """9,000 small requests in one write (369 KB): they used to be parsed and queued all at
+    once (a read ending inside a head was also refused 431, counting the whole read as that
+    head). Now the requests taken are answered, in order, the last with Connection: close,
+    and the connection ends with a FIN after them, not a reset that could lose them."""
+    request = b"GET /v2/health/live HTTP/1.1\r\nHost: a\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(request * 9000)
+        chunks = []
+        while chunk := sock.recv(1 << 20):  # a reset raises ConnectionResetError
+            chunks.append(chunk)
+    replies = _responses(b"".join(chunks))
+    assert PIPELINE_DEPTH + 1 <= len(replies) < 9000
+    assert {head.split(b"\r\n")[0] for head, _ in replies} == {b"HTTP/1.1 200 OK"}
+    closing = [b"connection: close" in head.lower() for head, _ in replies]
+    assert closing == [False] * (len(replies) - 1) + [True]
+
+
+class _Pipe(_Socketless):
+    """A socketless transport that a pipelining client writes to: it can be paused and
+    half-closed, as a TCP transport can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eof = False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        assert not self.closed, "half-closed after close"
+        self.eof = True
+
+    def write(self, data: bytes) -> None:
+        assert not self.eof, "written after the FIN"
+        super().write(data)
+
+
+def _get(path: str, pad: int = 0) -> bytes:
+    padding = b"X-Pad: %s\r\n" % (b"p" * pad) if pad else b""
+    return b"GET %s HTTP/1.1\r\nHost: a\r\n%s\r\n" % (path.encode(), padding)
+
+
+def _connection(
+    limits: ConnectionLimits, gate: asyncio.Event | None = None
+) -> tuple[GatewayHttpProtocol, _Pipe]:
+    """The protocol on a `_Pipe`, in this event loop, with an app that answers each
+    request its path (once `gate` is open)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        if gate is not None:
+            await gate.wait()
+        body = scope["path"].encode()
+        headers = [(b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    transport = _Pipe()
+    return serve_on(transport, app, limits), transport
+
+
+def _statuses_and_bodies(transport: _Transport) -> list[tuple[bytes, bytes]]:
+    return [(head[9:12], body) for head, body in _responses(b"".join(transport.writes))]
+
+
+def test_a_pipeline_is_taken_up_to_its_depth_then_the_connection_closes() -> None:
+    """One read of 100 pipelined requests used to queue all of them (about 2.4 KB each,
+    for as long as the client did not read). Now PIPELINE_DEPTH wait behind the first:
+    those are answered, in order, the last with Connection: close; then the connection
+    half-closes, drops what the client still sends, and closes by keep_alive_timeout_s."""
+
+    async def scenario() -> tuple[int, _Pipe, list[bytes]]:
+        limits = ConnectionLimits(keep_alive_timeout_s=0.2)
+        protocol, transport = _connection(limits)
+        try:
+            protocol.data_received(b"".join(_get(f"/r{i}") for i in range(100)))
+            waiting = len(protocol.pipeline)
+            await eventually(lambda: transport.eof, what="the half-close after the answers")
+            protocol.data_received(_get("/late"))  # sent before the client saw the close
+            await eventually(lambda: transport.closed, what="the close after lingering")
+        finally:
+            protocol.connection_lost(None)
+        heads = [head for head, _ in _responses(b"".join(transport.writes))]
+        return waiting, transport, heads
+
+    waiting, transport, heads = asyncio.run(scenario())
+    assert waiting == PIPELINE_DEPTH
+    taken = PIPELINE_DEPTH + 1
+    expected = [(b"200", f"/r{i}".encode()) for i in range(taken)]
+    assert _statuses_and_bodies(transport) == expected  # /late: not answered
+    closing = [b"connection: close" in head for head in heads]
+    assert closing == [False] * (taken - 1) + [True]
+
+
+def test_whole_requests_before_a_head_in_one_read_do_not_count_toward_its_size() -> None:
+    """Eight pipelined requests of 1 KB and the start of a ninth in one read, under a 4 KB
+    head limit: the read ended inside the ninth head, and the whole read was counted as
+    that head (431). Each head is under the limit, so all nine are answered."""
+
+    async def scenario() -> _Pipe:
+        protocol, transport = _connection(ConnectionLimits(max_header_bytes=4096))
+        try:
+            ninth = _get("/r8", pad=1000)
+            protocol.data_received(
+                b"".join(_get(f"/r{i}", pad=1000) for i in range(8)) + ninth[:40]
+            )
+            protocol.data_received(ninth[40:])
+            await eventually(lambda: len(transport.writes) >= 9, what="nine answers")
+            assert not transport.closed
+        finally:
+            protocol.connection_lost(None)
+        return transport
+
+    transport = asyncio.run(scenario())
+    assert _statuses_and_bodies(transport) == [(b"200", f"/r{i}".encode()) for i in range(9)]
+
+
+_OVER = (b"GET /big HTTP/1.1\r\nHost: a\r\nX-Big: " + b"a" * 3000, b"a" * 3000)
+
+
+@pytest.mark.parametrize(
+    ("reads", "status"),
+    [(_OVER, b"431"), ((b"NOT HTTP AT ALL\r\n\r\n",), b"400")],
+    ids=["head-over-limit", "malformed"],
+)
+def test_a_refusal_behind_pipelined_requests_comes_after_their_answers(
+    reads: tuple[bytes, ...], status: bytes
+) -> None:
+    """Three requests still being answered, then a head over the 4 KB limit (counted in
+    the read it began in and the next) or bytes that are not HTTP: the refusal used to be
+    written at once, where the client reads it as the first request's answer. It comes
+    after the three answers, and then the connection closes."""
+
+    async def scenario() -> tuple[list[bytes], _Pipe]:
+        gate = asyncio.Event()
+        protocol, transport = _connection(ConnectionLimits(max_header_bytes=4096), gate)
+        try:
+            pipelined = b"".join(_get(f"/r{i}") for i in range(3))
+            for i, data in enumerate(reads):
+                protocol.data_received(pipelined + data if i == 0 else data)
+            before = list(transport.writes)  # the answers wait for the gate
+            gate.set()
+            await eventually(lambda: transport.closed, what="the refusal and the close")
+        finally:
+            protocol.connection_lost(None)
+        return before, transport
+
+    before, transport = asyncio.run(scenario())
+    assert before == []
+    answers = _statuses_and_bodies(transport)
+    assert answers[:3] == [(b"200", f"/r{i}".encode()) for i in range(3)]
+    assert [code for code, _ in answers[3:]] == [status]

@@ -13,9 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
-import uvicorn
 from starlette.types import Receive, Scope, Send
-from uvicorn.server import ServerState
 
 from infergate.engine.admission.tenants import hash_key
 from infergate.server.decoding import Keeper
@@ -24,6 +22,7 @@ from infergate.server.infer_lane import LANE_MAX_BODY, InferLane
 from infergate.server.infer_route import Reply
 from tests.edge_raw import Reply as RawReply
 from tests.edge_raw import closed_by_server, connect, read_replies, read_reply
+from tests.fake_connection import serve_on
 from tests.onnx_models import make_mlp
 from tests.polling import eventually
 from tests.server import ServerProcess
@@ -253,13 +252,8 @@ def _connected(
     lane: InferLane, app: Any, limits: ConnectionLimits = GatewayHttpProtocol.limits
 ) -> tuple[GatewayHttpProtocol, _Transport]:
     """A protocol with `lane`, serving `app` otherwise, on a fresh fake connection."""
-    protocol_class = GatewayHttpProtocol.with_limits(limits, lane)
-    config = uvicorn.Config(app, http=protocol_class, log_config=None)
-    config.load()
-    protocol = protocol_class(config, ServerState(), {}, asyncio.get_running_loop())
     transport = _Transport()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    return protocol, transport
+    return serve_on(transport, app, limits, lane), transport
 
 
 def _small(extra: str = "", path: str = "/v2/models/m/infer", length: int = 2) -> bytes:

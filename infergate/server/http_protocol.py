@@ -14,7 +14,20 @@ response) is closed; past `max_connections` open connections a new one is answer
 (JSON, Retry-After) and closed at once, so its descriptor is free again and the
 connections already open keep working. The head is counted as it arrives, before
 httptools buffers it (it joins a header's pieces as they come: a 100 MB header would
-cost 100 MB and quadratic copying).
+cost 100 MB and quadratic copying): what of it was parsed, and the raw bytes of each read
+that ends inside it, only its own (a read that ends inside a head may begin with whole
+requests pipelined before it, which are not that head's).
+
+Pipelining (HTTP/1.1: requests sent without waiting for answers) is answered in order, one
+request at a time as uvicorn does, with at most `PIPELINE_DEPTH` requests parsed and queued
+behind the one being answered. httptools parses all of a read at once, and uvicorn queued
+every request in it (a cycle, its scope and headers: about 2.4 KB each), so 60 KB of small
+requests held 4 MB per connection for as long as the client did not read. The request past
+the depth is not taken: the last one taken answers with `Connection: close`, the rest of
+what the client sends is dropped, and the connection is half-closed after that answer
+(`_linger`); a client retries what was not answered on a new connection (RFC 9112 9.3.2).
+A refusal (400, 408, 431) of a request pipelined behind answers still owed goes out after
+them, so each answer stays the answer to its own request.
 
 This subclasses uvicorn's private HttpToolsProtocol, so pyproject.toml pins uvicorn's
 minor version; a new uvicorn is taken by reading its httptools_impl.py against this.
@@ -43,14 +56,25 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import httptools
 import orjson
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 if TYPE_CHECKING:  # (at run time the lane comes with its class: no engine import here)
     from infergate.server.infer_lane import InferLane
+
+
+# Requests parsed and waiting behind the one being answered on a connection (pipelined).
+# nginx and others answer a pipeline one request at a time too, and pipelining clients
+# send a few; each waiting request holds about 2.4 KB (uvicorn's cycle, scope, headers), so
+# 16 hold about 40 KB, less than the 64 KB head a connection may already hold.
+PIPELINE_DEPTH = 16
 
 
 class _HeadWithBody:
@@ -85,6 +109,10 @@ class _HeadWithBody:
     def close(self) -> None:
         self._flush()  # what was written before close still goes out, as with a transport
         self._transport.close()
+
+    def write_eof(self) -> None:
+        self._flush()  # the same: the held head goes before the FIN
+        self._transport.write_eof()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -128,6 +156,23 @@ class _Refused(Exception):
     """Raised inside a parser callback to stop parsing; the answer is already chosen."""
 
 
+class _ThenLinger:
+    """The transport of the last request a connection takes (see `PIPELINE_DEPTH`): its
+    answer says Connection: close, and its close half-closes the connection instead."""
+
+    def __init__(self, protocol: GatewayHttpProtocol) -> None:
+        self._protocol = protocol
+        transport = protocol.transport
+        self.write = transport.write
+        self.is_closing = transport.is_closing
+
+    def close(self) -> None:
+        self._protocol._linger()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._protocol.transport, name)
+
+
 class GatewayHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
     # Small infer requests answered without an ASGI cycle (server/infer_lane.py).
@@ -140,8 +185,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # uvicorn types it as int; it is only ever given to loop.call_later.
         self.timeout_keep_alive = self.limits.keep_alive_timeout_s  # type: ignore[assignment]
         self._in_head = False
-        self._head_bytes = 0  # as received: bounds what httptools buffers
+        # As received: bounds what httptools buffers; -1: the head began in this read.
+        self._head_bytes = 0
         self._header_bytes = 0  # as parsed (line and headers): the limit itself
+        # Set, the connection takes no more requests: the answer to send once those taken
+        # are answered, then close (b"": none, see `_linger`).
         self._refusal: bytes | None = None
         # Two deadlines, on loop.time(): the idle one (keep-alive: close quietly) and the
         # request's (head or body: 408, with `_late` saying what was late and its limit).
@@ -268,6 +316,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.pipeline:  # pipelined requests start now, in order
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
+        elif self._refusal:  # held back for the answers owed before it: those are out
+            self._answer_and_close(self._refusal)
         else:
             self._set_idle()
 
@@ -288,10 +338,21 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 self._refusal = error_message(400, f"malformed HTTP request: {exc}")
             self._answer_and_close(self._refusal)
             return
-        if self._in_head:  # still in the head after all of this data: count it all
-            self._head_bytes += len(data)
+        if self._in_head:  # the read ended inside a head (rare): count what is that head's
+            if self._head_bytes < 0:  # it began in this read, maybe after whole requests
+                self._head_bytes = self._header_bytes + self._line_in_progress(data)
+            else:  # it began before: all of this read is the head's
+                self._head_bytes += len(data)
             if self._head_bytes > self.limits.max_header_bytes + _FRAMING_SLACK:
                 self._answer_and_close(self._too_large_head())
+
+    def _line_in_progress(self, data: bytes) -> int:
+        """The bytes of the head's line in progress at the read's end (httptools holds
+        them unparsed): those after the read's last line end, once a header of this head
+        is parsed (its line end is in this read, after the requests before it). Before
+        that, where the head began in the read is unknown: its first header line is counted
+        when parsed or from the next read (at most one read of a head goes uncounted)."""
+        return len(data) - 1 - data.rfind(b"\n") if self.headers else 0
 
     def on_message_begin(self) -> None:
         # uvicorn 0.54's first three lines, copied (pinned <0.55: re-read them on an
@@ -303,7 +364,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.headers = []
         self._idle_at = None  # a request has begun: its head's deadline rules, not idling
         self._in_head = True
-        self._head_bytes = self._header_bytes = 0
+        self._head_bytes = -1  # (see data_received)
+        self._header_bytes = 0
         self._set_deadline(self.limits.header_timeout_s, "the request head (line and headers)")
 
     def on_url(self, url: bytes) -> None:
@@ -324,22 +386,27 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._set_deadline(self.limits.body_timeout_s, "the request body")
-        lane = self.lane
-        if (
-            lane is not None
-            and (self.cycle is None or self.cycle.response_complete)  # else: pipelined
-            and self.parser.get_method() == b"POST"
-            and not self.expect_100_continue
-            and not self.parser.should_upgrade()
-            and (match := lane.match(self.url, self.headers)) is not None
-        ):
-            keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-            cycle = lane.cycle(self, match, keep_alive)
-            self.cycle = cycle  # type: ignore[assignment]  # it has what uvicorn's protocol uses
-            # Started once this data is parsed (its body, usually); what it waits on is
-            # one of the server's tasks, as uvicorn's own cycle: waited for on shutdown.
-            self.loop.call_soon(cycle.start)
-            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:  # else: pipelined, behind an answer
+            lane = self.lane
+            if (
+                lane is not None
+                and self.parser.get_method() == b"POST"
+                and not self.expect_100_continue
+                and not self.parser.should_upgrade()
+                and (match := lane.match(self.url, self.headers)) is not None
+            ):
+                version = self.parser.get_http_version()
+                keep_alive = version != "1.0" and self.parser.should_keep_alive()
+                lane_cycle = lane.cycle(self, match, keep_alive)
+                # It has what uvicorn's protocol uses of a cycle.
+                self.cycle = lane_cycle  # type: ignore[assignment]
+                # Started once this data is parsed (its body, usually); what it waits on is
+                # one of the server's tasks, as uvicorn's own cycle: waited for on shutdown.
+                self.loop.call_soon(lane_cycle.start)
+                return
+        elif len(self.pipeline) >= PIPELINE_DEPTH:
+            self._take_no_more(cycle)
         self.scope = {  # uvicorn 0.54's on_message_begin builds it so; see that method
             "type": "http",
             "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
@@ -362,6 +429,31 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             # idle from now, as after any answer (data_received cleared that deadline when
             # the rest of the body came), or nothing would ever close it.
             self._set_idle()
+
+    def _take_no_more(self, last: RequestResponseCycle) -> NoReturn:
+        """Past the pipelining depth: this request is not taken, and `last` (the newest
+        queued, one of uvicorn's cycles) is the connection's last answer (see the module
+        docstring). Raising stops httptools, which would parse the rest of the read."""
+        last.keep_alive = False  # its answer says Connection: close, then closes...
+        last.transport = _ThenLinger(self)  # type: ignore[assignment]  # ...by half-closing
+        self._refusal = b""
+        raise _Refused
+
+    def _linger(self) -> None:
+        """Close after the last answer without losing it (RFC 9112 9.6, nginx's lingering
+        close): the client may still be sending what is not taken, and a socket closed with
+        bytes unread is reset, which can drop answers not yet delivered. So the FIN goes
+        after the answers, what still comes is dropped (data_received), and the connection
+        closes when the client closes it, or after keep_alive_timeout_s."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self.flow.resume_reading()
+        self._set_idle()
 
     def send_400_response(self, msg: str) -> None:  # JSON, as every other error
         self._answer_and_close(error_message(400, f"malformed HTTP request: {msg}"))
@@ -434,11 +526,18 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def _answer_and_close(self, response: bytes) -> None:
         self._clear_deadline()
         self._unset_keepalive_if_required()
-        if self.cycle is not None and not self.cycle.response_complete:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if not cycle.more_body:
+                # A whole request (pipelined ones too) is still being answered: this
+                # refuses what came after it, so it goes after the answers owed
+                # (on_response_complete), and nothing more is read.
+                self._refusal = response
+                return
             # The app, if it is waiting for the body, sees the client go: its own answer
             # would have nowhere to go.
-            self.cycle.disconnected = True
-            self.cycle.message_event.set()
+            cycle.disconnected = True
+            cycle.message_event.set()
         if not self.transport.is_closing():
             self.transport.write(response)
             self.transport.close()
