@@ -52,7 +52,9 @@ def test_torch_absent_marks_torchscript_unavailable(torchless_server: ServerProc
     encoder = torchless_server.model("encoder")
     assert encoder["state"] == "unavailable"
     assert "needs torch, which is not installed" in encoder["reason"]
-    assert "pip install 'infergate[torch]'" in encoder["reason"]
+    assert "./install.sh --torch" in encoder["reason"]
+    # Its instances never start: they say so, not "loading" for good.
+    assert [i["state"] for v in encoder["versions"] for i in v["instances"]] == ["unavailable"]
     response = httpx.post(f"{torchless_server.url}/v2/models/encoder/infer", json={"inputs": []})
     assert response.status_code == 424  # only installing torch fixes it: no Retry-After
     assert "retry-after" not in response.headers

@@ -120,11 +120,14 @@ def worker_views(instances: Iterable[Instance]) -> list[WorkerView]:
     return out
 
 
-def instance_view(instance: Instance) -> InstanceView:
+def instance_view(instance: Instance, never_started: str | None = None) -> InstanceView:
+    """`never_started`: the version's state when it starts no instance (unavailable: its
+    runtime is missing; failed: refused), which its instances show rather than the
+    "loading" they were made with."""
     placement, ready = instance.placement, instance.ready_info
     return InstanceView(
         index=instance.index,
-        state=instance.state,
+        state=never_started or instance.state,
         ready=instance.ready,
         pid=instance.pid,
         restarts=instance.restarts,
@@ -156,6 +159,12 @@ def breaker_view(served: ServedVersion) -> BreakerView:
     )
 
 
+def _never_started(served: ServedVersion) -> str | None:
+    if served.unavailable is not None:
+        return "unavailable"
+    return "failed" if served.refused is not None else None
+
+
 def version_view(served: ServedVersion) -> VersionView:
     policy = served.scheduler.policy
     return VersionView(
@@ -170,7 +179,7 @@ def version_view(served: ServedVersion) -> VersionView:
         in_flight=served.in_flight,
         inputs=served.inputs,
         outputs=served.outputs,
-        instances=tuple(instance_view(i) for i in served.instances),
+        instances=tuple(instance_view(i, _never_started(served)) for i in served.instances),
         breaker=breaker_view(served),
         queue=served.depth_by_class(),
         version_policy=served.config.version_policy,
