@@ -59,6 +59,7 @@ timeouts in the queue and the gateway's own bugs are not the model's fault.
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Hashable
 
 
 class _Shown(reprlib.Repr):
@@ -90,6 +91,9 @@ class InfergateError(Exception):
     retry_after_s: float | None = None
     reason = "internal"
     model_fault = False
+    # The tenants whose requests shared the batch that failed with it, when they were
+    # several (the breaker counts it for them together); set on a copy, per batch.
+    shared: frozenset[Hashable] | None = None
 
 
 class BadRequest(InfergateError):

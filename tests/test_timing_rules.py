@@ -9,6 +9,7 @@ processes, live in test_scheduler.py, test_workers.py and test_tenants.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.inference import InferenceRequest
 from infergate.engine.lifecycle.instance import Instance
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
-from infergate.engine.scheduling.queue import QueuePolicy
+from infergate.engine.scheduling.queue import Fairness, QueuePolicy
 from infergate.engine.settings import LiveSettings
 from infergate.errors import (
     CircuitOpen,
@@ -278,6 +279,53 @@ async def two_in_a_batch(served: Served) -> tuple[Sent, Sent, FakeCall]:
 
 def is_bad(call: FakeCall) -> bool:
     return bool(call.inputs["x"][0, 0] == 2)
+
+
+def of(served: Served, tenant: str, instance: int | None = None) -> Sent:
+    """A request of one row of `tenant` that may share a batch (with `instance`: a
+    sequence's, run there or not at all)."""
+    x = np.ones((1, 4), np.float32)
+    return asyncio.create_task(
+        served.scheduler.submit(
+            {"x": x}, "k", ("y",), BURST, BURST.deadline_s, 10.0, None, Fairness(tenant), instance
+        )
+    )
+
+
+async def test_a_batch_several_tenants_shared_names_them_to_its_callers() -> None:
+    """Each caller of a batch that held several tenants' requests learns whose, with its
+    answer (`Timing.shared`) or with its error where it cannot run again alone (a
+    sequence's): the breaker counts the batch for them together, not as each one's own.
+    A batch of one tenant's requests names nobody."""
+    served = await Served(1, QueuePolicy(max_batch_size=4), backoff_initial_s=1000).start()
+    both = frozenset({"alice", "bob"})
+    try:
+        for tenants, shared in ((("alice", "alice"), None), (("alice", "bob"), both)):
+            first = of(served, "carol")
+            busy = await served.workers.next_call()
+            sent = [of(served, tenant) for tenant in tenants]
+            await asyncio.sleep(0)
+            busy.reply()  # the two queued behind it go as one batch
+            batch = await served.workers.next_call(what="the two as one batch")
+            assert batch.rows == 2
+            batch.reply()
+            assert (await first)[1].shared is None
+            assert [(await t)[1].shared for t in sent] == [shared, shared]
+        first = of(served, "carol", 0)
+        busy = await served.workers.next_call()
+        sent = [of(served, tenant, 0) for tenant in ("alice", "bob")]
+        await asyncio.sleep(0)
+        busy.reply()
+        batch = await served.workers.next_call(what="the sequences' two as one batch")
+        assert batch.rows == 2
+        batch.worker.end("was killed by signal 11")
+        for task in sent:
+            with pytest.raises(WorkerFailed) as failed:
+                await task
+            assert failed.value.shared == both
+            assert "signal 11" in str(failed.value)
+    finally:
+        await served.stop()
 
 
 async def test_a_batch_whose_outputs_do_not_split_into_its_rows_runs_again_alone() -> None:
@@ -657,20 +705,32 @@ class Tenanted:
         await task
 
 
-@pytest.fixture
-async def tenanted(tmp_path: Path) -> AsyncIterator[Tenanted]:
+@contextlib.asynccontextmanager
+async def serving_tenants(
+    tmp_path: Path, instances: int, cls: str = "burst"
+) -> AsyncIterator[Tenanted]:
+    """An engine serving `m` on `instances` to tenants alice and bob, of class `cls`."""
     make_scripted(tmp_path / "models" / "m" / "1" / "model.scripted", controls=())
-    (tmp_path / "models" / "m" / "model.toml").write_text("instances = 2\ntimeout_ms = 5000\n")
+    toml = f"instances = {instances}\ntimeout_ms = 5000\n"
+    (tmp_path / "models" / "m" / "model.toml").write_text(toml)
     clock, workers = FakeClock(), FakeWorkers()
-    tenants = (Tenant("alice"), Tenant("bob"))
+    tenants = (Tenant("alice", cls), Tenant("bob", cls))
     settings = LiveSettings(breaker=BREAKER, tenants=tenants, allow_anonymous=False)
     context = EngineContext(clock=clock, worker_factory=workers, settings=settings)
     engine = Engine(EngineSettings(tmp_path / "models", "explicit"), context)
     await engine.start()
-    await eventually(lambda: engine.ready and engine.version("m").ready, what="m to load")
-    await eventually(lambda: len(workers.made) == 2, what="both workers")
-    yield Tenanted(engine, clock, workers)
-    await engine.stop()
+    try:
+        await eventually(lambda: engine.ready and engine.version("m").ready, what="m to load")
+        await eventually(lambda: len(workers.made) == instances, what="the workers")
+        yield Tenanted(engine, clock, workers)
+    finally:
+        await engine.stop()
+
+
+@pytest.fixture
+async def tenanted(tmp_path: Path) -> AsyncIterator[Tenanted]:
+    async with serving_tenants(tmp_path, 2) as served:
+        yield served
 
 
 async def test_a_tenant_whose_lone_requests_end_two_workers_is_cut_off_alone(
@@ -734,3 +794,60 @@ async def test_a_lone_request_that_ended_its_worker_is_tried_again_once_in_a_win
     assert not gateway.workers.pending()
     breaker = engine.version("m").breaker
     assert (breaker.state, breaker.cut_off_tenants()) == ("closed", {})
+
+
+@pytest.fixture
+async def one_shared(tmp_path: Path) -> AsyncIterator[Tenanted]:
+    """`tenanted` on one instance, in the batch class (its requests wait up to 30 s): what
+    waits while it runs goes as one batch."""
+    async with serving_tenants(tmp_path, 1, "batch") as served:
+        yield served
+
+
+async def test_bs_slow_rows_in_batches_with_as_cut_off_b_not_the_model(
+    one_shared: Tenanted,
+) -> None:
+    """The attack: B's rows make every batch they are in take 300 ms (the limit: 150 ms),
+    A's alone take 10 ms, and A's requests wait behind B's and run batched with them.
+    Before, A's requests counted the 300 ms as A's own: A looked as slow as B, and the
+    breaker opened for everyone. Now the batches without B (A's alone) show the model is
+    fine without it: B alone is cut off, A's requests are all answered, and so is the
+    one of A's in the batch that ran with B's while B was cut off."""
+    gate, clock, engine = one_shared, one_shared.clock, one_shared.engine
+    breaker = engine.version("m").breaker
+
+    def infer(tenant: str) -> asyncio.Task[object]:
+        state = engine.context.tenants.get(tenant)
+        request = InferenceRequest("m", {"x": np.ones((1, 4), np.float32)})
+        return asyncio.create_task(engine.infer(request, state))
+
+    await gate.served("alice")
+    rounds = 0
+    while breaker.cut_off("bob") is None:
+        rounds += 1
+        assert rounds <= 10, breaker.reason
+        alone = infer("bob")
+        call = await gate.workers.next_call()  # B's, alone
+        shared = [infer("alice"), infer("bob")]  # they wait behind it
+        await asyncio.sleep(0)
+        clock.advance(0.3)
+        call.reply()
+        batch = await gate.workers.next_call(what="A's and B's as one batch")
+        assert batch.rows == 2
+        clock.advance(0.3)
+        batch.reply()
+        await asyncio.gather(alone, *shared, return_exceptions=True)
+        assert shared[0].result() is not None  # A's, answered
+        assert breaker.state == "closed", breaker.reason  # before: "p99 latency 300 ms"
+        task, call = await gate.send("alice")  # A's alone, fast
+        clock.advance(0.01)
+        call.reply()
+        await task
+    assert breaker.state == "closed", breaker.reason
+    assert "p99 latency of its requests is above 150 ms" in (breaker.cut_off("bob") or "")
+    with pytest.raises(CircuitOpen, match="cut off for tenant 'bob'"):
+        await infer("bob")
+    for _ in range(20):  # A's, for two windows: all answered, the breaker stays closed
+        assert breaker.state == "closed", breaker.reason
+        await gate.served("alice")
+        clock.advance(0.1)

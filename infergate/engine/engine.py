@@ -277,7 +277,10 @@ class Engine:
         result, timing = outcome
         # Its execution time (the longest batch it ran in), not its queue wait: other
         # tenants' traffic is not the model's doing, nor is the size of a chunked request.
-        served.breaker.record(running.admission, True, timing.slowest_s, running.tenant)
+        # A batch several tenants shared counts for them together (breaker.py).
+        served.breaker.record(
+            running.admission, True, timing.slowest_s, running.tenant, timing.shared
+        )
         return InferenceResult(served.name, served.version, result)
 
     def fail(self, running: Running, error: BaseException) -> None:

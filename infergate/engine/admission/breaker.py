@@ -31,6 +31,22 @@ A cut-off tenant's outcomes do not count while its cut-off lasts: its requests a
 before it (in flight then) end afterwards, and counted they would make the window bad
 again, as a second tenant failing it, and open it for the others.
 
+A batch that several tenants' requests shared runs as slow as its slowest rows (and
+fails for all, where its requests cannot run again alone): its outcomes carry the set of
+those tenants (`shared`) and count for them together, as nobody's own. Counted as each
+one's own, one tenant's slow rows made every batch-mate look slow, and the window, bad for
+two tenants, opened for everyone. The culprit is the tenant whose batches, left out, leave
+the window within the limits (the batches that held none of its requests show how the
+model does without it), trying tenants from the most bad outcomes in their batches down;
+a window where every request ran in batches with one tenant's cannot tell, as a window of
+one tenant's alone. Cutting a tenant off takes the outcomes of the batches that held its
+requests out of the window, and those of batches that held a cut-off tenant's request,
+ending afterwards, do not count. Why not blame the tenant with most rows in the batch, or
+time each tenant's rows alone: the first is often the victim (the busy, fast tenant),
+the second costs a run; a set per batch costs one pass over the batch (in C), one more
+key per shared batch in a bucket, and nothing where a batch is one tenant's (always,
+without tenants: the classic breaker).
+
 A query of death: a request that ran alone (a batch of its own) and ended its worker (a
 crash, a kill for its memory or past its timeout) is its tenant's doing. A tenant whose
 requests end `WORKER_DEATHS` workers of the version within `window_seconds` is cut off as
@@ -56,7 +72,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from infergate.clock import Clock
 
@@ -79,6 +95,10 @@ class BreakerPolicy:
 
 
 SAMPLES = 1024  # latencies a bucket keeps for the p99 it shows (the verdict counts all)
+# Sets of tenants a bucket counts the batches of apart; the batches of further sets count
+# together, as anybody's (`_ANYBODY`): many tenants mixing in batches could make every
+# batch a set of its own, and the window's cost would grow with the traffic.
+SHARED_SETS = 128
 # Workers of a version a tenant's lone requests may end within the window before it is cut
 # off (a query of death): one may be chance, a second is its inputs.
 WORKER_DEATHS = 2
@@ -94,13 +114,18 @@ class _Bucket:
     latencies: list[float] = field(default_factory=list)  # a uniform sample of SAMPLES
     weight: float = 0.0  # the reservoir's state, once full: see Breaker.record
     next_kept: int = 0
-    # Per tenant (of the outcomes that named one): [ok, failed, measured, slow].
+    # Per tenant (of the outcomes that named one), or per frozenset of the tenants of a
+    # batch several shared (its outcomes, theirs together): [ok, failed, measured, slow].
     tenants: dict[Hashable, list[int]] | None = None
+    sets: int = 0  # of its keys, sets of tenants (at most SHARED_SETS)
 
     def forget(self, tenant: Hashable) -> None:
-        """Take `tenant`'s outcomes out of the counts (its latencies stay in the sample)."""
-        counts = None if self.tenants is None else self.tenants.pop(tenant, None)
-        if counts is not None:
+        """Take `tenant`'s outcomes out of the counts, and those of the batches that held
+        its requests (their latencies stay in the sample)."""
+        if self.tenants is None:
+            return
+        for key in [k for k in self.tenants if k == tenant or _holds(k, tenant)]:
+            counts = self.tenants.pop(key)
             self.ok -= counts[0]
             self.failed -= counts[1]
             self.measured -= counts[2]
@@ -179,6 +204,10 @@ class Breaker:
             return None
         return cut.reason
 
+    def _cut_now(self, tenant: Hashable, now: float) -> bool:
+        cut = self._cut.get(tenant)
+        return cut is not None and now < cut.until
+
     def cut_off_tenants(self) -> dict[Hashable, float]:
         """The tenants refused on their own now, with the seconds left."""
         now = self._clock.now()
@@ -199,10 +228,16 @@ class Breaker:
         return "refused"
 
     def record(
-        self, admission: Admission, ok: bool, latency_s: float | None, tenant: Hashable = None
+        self,
+        admission: Admission,
+        ok: bool,
+        latency_s: float | None,
+        tenant: Hashable = None,
+        shared: frozenset[Hashable] | None = None,
     ) -> None:
         """The outcome of a request of `tenant` that `allow` let through as `admission`,
-        with the model's execution latency (None: not measured, e.g. the worker died)."""
+        with the model's execution latency (None: not measured, e.g. the worker died).
+        `shared`: the tenants whose requests shared its batch, when they were several."""
         now = self._clock.now()
         if now >= self._next_evaluation or self._state != "closed":  # else _tick has nothing to do
             self._tick(now)
@@ -220,8 +255,13 @@ class Breaker:
             return
         if self._state != "closed":
             return  # a request from before the breaker opened
-        if self._cut and tenant in self._cut and now < self._cut[tenant].until:
-            return  # admitted before its cut-off: the others go on as if it had not come
+        if self._cut and (
+            (tenant in self._cut and now < self._cut[tenant].until)
+            or (shared is not None and any(self._cut_now(t, now) for t in shared))
+        ):
+            # Admitted before its cut-off, or batched with a request that was: the others
+            # go on as if it had not come.
+            return
         buckets = self._buckets
         if buckets and now < buckets[-1].start + self._bucket_s:  # `_current`, inline
             bucket = buckets[-1]
@@ -238,9 +278,18 @@ class Breaker:
             per = bucket.tenants
             if per is None:
                 per = bucket.tenants = {}
+            if shared is not None:
+                tenant = shared  # counted for the batch's tenants together
             counts = per.get(tenant)
             if counts is None:
-                counts = per[tenant] = [0, 0, 0, 0]
+                if shared is not None:
+                    if bucket.sets < SHARED_SETS:
+                        bucket.sets += 1
+                    else:
+                        tenant = _ANYBODY
+                        counts = per.get(tenant)
+                if counts is None:
+                    counts = per[tenant] = [0, 0, 0, 0]
             counts[0 if ok else 1] += 1
             if latency_s is not None:
                 counts[2] += 1
@@ -358,49 +407,70 @@ class Breaker:
         """The one tenant whose requests alone make the window bad (`failures`: by its
         failure rate, else by its p99), and why it is cut off; None when the breaker is
         to open for everyone. A tenant is the culprit when other requests came in the
-        window and, without its, are within the limits; or when no other request came in
-        it and the model served another tenant well since the breaker last opened. Never
-        when another tenant is cut off already (the model then fails for two), or when
-        the outcomes named no tenant."""
-        per: dict[Hashable, list[int]] = {}
-        for bucket in self._buckets:
-            for tenant, counts in (bucket.tenants or {}).items():
-                total = per.setdefault(tenant, [0, 0, 0, 0])
-                for i, n in enumerate(counts):
-                    total[i] += n
-        if not per or any(c.until > now for c in self._cut.values()):
+        window and, without the batches that held its requests, are within the limits;
+        or when no other request came in it and the model served another tenant well
+        since the breaker last opened. Never when another tenant is cut off already (the
+        model then fails for two), or when the outcomes named no tenant. Candidates go
+        from the most failures (or slow latencies) in their batches down: a batch several
+        tenants shared counts for each of them, and the first whose batches the rest can
+        do without is the one that made them fail or run slow."""
+        if any(c.until > now for c in self._cut.values()):
             return None
+        own: dict[Hashable, list[int]] = {}  # per tenant: its batches of its own
+        shared: dict[frozenset[Hashable], list[int]] = {}  # per set of tenants: theirs
+        for bucket in self._buckets:
+            for key, counts in (bucket.tenants or {}).items():
+                if isinstance(key, frozenset):
+                    _add(shared, key, counts)
+                else:
+                    _add(own, key, counts)
+        anybody = own.pop(_ANYBODY, None)
+        # Per tenant: the outcomes of every batch that held (or may have held) its requests.
+        per = {tenant: list(counts) for tenant, counts in own.items()}
+        for tenants, counts in shared.items():
+            for tenant in tenants:
+                if tenant is not None:  # (a request naming no tenant is nobody to cut off)
+                    _add(per, tenant, counts)
+        if anybody is not None:
+            for tenant in per:
+                _add(per, tenant, anybody)
         ok = sum(b.ok for b in self._buckets)
         failed = sum(b.failed for b in self._buckets)
-        if failures:
-            worst = max(per, key=lambda t: per[t][1])
-            own = per[worst][0] + per[worst][1]
-            what = f"{per[worst][1]} of its {own} requests in the window failed"
-        else:
-            worst = max(per, key=lambda t: per[t][3])
-            own = per[worst][0] + per[worst][1]
-            what = f"the p99 latency of its requests is above {self.policy.latency_p99_ms:.0f} ms"
-        if own == ok + failed:
-            # Its requests alone came in the window: by them alone it cannot tell the
-            # tenant from the model. Unless the model has served another tenant well since
-            # it last opened (without that, perhaps nobody else uses it at all), it opens.
-            if not self._served_another(worst):
-                return None
-            return worst, (
-                f"{what}; no other tenant's requests came in the window, and another "
-                "tenant's were served well before"
-            )
-        if failures:
-            rest = ok + failed - own
-            if (failed - per[worst][1]) / rest > self.policy.failure_rate:
-                return None
-        else:
-            measured = sum(b.measured for b in self._buckets)
-            slow = sum(b.slow for b in self._buckets)
-            rest = measured - per[worst][2]
-            if not rest or _p99_above(slow - per[worst][3], rest):
-                return None
-        return worst, f"{what}, while other tenants' requests did not"
+        measured = sum(b.measured for b in self._buckets)
+        slow = sum(b.slow for b in self._buckets)
+        limit_ms = self.policy.latency_p99_ms
+        sharers = frozenset[Hashable]().union(*shared)
+        worst_first = sorted(per, key=lambda t: per[t][1 if failures else 3], reverse=True)
+        for worst in worst_first:
+            mine = per[worst]
+            count = mine[0] + mine[1]
+            sharing = anybody is not None or worst in sharers
+            if not failures:
+                what = f"the p99 latency of its requests is above {limit_ms:.0f} ms"
+            elif sharing:
+                what = f"{mine[1]} of the {count} requests of its batches in the window failed"
+            else:
+                what = f"{mine[1]} of its {count} requests in the window failed"
+            if count == ok + failed:
+                # Its requests, and any in batches with them, alone came in the window: by
+                # them it cannot tell the tenant from the model. Unless the window is its
+                # own requests' alone and the model has served another tenant well since
+                # it last opened (without that, perhaps nobody else uses it), it opens.
+                if sharing or not self._served_another(worst):
+                    continue
+                return worst, (
+                    f"{what}; no other tenant's requests came in the window, and another "
+                    "tenant's were served well before"
+                )
+            if failures:
+                if (failed - mine[1]) / (ok + failed - count) > self.policy.failure_rate:
+                    continue
+            else:
+                rest = measured - mine[2]
+                if not rest or _p99_above(slow - mine[3], rest):
+                    continue
+            return worst, f"{what}, while other tenants' requests did not"
+        return None
 
     def _cut_tenant_off(self, tenant: Hashable, reason: str, now: float) -> None:
         """Refuse `tenant` alone for a while, saying why: the others go on as if it had
@@ -455,6 +525,32 @@ class Breaker:
         self._backoff = self.policy.backoff_initial_s
         self._buckets.clear()
         self._move("closed", "probes succeeded")
+
+
+class _Anybody:
+    """The key of the outcomes of batches that several tenants shared, past SHARED_SETS
+    sets in a bucket: they may have held any tenant's requests."""
+
+    def __repr__(self) -> str:
+        return "<anybody>"
+
+
+_ANYBODY: Hashable = _Anybody()
+
+
+def _holds(key: Hashable, tenant: Hashable) -> bool:
+    """Whether a bucket's key is of batches several tenants shared that held (or may have
+    held) `tenant`'s requests."""
+    return key is _ANYBODY or (isinstance(key, frozenset) and tenant in key)
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _add(into: dict[K, list[int]], key: K, counts: list[int]) -> None:
+    total = into.setdefault(key, [0, 0, 0, 0])
+    for i, n in enumerate(counts):
+        total[i] += n
 
 
 def _p99_above(slow: int, measured: int) -> bool:

@@ -64,7 +64,7 @@ def record_failure(
     its own failures count; load (queue deadlines, shedding), the client's mistakes and
     the gateway's bugs do not, and a probe that did not reach the model only ends."""
     if isinstance(exc, InfergateError) and exc.model_fault:
-        breaker.record(admission, False, None, tenant)
+        breaker.record(admission, False, None, tenant, exc.shared)
     elif admission == "probe":
         breaker.record(admission, True, None, tenant)
 

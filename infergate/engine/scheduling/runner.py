@@ -8,15 +8,21 @@ whose worker ran past its timeout or was killed for its memory, when it held mor
 request: alone, only the request that did it times out or is killed again. A worker that
 died otherwise (a crash) gives each of its requests one more try, alone, on a sibling or,
 with none ready, on its own instance once restarted. Each request gets one such try at
-most (a hostile flood cannot loop), within a deadline of its own."""
+most (a hostile flood cannot loop), within a deadline of its own.
+
+Nor slow another's, or fail it, in the breaker's eyes: a batch that several tenants'
+requests shared tells each caller, with its answer or its error, whose requests they were
+(`Timing.shared`, `InfergateError.shared`), and the breaker counts its outcome for them
+together, not for each as its own (breaker.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from operator import attrgetter
+from typing import Any, TypeVar
 
 from infergate.clock import Clock
 from infergate.engine.lifecycle.instance import Instance
@@ -41,6 +47,7 @@ from infergate.tensors import Array
 log = logging.getLogger("infergate.scheduler")
 
 _GONE = ("failed", "stopped")  # an instance in these states never runs a batch again
+_TENANT = attrgetter("fair.tenant")  # a job's tenant, read in C (`_shared`)
 
 
 def _pinned_to(instance: Instance, cpu: int) -> bool:
@@ -193,6 +200,7 @@ class BatchRunner:
             return
         except InfergateError as exc:
             batch.future.cancel()
+            exc = _of_batch(exc, jobs)
             for w in works:
                 w.ticket.fail(exc)
             self._release(batch)
@@ -211,8 +219,13 @@ class BatchRunner:
         """Give each caller its own rows of the batch's outputs, and count the batch."""
         jobs, works = batch.jobs, [j.payload for j in batch.jobs]
         compute_s = (batch.replied or self._clock.now()) - batch.started
+        shared = None  # the tenants whose requests it held, when several (breaker.py)
         try:
-            pieces = unmerge(outputs, batch.rows) if len(works) > 1 else [outputs]
+            if len(works) > 1:
+                pieces = unmerge(outputs, batch.rows)
+                shared = _shared(jobs)
+            else:
+                pieces = [outputs]
         except ValueError as exc:
             # Its outputs do not split back into the requests' rows (a model that does not
             # keep rows apart): each request runs again alone, so none gets another's rows
@@ -224,7 +237,7 @@ class BatchRunner:
             wanted = work.ticket.outputs
             if tuple(piece) != wanted:  # others in the batch asked for more, or in another order
                 piece = {n: piece[n] for n in wanted}
-            work.ticket.part_done(work.index, piece, batch.started - job.arrival, compute_s)
+            work.ticket.part_done(work.index, piece, batch.started - job.arrival, compute_s, shared)
         # Counted after the callers' answers are written (call_soon runs after the task
         # steps that part_done woke, or after this one when a caller awaits inline): a
         # lone client's answer does not wait for the batch's metrics.
@@ -251,6 +264,7 @@ class BatchRunner:
         as if it had not been there and only its sender gets the error (400, 500); a
         request that ran alone gets it."""
         if len(jobs) == 1 or self.stopped:
+            exc = _of_batch(exc, jobs)
             for job in jobs:
                 job.payload.ticket.fail(exc)
             return
@@ -297,6 +311,7 @@ class BatchRunner:
         run again where its tenant would be cut off for it or ended another worker
         within the window (it would end a sibling too)."""
         lone = all(j.payload.ticket is jobs[0].payload.ticket for j in jobs)
+        exc = _of_batch(exc, jobs)  # what fails of it now, or later (`failed_with`)
         # A lone request's own memory or time: running it again would only do it again.
         again = not lone or not isinstance(exc, (WorkerOverMemory, DeadlineExceeded))
         if ended is not None and lone and jobs and not self.stopped:
@@ -330,6 +345,30 @@ class BatchRunner:
             retried += 1
         if retried:
             self._metrics.child(self._metrics.retries, self.name).inc(retried)
+
+
+def _shared(jobs: list[Job[Work]]) -> frozenset[Hashable] | None:
+    """The tenants whose requests the batch of `jobs` held, when they were several."""
+    tenants = frozenset(map(_TENANT, jobs))
+    return tenants if len(tenants) > 1 else None
+
+
+E = TypeVar("E", bound=InfergateError)
+
+
+def _of_batch(exc: E, jobs: list[Job[Work]]) -> E:
+    """`exc` as the requests of the batch of `jobs` get it: where several tenants' requests
+    shared the batch, a copy that names them (an error may be given to more than one
+    batch: a worker's death fails every call it had)."""
+    shared = _shared(jobs) if len(jobs) > 1 else None
+    if shared is None:
+        return exc
+    copy = type(exc).__new__(type(exc), *exc.args)
+    copy.__dict__.update(exc.__dict__)
+    copy.__cause__, copy.__context__ = exc.__cause__, exc.__context__
+    copy.__suppress_context__ = exc.__suppress_context__  # (setting __cause__ set it)
+    copy.shared = shared
+    return copy.with_traceback(exc.__traceback__)
 
 
 def _how(exc: InfergateError) -> str:

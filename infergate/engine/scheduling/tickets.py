@@ -4,7 +4,8 @@ its chunks come back) and the unit of work each chunk is queued as."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from infergate.engine.scheduling.batching import merge
@@ -14,11 +15,13 @@ from infergate.tensors import Array
 
 class Timing(NamedTuple):
     """What a request went through: Triton's statistics read the first two, breakers the
-    last (the model's latency: the longest batch it ran in)."""
+    rest (the model's latency: the longest batch it ran in; and the tenants whose requests
+    shared a batch with it, when there were several: breaker.py)."""
 
     queue_s: float
     compute_s: float
     slowest_s: float
+    shared: frozenset[Hashable] | None = None
 
 
 Answer = tuple[dict[str, Array], Timing]
@@ -36,6 +39,9 @@ class Ticket:
     queue_s: float = 0.0
     compute_s: float = 0.0
     slowest_s: float = 0.0
+    # A chunked request's: the tenants that shared its chunks' batches, when several. Set
+    # with its first chunk's answer, not here: a field `__init__` sets costs every request.
+    shared: frozenset[Hashable] | None = field(init=False, repr=False)
 
     def fail(self, error: InfergateError) -> None:
         if not self.future.done():
@@ -47,21 +53,28 @@ class Ticket:
         outputs: dict[str, Array],
         queue_s: float,
         compute_s: float,
+        shared: frozenset[Hashable] | None = None,
     ) -> None:
+        """Chunk `index` answered, after `queue_s` in the queue, in a batch that took
+        `compute_s` (and that `shared` tenants' requests shared, when several)."""
         if self.parts == 1:  # the usual case: the whole request ran in one batch
             if not self.future.done():
-                self.future.set_result((outputs, Timing(queue_s, compute_s, compute_s)))
+                self.future.set_result((outputs, Timing(queue_s, compute_s, compute_s, shared)))
             return
         results = self.results
         if results is None:
             results = self.results = {}
+            self.shared = shared
+        elif shared is not None:
+            self.shared = shared if self.shared is None else self.shared | shared
         results[index] = outputs
         self.queue_s = max(self.queue_s, queue_s)
         self.compute_s += compute_s
         self.slowest_s = max(self.slowest_s, compute_s)
         if len(results) == self.parts and not self.future.done():
             merged = merge([results[i] for i in range(self.parts)])
-            self.future.set_result((merged, Timing(self.queue_s, self.compute_s, self.slowest_s)))
+            timing = Timing(self.queue_s, self.compute_s, self.slowest_s, self.shared)
+            self.future.set_result((merged, timing))
 
 
 @dataclass(eq=False, slots=True)
