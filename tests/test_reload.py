@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import write_profile
 from tests.onnx_models import make_fails_on_single_rows, make_mlp
 from tests.polling import process_gone, wait_until
+from tests.scrape import metric
 from tests.server import ServerProcess
 
 X = [1.0, 2.0, 3.0, 4.0]
@@ -222,10 +223,15 @@ def test_new_version_folder_takes_over_and_the_old_version_goes(
     wait_until(lambda: infer(server.url, name, "1").status_code == 404, what="v1 to go")
     for pid in old_pids:
         wait_until(partial(process_gone, pid), what="old workers to exit")
-    # model.toml asks for both: version 1 comes back, by number.
+    # A scrape shows no breaker for the version that is gone (it showed it "closed").
+    breaker = partial(metric, server, "infergate_breaker_state", -1.0, model=name)
+    wait_until(lambda: breaker(version="1") == -1.0, what="v1's breaker gauge to go")
+    assert breaker(version="2") == 0.0
+    # model.toml asks for both: version 1 comes back, by number, and so does its gauge.
     (models / name / "model.toml").write_text("[version_policy]\nall = true\n")
     wait_until(lambda: infer(server.url, name, "1").status_code == 200, what="v1 back")
     assert infer(server.url, name).json()["model_version"] == "2"
+    assert breaker(version="1") == 0.0
 
 
 def test_removing_a_model_stops_its_workers(server: ServerProcess, models: Path) -> None:

@@ -301,12 +301,19 @@ class Registry:
         for version in versions:
             served = record.versions.pop(version, None)
             if served is not None:
-                self._retire_one(record, served, why)
+                self._retire_one(record, served, why, gone=True)
 
-    def _retire_one(self, record: ModelRecord, served: ServedVersion, why: str) -> None:
+    def _retire_one(
+        self, record: ModelRecord, served: ServedVersion, why: str, gone: bool = False
+    ) -> None:
+        """`gone`: no version of its number serves after it (not a replacement's switch),
+        so its breaker's gauge goes too once it has stopped."""
+
         async def drain_and_stop() -> None:
             drained = await served.drain(self._context.drain_timeout_s)
             await self._stop(served)
+            if gone and served.version not in record.versions:  # (not loaded again since)
+                version_breaker.hide_state(record.name, served.version, self._context)
             self._context.events.publish(
                 "model_version_stopped",
                 record.name,
@@ -326,6 +333,8 @@ class Registry:
             record.unloaded = True
             await asyncio.gather(*(v.drain(self._context.drain_timeout_s) for v in retiring))
             await asyncio.gather(*(self._stop(v) for v in retiring))
+            for served in retiring:
+                version_breaker.hide_state(name, served.version, self._context)
             self._context.events.publish("model_unloaded", name, "drained and stopped")
 
     async def _stop(self, served: ServedVersion) -> None:

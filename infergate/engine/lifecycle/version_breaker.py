@@ -3,6 +3,7 @@ and the answer while it is open."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,13 @@ def show_state(name: str, version: int, breaker: Breaker, context: EngineContext
     breaker too, so that a scrape can tell it from a missing one)."""
     gauge = context.metrics.breaker_state.labels(name, str(version))
     gauge.set(BREAKER_STATES.index(breaker.state))
+
+
+def hide_state(name: str, version: int, context: EngineContext) -> None:
+    """The version no longer serves (retired, unloaded): its gauge goes, so that a scrape
+    does not show a breaker for a version that is gone."""
+    with contextlib.suppress(KeyError):  # (a version that never served never showed one)
+        context.metrics.breaker_state.remove(name, str(version))
 
 
 def judge_worker_deaths(instances: Sequence[Instance], breaker: Breaker) -> None:
