@@ -46,6 +46,10 @@ Signals inside the engine (plain exceptions, never an HTTP answer):
   FrontFailed          a front process ([server] fronts) exited before it listened
   BrokenOff            the engine's answer to a front broke off: the connection closes
 
+Signals inside the infer route (server/large_answers.py: finished off the event loop):
+  LargeAnswer          an answer too large to encode in one go: encoded in slices
+  CompressLater        a body too large to compress on the loop: compressed on a thread
+
 Outside the server: `client.ClientError` (the HTTP client's), `client.UrlError` (a server
 address that is not one: a usage mistake), `tui.source.SourceError`
 (the dashboard's data source) and `server.http_protocol._Refused` (a connection refused
@@ -329,3 +333,13 @@ class FrontFailed(Exception):
 class BrokenOff(Exception):
     """The engine's answer broke off after it began; the front closes the connection
     (as uvicorn does when an app raises mid-answer), so no cut answer looks whole."""
+
+
+class LargeAnswer(Exception):
+    """codec.encode_response's answer holds too much to encode in one go on the event
+    loop; `args`: its arguments, for large_answers.encode_in_slices."""
+
+
+class CompressLater(Exception):
+    """compression.compress_response was asked to compress a body too large to compress
+    on the event loop, and changed nothing; `args`: the answer's headers and body."""

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 
 from infergate.engine.triton.shared_memory import SYSTEM_SHM, wants_shared_memory
-from infergate.errors import BadRequest, PayloadTooLarge, shown
+from infergate.errors import BadRequest, LargeAnswer, PayloadTooLarge, shown
 from infergate.tensors import V2_TO_NUMPY, Array, from_wire, numpy_dtype, to_wire, v2_datatype
 
 Body = bytes | bytearray | memoryview  # a request body, as read or as mapped
@@ -452,14 +452,15 @@ def _json_text(name: str, index: int, item: object) -> str:
         ) from None
 
 
-def _json_data(name: str, array: Array) -> list[Any] | Array:
+def _json_data(name: str, array: Array, start: int = 0) -> list[Any] | Array:
     """An output's `data`: numbers as the array itself, which orjson writes straight from
     its memory (half the CPU of `tolist()` and Python floats for 1,000 FP32 values), each
     float in the shortest text that reads back as the same value of its type (an FP32 0.1
-    is `0.1`, not the double `0.10000000149011612`; an FP16 is written as that FP32)."""
+    is `0.1`, not the double `0.10000000149011612`; an FP16 is written as that FP32).
+    `start`: where `array` begins in its output, when it is a slice of it (for errors)."""
     kind = array.dtype.kind
     if kind in ("O", "S", "U"):
-        return [_json_text(name, i, x) for i, x in enumerate(array.reshape(-1))]
+        return [_json_text(name, i, x) for i, x in enumerate(array.reshape(-1), start)]
     if kind not in "biuf":
         return array.reshape(-1).tolist()
     if array.flags.c_contiguous and array.dtype.isnative:  # the usual output: a view
@@ -479,23 +480,48 @@ def response_headers(json_length: int | None) -> list[tuple[bytes, bytes]]:
     return [_BINARY, (b"inference-header-content-length", b"%d" % json_length)]
 
 
+# An answer encodes in one go while its tensors hold up to this many bytes (16,384 FP32
+# numbers: half a millisecond of orjson on a small machine, about 170 KB of JSON); a
+# larger one is encoded in slices, the event loop serving others in between
+# (server/large_answers.py: 60 MB of FP32 held the loop 0.9 s as JSON). Outputs of up to
+# SMALL_OUTPUT_BYTES bytes are not added up: one comparison an output for the usual answer.
+AT_ONCE_BYTES = 64 << 10
+SMALL_OUTPUT_BYTES = 4 << 10
+
+
+def large_answer(outputs: dict[str, Array], extra: dict[str, dict[str, Any]]) -> bool:
+    """Whether the outputs an answer's body carries (not those written to shared memory:
+    `extra`, DecodedRequest.output_parameters) hold more than AT_ONCE_BYTES."""
+    return (
+        sum(
+            array.nbytes
+            for name, array in outputs.items()
+            if not (extra and wants_shared_memory(extra.get(name)))
+        )
+        > AT_ONCE_BYTES
+    )
+
+
 def encode_response(
     model: str,
     version: int,
     outputs: dict[str, Array],
     request: DecodedRequest,
 ) -> tuple[bytes, int | None]:
-    """The response body, and the JSON header length when binary outputs follow it."""
+    """The response body, and the JSON header length when binary outputs follow it.
+    LargeAnswer when the outputs hold more than AT_ONCE_BYTES."""
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
+    extra = request.output_parameters  # shared memory, classification (rare)
     for name, array in outputs.items():
+        if array.nbytes > SMALL_OUTPUT_BYTES and large_answer(outputs, extra):
+            raise LargeAnswer(model, version, outputs, request)
         entry: dict[str, Any] = {
             "name": name,
             "datatype": v2_datatype(array.dtype),
             "shape": list(array.shape),
         }
-        shm = request.output_parameters.get(name) if request.output_parameters else None
-        if shm is not None and wants_shared_memory(shm):
+        if extra and wants_shared_memory(shm := extra.get(name)):
             SYSTEM_SHM.write_output(name, array, shm)  # no parameters: nothing follows
         elif request.binary_by_default or name in request.binary_outputs:
             blob = to_wire(array)

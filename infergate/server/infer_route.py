@@ -25,7 +25,7 @@ from infergate.engine.inference import InferenceResult
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.served import RemoteServedVersion
 from infergate.engine.triton.classification import classify_outputs
-from infergate.errors import BadRequest, InfergateError
+from infergate.errors import BadRequest, CompressLater, InfergateError, LargeAnswer
 from infergate.metrics import Finished
 from infergate.server.access_log import TENANT_KEY
 from infergate.server.body import read_body
@@ -37,7 +37,13 @@ from infergate.server.codec import (
     response_headers,
     strings_limit,
 )
-from infergate.server.compression import MIN_BYTES, compress_response
+from infergate.server.compression import (
+    MIN_BYTES,
+    ON_LOOP_MAX_BYTES,
+    accepted_coding,
+    compress_response,
+    encoded_as,
+)
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
 from infergate.server.errors import error_body, retry_after_header
 from infergate.server.infer_request import (
@@ -48,6 +54,7 @@ from infergate.server.infer_request import (
     timeout_s,
     version_number,
 )
+from infergate.server.large_answers import encode_in_slices, finish
 from infergate.server.predecode import PackedOutputs, pack_outputs
 from infergate.server.remote_pass import pass_through
 
@@ -55,6 +62,10 @@ log = logging.getLogger("infergate.server")
 
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]*))?/infer$")
 _JSON = (b"content-type", b"application/json")
+_APART_BYTES = 1 << 20  # an answer body larger than this is not written with its head
+# A 200 too large to finish on the loop (`InferRoute._finished`): its outputs to encode,
+# or its headers and body to compress.
+Unfinished = LargeAnswer | CompressLater
 
 
 class Reply(NamedTuple):
@@ -87,6 +98,7 @@ class InferRoute:
         self._running: asyncio.AbstractEventLoop | None = None
         # Answers given in this step of the loop, counted at its end (`_count`).
         self._counts: list[Finished] = []
+        self._finishing: set[asyncio.Task[None]] = set()  # `_later`'s (the loop's are weak)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -106,6 +118,10 @@ class InferRoute:
             await send(
                 {"type": "http.response.start", "status": reply.status, "headers": reply.headers}
             )
+            if len(reply.body) > _APART_BYTES:
+                # Written apart from its head: the protocol joins a head to the body that
+                # follows it, one copy, on the loop (160 MB of JSON: 0.1 s).
+                await send({"type": "http.response.body", "body": b"", "more_body": True})
             await send({"type": "http.response.body", "body": reply.body})
         finally:
             reply.keeper.free_buffers()
@@ -129,6 +145,7 @@ class InferRoute:
         started = context.clock.now()
         keeper = Keeper()
         state: TenantState | None = None
+        large: Unfinished | None = None
         try:
             headers_in = dict(raw_headers)
             state = context.tenants.authenticate(api_key(headers_in))
@@ -136,9 +153,16 @@ class InferRoute:
             headers, body = await self._answer(
                 name, version, headers_in, receive, whole, state, keeper
             )
+        except LargeAnswer as answer:  # encoded in slices, below
+            large = answer.with_traceback(None)
         except Exception as exc:
             status, headers, body = self._failed(name, exc)
-        return self._reply(name, state, status, headers, body, started, raw_headers, keeper)
+        if large is None:
+            try:
+                return self._reply(name, state, status, headers, body, started, raw_headers, keeper)
+            except CompressLater as later:  # too large to compress on the loop
+                large = later.with_traceback(None)
+        return await self._finished(name, state, large, started, raw_headers, keeper)
 
     def answer_now(
         self,
@@ -207,9 +231,14 @@ class InferRoute:
             self._engine.leave(state)
             status = 200
             headers, body = self._encoded(running, decoded, served)
+        except LargeAnswer as large:
+            return self._later(respond, name, state, large, started, raw_headers)
         except Exception as exc:
             status, headers, body = self._failed(name, exc)
-        return self._reply(name, state, status, headers, body, started, raw_headers, Keeper())
+        try:
+            return self._reply(name, state, status, headers, body, started, raw_headers, Keeper())
+        except CompressLater as later:
+            return self._later(respond, name, state, later, started, raw_headers)
 
     def _settled(
         self, waiting: _Waiting, outcome: Any, error: BaseException | None
@@ -218,7 +247,8 @@ class InferRoute:
         (`outcome`) or raised (`error`), counted; None when it was cancelled (the gateway
         is stopping: the lane answers 503, and nothing is counted). An error is answered,
         never raised here (its traceback would hold this frame, and the request's
-        tensors, in a reference cycle)."""
+        tensors, in a reference cycle), but for a 200 too large to finish on the loop
+        (LargeAnswer, CompressLater), which `_Waiting.answer` has a task finish."""
         engine, name, state = self._engine, waiting.name, waiting.state
         if error is not None:
             engine.fail(waiting.running, error)
@@ -243,6 +273,8 @@ class InferRoute:
                             Keeper(), packed,
                         )  # fmt: skip
                 headers, body = self._encoded(result, waiting.decoded, waiting.served)
+            except LargeAnswer:
+                raise  # for `_Waiting.answer`, which has a task finish it
             except Exception as exc:
                 status, headers, body = self._failed(name, exc)
         return self._reply(
@@ -269,8 +301,11 @@ class InferRoute:
         raw_headers: list[tuple[bytes, bytes]],
         keeper: Keeper,
         outputs: PackedOutputs | None = None,
+        compress: bool = True,
     ) -> Reply:
-        """The answer as sent, counted (`outputs`: a 200 a front encodes)."""
+        """The answer as sent, counted (`outputs`: a 200 a front encodes). CompressLater,
+        with nothing counted, when the body is too large to compress here (`_finished`
+        compresses it; `compress`: False there)."""
         tenant = "-" if state is None else state.tenant.name
         # Bounded labels, and none that tells a tenant (through the open /metrics) whether
         # a model it may not use exists (one that served the request, it may).
@@ -281,6 +316,8 @@ class InferRoute:
         ):
             model = "unknown"
         now = self._engine.context.clock.now()
+        if status == 200 and len(body) >= MIN_BYTES and compress:  # (most: too small to pay)
+            body = compress_response(raw_headers, headers, body, status, ON_LOOP_MAX_BYTES)
         # Counted right after this step, once the caller has written the answer: a
         # lone client's next request does not wait for the counting (call_soon runs it
         # before the task of any request read after it takes a step, so a scrape that
@@ -290,10 +327,64 @@ class InferRoute:
         if not counts:
             self._loop().call_soon(self._count)
         counts.append((model, tenant, status, now - started, now))
-        if status == 200 and len(body) >= MIN_BYTES:  # (most answers: too small to pay)
-            body = compress_response(raw_headers, headers, body, status)
         headers.append((b"content-length", b"%d" % len(body)))
         return Reply(status, headers, body, tenant, keeper, outputs)
+
+    async def _finished(
+        self,
+        name: str,
+        state: TenantState | None,
+        unfinished: Unfinished,
+        started: float,
+        raw_headers: list[tuple[bytes, bytes]],
+        keeper: Keeper,
+    ) -> Reply:
+        """`_reply` for a 200 too large to finish in one go on the event loop
+        (server/large_answers.py): its outputs encoded in slices (LargeAnswer), or its
+        body as it is (CompressLater); joined, and compressed when the client asked, on
+        a thread."""
+        status, coding = 200, None
+        try:
+            if isinstance(unfinished, LargeAnswer):
+                pieces, json_length = await encode_in_slices(*unfinished.args)
+                headers = response_headers(json_length)
+            else:
+                headers, body = unfinished.args
+                pieces = [body]
+                del body
+            del unfinished  # (not held here while the pieces are joined)
+            if sum(map(len, pieces)) >= MIN_BYTES:
+                coding = accepted_coding(raw_headers)
+            body = await finish(pieces, coding)
+        except Exception as exc:  # (a BYTES output that is not UTF-8, as JSON: a 400)
+            status, headers, body = self._failed(name, exc)
+            coding = None
+        if coding is not None:
+            encoded_as(headers, coding)
+        return self._reply(
+            name, state, status, headers, body, started, raw_headers, keeper, compress=False
+        )
+
+    def _later(
+        self,
+        respond: Callable[[Reply | None], None],
+        name: str,
+        state: TenantState | None,
+        unfinished: Unfinished,
+        started: float,
+        raw_headers: list[tuple[bytes, bytes]],
+    ) -> asyncio.Task[None]:
+        """`_finished` for an `answer_now` request, in a task that gives `respond` the
+        Reply (None when cancelled: the gateway is stopping); the task, for the lane's
+        drain to cancel. (Its traceback let go of: it would hold the frames it came from.)"""
+        unfinished = unfinished.with_traceback(None)
+        finishing = self._finished(name, state, unfinished, started, raw_headers, Keeper())
+        later = _Later(respond, finishing)
+        task = self._loop().create_task(later.run(), name="infer-large")
+        self._finishing.add(task)
+        task.add_done_callback(later.done)
+        task.add_done_callback(self._finishing.discard)
+        return task
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the route answers on, kept rather than asked for each request:
@@ -482,9 +573,49 @@ class _Waiting:
         self.answered = True
         try:
             reply = self.route._settled(self, outcome, error)
+        except (LargeAnswer, CompressLater) as large:  # a task finishes it, and responds
+            self.route._later(
+                self.respond, self.name, self.state, large, self.started, self.raw_headers
+            )
+            return
         except Exception:
             log.exception("infer failed after its wait")
             reply = internal_error()
+        self.respond(reply)
+
+
+class _Later:
+    """The task of a large answer to an `answer_now` request: `respond` gets its Reply
+    once `finishing` has made it, or None when it was cancelled, even before its first
+    step (then `finishing` never ran)."""
+
+    __slots__ = ("respond", "finishing", "responded")
+
+    def __init__(
+        self, respond: Callable[[Reply | None], None], finishing: Coroutine[Any, Any, Reply]
+    ) -> None:
+        self.respond = respond
+        self.finishing = finishing
+        self.responded = False
+
+    async def run(self) -> None:
+        try:
+            reply = await self.finishing
+        except asyncio.CancelledError:
+            self._give(None)
+            raise
+        except Exception:  # a bug: answered 500, never left hanging
+            log.exception("infer failed while its answer was finished")
+            reply = internal_error()
+        self._give(reply)
+
+    def done(self, task: asyncio.Task[None]) -> None:
+        if not self.responded:  # cancelled before its first step
+            self.finishing.close()
+            self._give(None)
+
+    def _give(self, reply: Reply | None) -> None:
+        self.responded = True
         self.respond(reply)
 
 

@@ -29,9 +29,11 @@ from typing import Any
 import numpy as np
 
 from infergate.server.codec import (
+    SMALL_OUTPUT_BYTES,
     DecodedRequest,
     decode_request,
     encode_response,
+    large_answer,
     response_headers,
 )
 from infergate.server.compression import MIN_BYTES, compress_response
@@ -100,14 +102,15 @@ def pack_outputs(
     model: str, version: int, outputs: dict[str, Array], decoded: DecodedRequest
 ) -> PackedOutputs | None:
     """The engine's side: an answer's outputs as the link carries them; None when the
-    engine must encode the answer itself (classification asked for, or an output that is
-    not plain numbers)."""
+    engine must encode the answer itself (classification asked for, an output that is
+    not plain numbers, or a large answer, which the engine encodes in slices:
+    server/large_answers.py)."""
     if decoded.output_parameters:
         return None
     tensors = []
     for name, array in outputs.items():
         datatype = NUMPY_TO_V2.get(array.dtype)
-        if datatype is None:
+        if datatype is None or (array.nbytes > SMALL_OUTPUT_BYTES and large_answer(outputs, {})):
             return None
         tensors.append((name, datatype, array.shape, array.tobytes()))
     return model, version, tensors
