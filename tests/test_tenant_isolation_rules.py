@@ -226,6 +226,32 @@ def test_a_tenant_whose_rows_slow_the_batches_it_shares_is_cut_off_not_its_batch
         assert state(breaker) == "closed", breaker.reason
 
 
+def test_a_busy_tenant_whose_batches_another_joins_is_not_cut_off_in_its_place() -> None:
+    """Bob sends only while Alice's requests queue, so his slow rows always ride in her
+    batches; Alice's batches of her own and Carol's run fast. Before, Alice (tried first:
+    as many slow outcomes as Bob, and batches of her own) was cut off, since the batches
+    without hers (Carol's) were fine; Bob went on alone, and his next window opened the
+    breaker for everyone ("while another tenant is cut off"). A tenant whose own batches
+    are within the limits is not the one: Bob is cut off, Carol and Alice are served."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for _ in range(3):
+        batch(breaker, 0.01, "alice")
+        batch(breaker, 0.01, "carol")
+        batch(breaker, 0.5, "alice", "bob")
+        clock.advance(0.1)
+    assert breaker.cut_off("alice") is None
+    assert breaker.cut_off("bob") is not None
+    for _ in range(12):  # Bob's rows now run alone, and slow; the others go on
+        batch(breaker, 0.01, "carol")
+        batch(breaker, 0.01, "alice")
+        if breaker.allow("bob") == "normal":
+            batch(breaker, 0.5, "bob")
+        clock.advance(0.1)
+    assert state(breaker) == "closed", breaker.reason
+    assert breaker.allow("carol") == breaker.allow("alice") == "normal"
+
+
 def test_a_model_slow_for_every_tenant_opens_whoever_shares_its_batches() -> None:
     """Shared batches are nobody's alone: where the batches of each tenant alone are slow
     too, or every batch held one tenant's requests with the others' (nothing to tell the

@@ -445,6 +445,13 @@ class Breaker:
             mine = per[worst]
             count = mine[0] + mine[1]
             sharing = anybody is not None or worst in sharers
+            alone = own.get(worst)
+            if sharing and alone is not None and self._within(alone, failures):
+                # Its requests run well in batches of their own: the batches it shared
+                # went wrong by another's rows (a busy tenant whose queue another's slow
+                # requests join would be cut off in its place, then the breaker opened
+                # for everyone once the joiner went on alone).
+                continue
             if not failures:
                 what = f"the p99 latency of its requests is above {limit_ms:.0f} ms"
             elif sharing:
@@ -471,6 +478,14 @@ class Breaker:
                     continue
             return worst, f"{what}, while other tenants' requests did not"
         return None
+
+    def _within(self, counts: list[int], failures: bool) -> bool:
+        """Whether outcomes ([ok, failed, measured, slow]) are measured and within the
+        limits the window is judged by (`failures`: its failure rate, else its p99)."""
+        if failures:
+            total = counts[0] + counts[1]
+            return total > 0 and counts[1] / total <= self.policy.failure_rate
+        return counts[2] > 0 and not _p99_above(counts[3], counts[2])
 
     def _cut_tenant_off(self, tenant: Hashable, reason: str, now: float) -> None:
         """Refuse `tenant` alone for a while, saying why: the others go on as if it had
