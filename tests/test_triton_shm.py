@@ -199,6 +199,16 @@ def test_an_input_larger_than_a_body_may_be_is_413_before_it_is_read(
         assert caught.value.status() == "413"
         assert f"names {size} bytes of shared memory region 'big_input'" in caught.value.message()
         assert "max_request_mb" in caught.value.message()
+        # The limit is the request's: two inputs of 0.75 MB each, under it alone, are not.
+        part = 3 * 2**18
+        for tensor in inputs:
+            tensor.set_shape([part // BYTES, 16])
+            tensor.set_shared_memory("big_input", part)
+        with pytest.raises(InferenceServerException) as caught:
+            c.infer("simple", inputs)
+        assert caught.value.status() == "413"
+        assert "input 'INPUT1'" in caught.value.message()
+        assert f"bringing the request's to {2 * part}" in caught.value.message()
     finally:
         c.unregister_system_shared_memory("big_input")
         path.unlink()

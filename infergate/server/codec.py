@@ -281,6 +281,7 @@ def decode_request(
     deferred: dict[str, DeferredBytes] = {}
     offset = 0
     strings = 0
+    shm_read = 0  # bytes read from shared-memory regions (bounded as a body is)
     for i, item in enumerate(raw_inputs):
         name = item.get("name") if type(item) is dict else None
         if type(name) is not str:
@@ -320,7 +321,8 @@ def decode_request(
         elif "data" in item:
             inputs[name] = _json_tensor(name, datatype, shape, item["data"])
         elif wants_shared_memory(params):
-            inputs[name] = SYSTEM_SHM.read_input(name, datatype, shape, params)
+            inputs[name], size = SYSTEM_SHM.read_input(name, datatype, shape, params, shm_read)
+            shm_read += size
         else:
             raise BadRequest(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
     if offset != len(binary):

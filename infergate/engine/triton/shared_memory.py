@@ -190,21 +190,29 @@ class SharedMemoryRegions:
         self.unregister(None)
 
     def read_input(
-        self, input_name: str, datatype: str, shape: tuple[int, ...], params: dict[str, Any]
-    ) -> Array:
-        """An input whose parameters name a region."""
+        self,
+        input_name: str,
+        datatype: str,
+        shape: tuple[int, ...],
+        params: dict[str, Any],
+        read_before: int = 0,
+    ) -> tuple[Array, int]:
+        """An input whose parameters name a region, and the bytes it took from it.
+        `read_before`: what the request's inputs before it took (the limit is the whole
+        request's: 64 inputs naming one 8 MB region read 512 MB)."""
         region = self.get(params.get("shared_memory_region"))
         what = _Tensor("input", input_name)
         size = _non_negative(params.get("shared_memory_byte_size"), "shared_memory_byte_size")
         offset = _non_negative(params.get("shared_memory_offset", 0), "shared_memory_offset")
-        if self.max_input_bytes is not None and size > self.max_input_bytes:
+        if self.max_input_bytes is not None and read_before + size > self.max_input_bytes:
             raise PayloadTooLarge(
-                f"{what} names {size} bytes of shared memory region {shown(region.name)}, over "
-                f"the {self.max_input_bytes / 2**20:g} MB a request may bring. Hint: send "
+                f"{what} names {size} bytes of shared memory region {shown(region.name)}, "
+                f"bringing the request's to {read_before + size}, over the "
+                f"{self.max_input_bytes / 2**20:g} MB a request may bring. Hint: send "
                 "smaller batches or raise max_request_mb in the profile's [server] table"
             )
         try:
-            return from_wire(region.read(offset, size, what), datatype, shape)
+            return from_wire(region.read(offset, size, what), datatype, shape), size
         except ValueError as exc:
             raise BadRequest(f"{what} in shared memory region {shown(region.name)} {exc}") from None
 
