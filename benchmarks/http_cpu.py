@@ -265,7 +265,10 @@ def main() -> None:
     if args.c1:
         args.bare, args.granian = False, None
         args.requests = min(args.requests, 1_000 if args.quick else 4_000)
-    trees = dict(t.split("=", 1) for t in args.tree) or {"this": str(ROOT)}
+    trees = dict(t.split("=", 1) for t in args.tree)
+    if not any(Path(tree).resolve() == ROOT.resolve() for tree in trees.values()):
+        trees["this"] = str(ROOT)  # always beside the others (`--tree before=PATH` alone
+        # measured the other tree only)
     work = Path(tempfile.mkdtemp(prefix="infergate-httpcpu-"))
     models, profile, body, headers = tiny_setup(work)
     servers: dict[str, Served] = {}
