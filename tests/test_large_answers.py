@@ -262,6 +262,11 @@ _CASES: dict[str, dict[str, Array]] = {
         "b": _RNG.random(100_000) > 0.5,
     },
     "BYTES": {"s": np.array([f"é{i}".encode() for i in range(40_000)], dtype=object)},
+    # Few strings, each longer than a slice: numpy counts 8 bytes an element, which took
+    # them for a small answer; \x01 is escaped as \u0001, é is two bytes.
+    "BYTES long strings": {
+        "s": np.array([b"\x01" * 300_000, "é".encode() * 100_000, b"", b'"'], dtype=object)
+    },
     "empty and large": {"e": np.zeros((0, 3), np.float32), "y": _RNG.random(40_000, np.float32)},
     "UINT64": {"u": _RNG.integers(0, 2**64 - 1, 20_000, dtype=np.uint64)},
 }
@@ -289,6 +294,31 @@ async def test_sliced_answers_are_byte_for_byte_those_of_one_go(
     assert zlib.decompress(compress_pieces(list(pieces), "deflate")) == want[0]
     assert await finish(pieces, None) == want[0]
     assert pieces == []  # let go of (on the thread, for a large body)
+
+
+async def test_a_string_longer_than_a_slice_is_encoded_in_pieces() -> None:
+    """One 4 MB BYTES element as JSON (24 MB of text, each byte escaped): written in
+    pieces, the loop taking other steps between them, not in one orjson call."""
+    turns = 0
+
+    async def heartbeat() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    outputs = {"s": np.array([b"\x01" * (4 << 20)], dtype=object)}
+    request = DecodedRequest(None, {}, None, frozenset(), False, {})
+    with pytest.raises(LargeAnswer) as large:
+        encode_response("m", 1, outputs, request)
+    beating = asyncio.create_task(heartbeat())
+    await asyncio.sleep(0)
+    try:
+        pieces, _ = await encode_in_slices(*large.value.args)
+    finally:
+        beating.cancel()
+    assert orjson.loads(b"".join(pieces))["outputs"][0]["data"] == ["\x01" * (4 << 20)]
+    assert turns >= 16, f"the loop took {turns} other steps while 24 MB of JSON was written"
 
 
 def test_a_front_leaves_a_large_answer_to_the_engine() -> None:

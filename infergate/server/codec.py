@@ -496,12 +496,23 @@ def large_answer(outputs: dict[str, Array], extra: dict[str, dict[str, Any]]) ->
     `extra`, DecodedRequest.output_parameters) hold more than AT_ONCE_BYTES."""
     return (
         sum(
-            array.nbytes
+            _answer_bytes(array)
             for name, array in outputs.items()
             if not (extra and wants_shared_memory(extra.get(name)))
         )
         > AT_ONCE_BYTES
     )
+
+
+def _answer_bytes(array: Array) -> int:
+    """What an output holds: a BYTES tensor's strings, not numpy's 8 bytes a pointer
+    (two strings of 28 MB counted 16 bytes, and were encoded in one go)."""
+    if not array.dtype.hasobject:
+        return int(array.nbytes)
+    try:
+        return sum(map(len, array.reshape(-1).tolist()))
+    except TypeError:  # (an element without a length: not text)
+        return int(array.nbytes)
 
 
 def encode_response(
@@ -516,7 +527,9 @@ def encode_response(
     blobs: list[bytes] = []
     extra = request.output_parameters  # shared memory, classification (rare)
     for name, array in outputs.items():
-        if array.nbytes > SMALL_OUTPUT_BYTES and large_answer(outputs, extra):
+        if (array.nbytes > SMALL_OUTPUT_BYTES or array.dtype.hasobject) and large_answer(
+            outputs, extra
+        ):
             raise LargeAnswer(model, version, outputs, request)
         entry: dict[str, Any] = {
             "name": name,
