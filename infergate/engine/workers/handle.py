@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import itertools
 import logging
 import os
 import signal
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
@@ -38,6 +40,7 @@ from infergate.engine.workers.messages import (
     LoadFailed,
     Ready,
     Stop,
+    TensorRef,
     WorkerSpec,
     decode,
     encode,
@@ -87,6 +90,8 @@ class WorkerHandle:
         self._unreported: asyncio.TimerHandle | None = None  # see _report_overdue
         self.death_reason = "the worker exited"
         self.over_memory = False
+        self._copying = 0  # copies of large outputs running on the copier (_copy_off_loop)
+        self._arenas_closing = False  # the arenas close once they end
 
     @property
     def pid(self) -> int | None:
@@ -190,6 +195,14 @@ class WorkerHandle:
             call = self._pending.pop(message.id, None)
             if call is None:
                 return  # it timed out; the worker is being killed
+            if (
+                isinstance(message, InferDone)
+                and message.inline is None
+                and not call.future.done()
+                and sum(r.nbytes for r in message.outputs) > COPY_HERE_BYTES
+            ):
+                self._copy_off_loop(call, message)
+                return
             if not call.future.done():
                 try:
                     outputs = self._outputs(message)
@@ -202,6 +215,48 @@ class WorkerHandle:
                     call.on_reply()
                 except Exception:  # a bug there must not stop this pipe being read
                     log.exception("worker pid %s: reply hook failed", self.pid)
+
+    def _copy_off_loop(self, call: _Call, reply: InferDone) -> None:
+        """Large outputs copied out of the arena on a thread (numpy's copy lets go of the
+        GIL); the call is answered, and its `on_reply` run, once they are. Until then no
+        other call is sent to this worker (its instance waits for this one), so the arena
+        is not reused, and an exit does not close it under the copy (`_close_arenas`)."""
+        assert self._out is not None
+        self._copying += 1
+        job = _copier().submit(_copy_out, self._out.buf, reply.outputs)
+        loop = self._loop
+
+        def copied(job: Future[dict[str, Array]]) -> None:  # on the copying thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the gateway stopped
+                loop.call_soon_threadsafe(self._copied, call, job)
+
+        job.add_done_callback(copied)
+
+    def _copied(self, call: _Call, job: Future[dict[str, Array]]) -> None:
+        self._copying -= 1
+        if not self._copying and self._arenas_closing:
+            self._close_arenas()
+        if not call.future.done():
+            error = job.exception()
+            if error is None:
+                call.succeed(job.result())
+            else:
+                call.fail(error)
+        if call.on_reply is not None:
+            try:
+                call.on_reply()
+            except Exception:  # a bug there must not stop this worker being used
+                log.exception("worker pid %s: reply hook failed", self.pid)
+
+    def _close_arenas(self) -> None:
+        """Close both arenas, or once the copy out of them that runs is done."""
+        if self._copying:
+            self._arenas_closing = True
+            return
+        self._arenas_closing = False
+        for arena in (self._in, self._out):
+            if arena is not None:
+                arena.close()
 
     def _outputs(self, reply: InferDone | InferFailed) -> dict[str, Array]:
         """The reply's tensors, copied out of the arena before the next call can reuse it."""
@@ -300,9 +355,7 @@ class WorkerHandle:
             if not call.future.done():
                 call.fail(error)
         self._pending.clear()
-        for arena in (self._in, self._out):
-            if arena is not None:
-                arena.close()
+        self._close_arenas()
         self.exited.set_result(None)
 
     def kill_over_memory(self, why: str) -> None:
@@ -452,6 +505,22 @@ class WorkerHandle:
                 "Hint: raise timeout_ms in model.toml if the model is legitimately slow"
             )
         return future.result()
+
+
+# Outputs up to this size are copied out of the arena in the pipe reader, on the loop (a
+# few hundred microseconds at most); larger ones on a thread: 60 MB took the loop 40 to
+# 900 ms (the copy's page faults), while every other client waited.
+COPY_HERE_BYTES = 4 << 20
+
+
+@functools.cache
+def _copier() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="ig-outputs")
+
+
+def _copy_out(buf: memoryview, refs: tuple[TensorRef, ...]) -> dict[str, Array]:
+    """On the copier's thread: the outputs `refs` point at, copied out of the arena."""
+    return {r.name: read_tensor(buf, r, copy=True) for r in refs}
 
 
 class _Call:
