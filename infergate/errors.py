@@ -336,7 +336,7 @@ class BrokenOff(Exception):
 
 
 class LargeAnswer(Exception):
-    """codec.encode_response's answer holds too much to encode in one go on the event
+    """encoding.encode_response's answer holds too much to encode in one go on the event
     loop; `args`: its arguments, for large_answers.encode_in_slices."""
 
 

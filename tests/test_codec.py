@@ -11,7 +11,8 @@ import pytest
 
 from infergate.client import decode_infer_response, encode_infer_request
 from infergate.errors import BadRequest
-from infergate.server.codec import decode_request, encode_response
+from infergate.server.codec import decode_request
+from infergate.server.encoding import encode_response
 from infergate.tensors import (
     V2_TO_NUMPY,
     deserialize_bytes,

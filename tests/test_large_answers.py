@@ -23,9 +23,10 @@ from starlette.types import Message, Receive, Scope, Send
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.errors import LargeAnswer
-from infergate.server import codec
-from infergate.server.codec import DecodedRequest, decode_request, encode_response
+from infergate.server import encoding
+from infergate.server.codec import DecodedRequest, decode_request
 from infergate.server.compression import compress_pieces
+from infergate.server.encoding import encode_response
 from infergate.server.infer_route import InferRoute, Reply
 from infergate.server.large_answers import encode_in_slices, finish
 from infergate.server.predecode import pack_outputs
@@ -46,10 +47,33 @@ def _big(elements: int) -> dict[str, Array]:
     return {"y": np.random.default_rng(7).random((1, elements), dtype=np.float32)}
 
 
+class LoopSteps:
+    """Counts the event loop's steps while it is entered: a task of its own that takes
+    one each turn (how many other steps the loop took, counted, not timed)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _beat(self) -> None:
+        while True:
+            self.count += 1
+            await asyncio.sleep(0)
+
+    async def __aenter__(self) -> LoopSteps:
+        self._task = asyncio.create_task(self._beat())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
 def _one_go(outputs: dict[str, Array], request: DecodedRequest, monkeypatch: Any) -> bytes:
     """The answer as `encode_response` writes it in one go (however large)."""
     with monkeypatch.context() as patched:
-        patched.setattr(codec, "AT_ONCE_BYTES", 1 << 62)
+        patched.setattr(encoding, "AT_ONCE_BYTES", 1 << 62)
         body, _ = encode_response("m", 1, outputs, request)
     return body
 
@@ -188,30 +212,18 @@ async def test_a_large_json_answer_is_encoded_while_the_loop_serves_others(
     """Steps of the loop counted by a task of its own from the worker's answer to the
     reply: encoded in one go (4 MB of FP32 as JSON, 11 MB of text), it takes a few;
     in slices, one or more a slice (32 here). Counted, not timed."""
-    turns = 0
-
-    async def heartbeat() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await asyncio.sleep(0)
-
-    beating = asyncio.create_task(heartbeat())
-    await asyncio.sleep(0)
     outputs = _big(1 << 20)
-    try:
+    async with LoopSteps() as steps:
         if way == "reply":
             task = await gateway.reply(_PLAIN, outputs)
-            answered = turns
+            answered = steps.count
             reply = await task
         else:
             given = await gateway.answer_now(_PLAIN, outputs)
-            answered = turns
+            answered = steps.count
             reply = await eventually(lambda: given[0] if given else None, what="the answer")
         assert reply is not None
-        during = turns - answered
-    finally:
-        beating.cancel()
+        during = steps.count - answered
     assert reply.status == 200
     assert reply.body == _one_go(outputs, decode_request(_BODY, None), monkeypatch)
     assert during >= 16, f"the loop took {during} other steps while 4 MB of JSON was encoded"
@@ -284,7 +296,7 @@ async def test_sliced_answers_are_byte_for_byte_those_of_one_go(
         request_id, {}, None, frozenset(names[binary]), binary == "by default", {}
     )
     with monkeypatch.context() as patched:
-        patched.setattr(codec, "AT_ONCE_BYTES", 1 << 62)
+        patched.setattr(encoding, "AT_ONCE_BYTES", 1 << 62)
         want = encode_response("mé", 7, outputs, request)
     with pytest.raises(LargeAnswer) as large:
         encode_response("mé", 7, outputs, request)
@@ -299,25 +311,14 @@ async def test_sliced_answers_are_byte_for_byte_those_of_one_go(
 async def test_a_string_longer_than_a_slice_is_encoded_in_pieces() -> None:
     """One 4 MB BYTES element as JSON (24 MB of text, each byte escaped): written in
     pieces, the loop taking other steps between them, not in one orjson call."""
-    turns = 0
-
-    async def heartbeat() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await asyncio.sleep(0)
-
     outputs = {"s": np.array([b"\x01" * (4 << 20)], dtype=object)}
     request = DecodedRequest(None, {}, None, frozenset(), False, {})
     with pytest.raises(LargeAnswer) as large:
         encode_response("m", 1, outputs, request)
-    beating = asyncio.create_task(heartbeat())
-    await asyncio.sleep(0)
-    try:
+    async with LoopSteps() as steps:
         pieces, _ = await encode_in_slices(*large.value.args)
-    finally:
-        beating.cancel()
     assert orjson.loads(b"".join(pieces))["outputs"][0]["data"] == ["\x01" * (4 << 20)]
+    turns = steps.count
     assert turns >= 16, f"the loop took {turns} other steps while 24 MB of JSON was written"
 
 

@@ -15,8 +15,9 @@ import orjson
 import pytest
 
 from infergate.client import encode_infer_request
-from infergate.server.codec import DecodedRequest, decode_request, encode_response
+from infergate.server.codec import DecodedRequest, decode_request
 from infergate.server.compression import compress_response
+from infergate.server.encoding import encode_response
 from infergate.server.front import EngineLink, ForwardRoute
 from infergate.server.infer_route import Reply
 from infergate.server.link import LinkProtocol, Message

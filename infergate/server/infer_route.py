@@ -29,14 +29,7 @@ from infergate.errors import BadRequest, CompressLater, InfergateError, LargeAns
 from infergate.metrics import Finished
 from infergate.server.access_log import TENANT_KEY
 from infergate.server.body import read_body
-from infergate.server.codec import (
-    Body,
-    DecodedRequest,
-    decode_request,
-    encode_response,
-    response_headers,
-    strings_limit,
-)
+from infergate.server.codec import Body, DecodedRequest, decode_request, strings_limit
 from infergate.server.compression import (
     MIN_BYTES,
     ON_LOOP_MAX_BYTES,
@@ -45,6 +38,7 @@ from infergate.server.compression import (
     encoded_as,
 )
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
+from infergate.server.encoding import encode_response, response_headers
 from infergate.server.errors import error_body, retry_after_header
 from infergate.server.infer_request import (
     HEADER_LENGTH,

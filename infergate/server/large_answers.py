@@ -5,7 +5,7 @@ of 0.9 s on the event loop, and gzip (asked for by tritonclient's aio client, ht
 browsers on every request) compressed it in 3 s more, while health checks and every other
 client waited. orjson and numpy's copies hold the GIL, so a thread would not help them;
 zlib and `bytes.join` let go of it. So an answer whose tensors hold more than
-codec.AT_ONCE_BYTES (codec.LargeAnswer) is encoded here in slices of about a millisecond,
+encoding.AT_ONCE_BYTES (LargeAnswer) is encoded here in slices of about a millisecond,
 the loop serving others between two, into pieces that a thread then joins or compresses
 (compression.CompressLater: a body too large to compress on the loop goes the same way).
 The answer is the same, byte for byte, as `encode_response` and `compress_response` give.
@@ -24,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 
 from infergate.engine.triton.shared_memory import SYSTEM_SHM, wants_shared_memory
-from infergate.server.codec import DecodedRequest, _json_data, _json_text
+from infergate.server.codec import DecodedRequest
 from infergate.server.compression import compress_pieces
+from infergate.server.encoding import _json_data, _json_text
 from infergate.tensors import Array, to_wire, v2_datatype
 
 # What one slice encodes: JSON numbers, a millisecond or so of orjson (32,768 FP32 numbers
@@ -76,7 +77,7 @@ def _slices(array: Array, slice_bytes: int) -> Iterator[tuple[int, Array]]:
 async def encode_in_slices(
     model: str, version: int, outputs: dict[str, Array], request: DecodedRequest
 ) -> tuple[list[bytes], int | None]:
-    """`codec.encode_response`'s answer as pieces to join (`finish`), and the JSON header
+    """`encoding.encode_response`'s answer as pieces to join (`finish`), and the JSON header
     length when binary outputs follow it. orjson writes JSON compactly, in the order of
     the keys, so the document is written as the pieces of what it writes in one go."""
     head = orjson.dumps({"model_name": model, "model_version": str(version)})

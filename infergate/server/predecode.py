@@ -28,15 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from infergate.server.codec import (
+from infergate.server.codec import DecodedRequest, decode_request
+from infergate.server.compression import MIN_BYTES, compress_response
+from infergate.server.encoding import (
     SMALL_OUTPUT_BYTES,
-    DecodedRequest,
-    decode_request,
     encode_response,
     large_answer,
     response_headers,
 )
-from infergate.server.compression import MIN_BYTES, compress_response
 from infergate.server.infer_request import HEADER_LENGTH
 from infergate.tensors import NUMPY_TO_V2, V2_TO_NUMPY, Array
 

@@ -210,11 +210,15 @@ class WorkerHandle:
                     call.fail(exc)
                 else:
                     call.succeed(outputs)
-            if call.on_reply is not None:
-                try:
-                    call.on_reply()
-                except Exception:  # a bug there must not stop this pipe being read
-                    log.exception("worker pid %s: reply hook failed", self.pid)
+            self._replied(call)
+
+    def _replied(self, call: _Call) -> None:
+        """The call's `on_reply`, now that its outputs are out of the arena."""
+        if call.on_reply is not None:
+            try:
+                call.on_reply()
+            except Exception:  # a bug there must not stop this pipe being read
+                log.exception("worker pid %s: reply hook failed", self.pid)
 
     def _copy_off_loop(self, call: _Call, reply: InferDone) -> None:
         """Large outputs copied out of the arena on a thread (numpy's copy lets go of the
@@ -242,11 +246,7 @@ class WorkerHandle:
                 call.succeed(job.result())
             else:
                 call.fail(error)
-        if call.on_reply is not None:
-            try:
-                call.on_reply()
-            except Exception:  # a bug there must not stop this worker being used
-                log.exception("worker pid %s: reply hook failed", self.pid)
+        self._replied(call)
 
     def _close_arenas(self) -> None:
         """Close both arenas, or once the copy out of them that runs is done."""
