@@ -225,10 +225,10 @@ def test_bs_failing_request_does_not_fail_as_request_in_its_batch(
 def test_bs_crashing_request_does_not_fail_as_request_in_its_batch(
     server: ServerProcess, gates: Path
 ) -> None:
-    """A's and B's requests run as one batch, and B's input ends the worker process. The
-    retry on the sibling runs each request alone: B's does not take A's down a second
-    time, and A gets its answer. Before, both were retried as one batch again, killing the
-    sibling too, and A got 503."""
+    """A's and B's requests run as one batch, and B's input ends the worker process. Each
+    runs again alone, on that instance once restarted (not on the sibling, which serves
+    others): B's does not take A's down a second time, and A gets its answer. Before, both
+    were retried as one batch again, killing the sibling too, and A got 503."""
     sent = Background()
     holders = [
         sent.send(partial(post, server, "crashing", BOB, scripted_inputs(hold=gate, crash=0)))

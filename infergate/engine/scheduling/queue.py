@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, NamedTuple, TypeVar
 
@@ -155,6 +155,17 @@ class JobQueue(Generic[T]):
             for *_, job in sorted(heap):
                 if not job.removed:
                     yield job
+
+    def unpin(self, instance: int, which: Callable[[Job[T]], bool]) -> int:
+        """Let the waiting jobs pinned to `instance` for which `which` holds run on any
+        instance; how many there were."""
+        freed = 0
+        for job in self._live():
+            if job.pin == instance and which(job):
+                job.pin = None
+                freed += 1
+        self._pinned -= freed
+        return freed
 
     def admit(self, jobs: list[Job[T]], force: bool = False) -> list[Job[T]]:
         """Queue `jobs` (all of one request, so one class); returns jobs shed for room.

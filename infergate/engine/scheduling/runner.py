@@ -6,9 +6,11 @@ One tenant's request must not fail another's by sharing its batch. A batch that 
 request's data broke (the model raised) runs again request by request; so does a batch
 whose worker ran past its timeout or was killed for its memory, when it held more than one
 request: alone, only the request that did it times out or is killed again. A worker that
-died otherwise (a crash) gives each of its requests one more try, alone, on a sibling or,
-with none ready, on its own instance once restarted. Each request gets one such try at
-most (a hostile flood cannot loop), within a deadline of its own.
+died otherwise (a crash) gives each of its requests one more try, alone: a lone request's
+on a sibling or, with none ready, on its own instance once restarted; where tenants are
+named, a batch's of several only on the instance it ended, once restarted, since one of
+them may end a worker again and a sibling serves the other tenants. Each request gets one
+such try at most (a hostile flood cannot loop), within a deadline of its own.
 
 Nor slow another's, or fail it, in the breaker's eyes: a batch that several tenants'
 requests shared tells each caller, with its answer or its error, whose requests they were
@@ -291,7 +293,14 @@ class BatchRunner:
     ) -> None:
         """A batch whose worker died, was killed for its memory, or ran past its timeout
         (and was killed). Inference is idempotent: its requests get one more try, each
-        alone, on a sibling or, with none ready, on the instance once it is restarted.
+        alone. A lone request's runs on a sibling or, with none ready, on the instance
+        once it is restarted. A batch of several held a request that may end a worker
+        again (poison data, a slow or large input), and with tenants named, a sibling's
+        work is other tenants': they run on the instance they ended, once it is restarted
+        (on any, if it fails for good: `Scheduler._instance_failed`). Those whose patience
+        runs out first get the batch's error, as every caller of a batch that crashed did
+        before retries. With no tenant named, nobody is to be kept from anybody: they run
+        on whichever instance is free first.
         After a crash every request gets it (a lone one too): chance, or its data, ended
         the worker. Memory and time are what the batch took: a lone request took them
         itself and gets the error, while the requests of a batch of several run again
@@ -318,6 +327,9 @@ class BatchRunner:
             again = ended.on_ended_by(jobs[0].fair.tenant, _how(exc)) and again
         if again and (self.stopped or all(i.state in _GONE for i in self._instances)):
             again = False
+        where = None  # on whichever instance is free first
+        if not lone and ended is not None and ended.state not in _GONE and _named(jobs):
+            where = ended.index
         now = self._clock.now()
         retried = 0
         for job in jobs:
@@ -337,7 +349,7 @@ class BatchRunner:
                 now + patience,
                 job.rows,
                 None,  # alone
-                None,  # on whichever instance is free first
+                where,
                 job.fair,
                 job.group,
             )
@@ -345,6 +357,11 @@ class BatchRunner:
             retried += 1
         if retried:
             self._metrics.child(self._metrics.retries, self.name).inc(retried)
+
+
+def _named(jobs: list[Job[Work]]) -> bool:
+    """Whether `jobs` name a tenant (with none configured, none does)."""
+    return any(job.fair.tenant is not None for job in jobs)
 
 
 def _shared(jobs: list[Job[Work]]) -> frozenset[Hashable] | None:

@@ -74,7 +74,7 @@ class Scheduler:
         self._batches: set[asyncio.Task[None]] = set()  # awaited by no caller: kept alive here
         for instance in instances:  # one back from a restart may take what waits for it
             instance.on_ready = partial(self._instance_freed, True)
-            instance.on_failed = self._instance_failed
+            instance.on_failed = partial(self._instance_failed, instance.index)
 
     def depth_by_class(self) -> dict[str, int]:
         return self._queue.depth_by_class()
@@ -99,11 +99,14 @@ class Scheduler:
         for job in self._queue.clear():  # a started request's chunks too: none will run
             job.payload.ticket.fail(error)
 
-    def _instance_failed(self) -> None:
-        """An instance failed, and is not restarted: when no instance is left that could
-        come back, nothing queued can ever run (a request waiting for a restart to run
-        again, a started request's chunks, which never expire): it fails now, with why."""
+    def _instance_failed(self, index: int) -> None:
+        """An instance failed, and is not restarted: the work that was to run again on it
+        alone (runner.py) may run on any other. When no instance is left that could come
+        back, nothing queued can ever run (a request waiting for a restart to run again, a
+        started request's chunks, which never expire): it fails now, with why."""
         if any(i.state not in ("failed", "stopped") for i in self._instances):
+            if self._queue.unpin(index, _runs_anywhere):
+                self._pump()
             return
         reason = readiness.first_reason(self._instances)
         error = readiness.not_ready_error(self.name, self.version, "failed", reason)
@@ -378,3 +381,10 @@ class _Alarm:
 def _wake(waiter: asyncio.Future[None] | None) -> None:
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
+
+
+def _runs_anywhere(job: Job[Work]) -> bool:
+    """Whether `job` may run on another instance than the one it is pinned to: a retry's
+    may (a sequence's is bound to its instance's state; a session's stays pinned, and
+    waits for it)."""
+    return job.payload.retried and not job.payload.bound
