@@ -30,6 +30,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from infergate.server.access_log import log, log_request, request_id
 from infergate.server.drain import NEW_REQUEST, OUT_OF_TIME, Drain, shutting_down
+from infergate.server.http_protocol import JOIN_AT_MOST
 from infergate.server.infer_route import INFER_PATH, Reply, internal_error
 
 if TYPE_CHECKING:
@@ -366,8 +367,13 @@ class LaneCycle:
             self.keep_alive = False
         elif not self.keep_alive:
             parts.append(_CLOSE)
-        parts += (b"\r\n", body)
-        transport.write(b"".join(parts))
+        if len(body) > JOIN_AT_MOST:  # its head first: a join would copy it on the loop
+            parts.append(b"\r\n")
+            transport.write(b"".join(parts))
+            transport.write(body)
+        else:
+            parts += (b"\r\n", body)
+            transport.write(b"".join(parts))
         self.response_complete = True
         if not self.keep_alive:
             transport.close()
