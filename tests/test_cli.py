@@ -142,6 +142,26 @@ def test_infer_output_with_a_request_on_stdin_is_a_usage_error(server: ServerPro
     assert [(o["name"], o["data"]) for o in json.loads(out)["outputs"]] == [("label", [7])]
 
 
+@pytest.mark.parametrize("flag", ["--binary", "--no-binary"])
+def test_infer_binary_with_a_request_on_stdin_is_a_usage_error(
+    server: ServerProcess, flag: str
+) -> None:
+    """`infer MODEL - --no-binary` was silently ignored: the request on stdin is sent as
+    it is, so a flag about how to send tensors says so and does nothing."""
+    request = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]}
+    result = runner.invoke(
+        app, ["infer", "mlp", "-", flag, "--url", server.url], input=json.dumps(request)
+    )
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: --binary/--no-binary does not apply to a request on stdin, which is sent as "
+        "it is: drop the flag, or give the inputs as NAME=FILE\n"
+    )
+    code, out = run("infer", "mlp", "x=[[1,2,3,4]]", flag, "--url", server.url, "--json")
+    assert code == 0, out  # with inputs given, either way works
+    assert json.loads(out)["outputs"][0]["shape"] == [1, 3]
+
+
 def test_infer_help_examples_run_as_written(
     server: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:

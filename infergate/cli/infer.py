@@ -193,7 +193,13 @@ def infer(
         ),
     ] = None,
     save: Annotated[Path | None, typer.Option(help="Write each output to DIR/NAME.npy")] = None,
-    binary: Annotated[bool, typer.Option(help="Send tensors as binary data")] = True,
+    binary: Annotated[
+        bool | None,
+        typer.Option(
+            help="Send tensors as binary data [default: binary] (not with -, sent as it is)",
+            show_default=False,
+        ),
+    ] = None,
     url: UrlOption = None,
     token: TokenOption = None,
     json: JsonOption = False,
@@ -218,9 +224,16 @@ def infer(
             EXIT_USAGE,
             json,
         )
+    if items == ["-"] and binary is not None:
+        fail(
+            "--binary/--no-binary does not apply to a request on stdin, which is sent as it "
+            "is: drop the flag, or give the inputs as NAME=FILE",
+            EXIT_USAGE,
+            json,
+        )
     try:
         with client(url, token, json) as c:
-            response = _run(c, model, items, version, output, binary)
+            response = _run(c, model, items, version, output, binary is not False)
     except ClientError as exc:
         fail_client(exc, json)
     with answer_of(url, json):
