@@ -53,6 +53,11 @@ class Instance:
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._stable_after_s = stable_after_s
+        # For `back_in_s`: the backoff the next restart waits, when the worker came up
+        # last, and how long its start and load took.
+        self._backoff = backoff_initial_s
+        self._up_since: float | None = None
+        self._load_s = 0.0
         self._stopping = False
         self._kills: list[float] = []
         # A batch is on the worker (the runner says so): a memory kill now is that batch's
@@ -140,13 +145,24 @@ class Instance:
         )
         self.reason = f"{why}; retrying"
 
+    def back_in_s(self) -> float:
+        """About how long a worker of this instance that died now would take to be ready
+        again (at most: the backoff's jitter included), by its last start."""
+        backoff = self._backoff
+        up_since = self._up_since
+        if up_since is not None and self._clock.now() - up_since >= self._stable_after_s:
+            backoff = self._backoff_initial_s  # (as `_keep_alive` will find)
+        return backoff * 1.25 + self._load_s
+
     async def _keep_alive(self) -> None:
-        backoff = self._backoff_initial_s
+        backoff = self._backoff = self._backoff_initial_s
         ever_ready = False
         first_try = self._clock.now()
         while not self._stopping:
             try:
+                starting = self._clock.now()
                 handle, ready = await self._start()
+                self._load_s = self._clock.now() - starting
             except WorkerStartError as exc:
                 self._start_failed(exc, backoff)
                 if not ever_ready and self._clock.now() - first_try >= self._load_timeout_s:
@@ -158,7 +174,7 @@ class Instance:
                     )
                     return
                 await self._pause(backoff, "restarting" if ever_ready else "loading")
-                backoff = min(backoff * 2, self._backoff_max_s)
+                backoff = self._backoff = min(backoff * 2, self._backoff_max_s)
                 continue
             except WorkerLoadError as exc:
                 failed = self.handle
@@ -179,12 +195,12 @@ class Instance:
                     self._context.devices.assign(self.ready_info.pid, self.placement.device)
                 self._settled.set()
                 self.on_ready()
-                up_since = self._clock.now()
+                up_since = self._up_since = self._clock.now()
                 await handle.exited
                 if self._stopping:
                     break
                 if self._clock.now() - up_since >= self._stable_after_s:
-                    backoff = self._backoff_initial_s
+                    backoff = self._backoff = self._backoff_initial_s
                 self.reason = handle.death_reason
                 if handle.over_memory and not self._killed_running and self._too_many_kills():
                     return
@@ -198,7 +214,7 @@ class Instance:
                 )
             self.restarts += 1
             await self._pause(backoff, "restarting")
-            backoff = min(backoff * 2, self._backoff_max_s)
+            backoff = self._backoff = min(backoff * 2, self._backoff_max_s)
         self.state = "stopped"
 
     async def _pause(self, backoff: float, state: InstanceState) -> None:

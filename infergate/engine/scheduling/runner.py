@@ -8,9 +8,10 @@ whose worker ran past its timeout or was killed for its memory, when it held mor
 request: alone, only the request that did it times out or is killed again. A worker that
 died otherwise (a crash) gives each of its requests one more try, alone: a lone request's
 on a sibling or, with none ready, on its own instance once restarted; where tenants are
-named, a batch's of several only on the instance it ended, once restarted, since one of
-them may end a worker again and a sibling serves the other tenants. Each request gets one
-such try at most (a hostile flood cannot loop), within a deadline of its own.
+named, a batch's of several on the instance it ended, once restarted, when they can wait
+for it, since one of them may end a worker again and a sibling serves the other tenants.
+Each request gets one such try at most (a hostile flood cannot loop), within a deadline of
+its own.
 
 Nor slow another's, or fail it, in the breaker's eyes: a batch that several tenants'
 requests shared tells each caller, with its answer or its error, whose requests they were
@@ -296,11 +297,12 @@ class BatchRunner:
         alone. A lone request's runs on a sibling or, with none ready, on the instance
         once it is restarted. A batch of several held a request that may end a worker
         again (poison data, a slow or large input), and with tenants named, a sibling's
-        work is other tenants': they run on the instance they ended, once it is restarted
-        (on any, if it fails for good: `Scheduler._instance_failed`). Those whose patience
-        runs out first get the batch's error, as every caller of a batch that crashed did
-        before retries. With no tenant named, nobody is to be kept from anybody: they run
-        on whichever instance is free first.
+        work is other tenants': each whose patience covers the restart (`back_in_s`) runs
+        on the instance they ended, once it is back, until the request that ends it again
+        alone is found (then the others may go anywhere: `may_move`), or that instance
+        fails for good (`Scheduler._instance_failed`). One that cannot wait so long takes
+        a sibling, as with no tenant named (nobody to keep from anybody): failing an
+        innocent request to spare a worker's restart would be the worse trade.
         After a crash every request gets it (a lone one too): chance, or its data, ended
         the worker. Memory and time are what the batch took: a lone request took them
         itself and gets the error, while the requests of a batch of several run again
@@ -327,9 +329,13 @@ class BatchRunner:
             again = ended.on_ended_by(jobs[0].fair.tenant, _how(exc)) and again
         if again and (self.stopped or all(i.state in _GONE for i in self._instances)):
             again = False
-        where = None  # on whichever instance is free first
-        if not lone and ended is not None and ended.state not in _GONE and _named(jobs):
-            where = ended.index
+        stay = None  # the instance a retry of this batch waits for, when it can
+        back_in = 0.0
+        if ended is not None and not self.stopped:
+            if not lone and ended.state not in _GONE and _named(jobs):
+                stay, back_in = ended.index, ended.back_in_s()
+            elif lone:  # the request that ended it was found: what waits for it may move
+                self._queue.unpin(ended.index, may_move)
         now = self._clock.now()
         retried = 0
         for job in jobs:
@@ -342,6 +348,7 @@ class BatchRunner:
             work.retried = True
             work.failed_with = exc
             patience = job.deadline - job.arrival
+            where = stay if patience >= back_in else None  # (None: whichever is free first)
             alone = Job(
                 work,
                 job.cls,
@@ -357,6 +364,13 @@ class BatchRunner:
             retried += 1
         if retried:
             self._metrics.child(self._metrics.retries, self.name).inc(retried)
+
+
+def may_move(job: Job[Work]) -> bool:
+    """Whether a waiting `job` may leave the instance it is pinned to for another: a
+    retry's may (a sequence's is bound to its instance's state; a session's keeps to its
+    instance while that one can come back)."""
+    return job.payload.retried and not job.payload.bound
 
 
 def _named(jobs: list[Job[Work]]) -> bool:

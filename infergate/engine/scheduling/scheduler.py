@@ -34,7 +34,7 @@ from infergate.engine.scheduling.queue import (
     QueueFull,
     QueuePolicy,
 )
-from infergate.engine.scheduling.runner import Batch, BatchRunner
+from infergate.engine.scheduling.runner import Batch, BatchRunner, may_move
 from infergate.engine.scheduling.tickets import Answer, Ticket, Work
 from infergate.engine.triton.stats import VersionStats
 from infergate.metrics import Metrics
@@ -105,7 +105,7 @@ class Scheduler:
         back, nothing queued can ever run (a request waiting for a restart to run again, a
         started request's chunks, which never expire): it fails now, with why."""
         if any(i.state not in ("failed", "stopped") for i in self._instances):
-            if self._queue.unpin(index, _runs_anywhere):
+            if self._queue.unpin(index, may_move):
                 self._pump()
             return
         reason = readiness.first_reason(self._instances)
@@ -381,10 +381,3 @@ class _Alarm:
 def _wake(waiter: asyncio.Future[None] | None) -> None:
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
-
-
-def _runs_anywhere(job: Job[Work]) -> bool:
-    """Whether `job` may run on another instance than the one it is pinned to: a retry's
-    may (a sequence's is bound to its instance's state; a session's stays pinned, and
-    waits for it)."""
-    return job.payload.retried and not job.payload.bound
