@@ -62,7 +62,7 @@ def send(
 class Crashed(NamedTuple):
     good: Sent  # x = 1
     bad: Sent  # x = 2: it ends a worker again, alone
-    index: int  # the instance whose worker the batch ended
+    ended: int  # the instance whose worker the batch ended
     sibling: FakeWorker  # the other instance's worker, free when the batch ended
 
 
@@ -113,7 +113,7 @@ async def test_a_crashed_batch_of_tenants_runs_again_where_it_crashed(two: Serve
     for what in ("Alice's, alone", "Bob's, alone"):
         call = await two.workers.next_call(what=what)
         assert call.rows == 1
-        assert call.worker is two.worker(crashed.index)  # restarted
+        assert call.worker is two.worker(crashed.ended)  # restarted
         assert is_bad(call) == (what == "Bob's, alone")
         if is_bad(call):
             call.worker.end("was killed by signal 11")
@@ -136,7 +136,7 @@ async def test_once_the_request_that_ends_it_is_found_the_others_take_a_sibling(
     crashed = await crashed_batch(two, "alice", "bob", holders_of="alice")
     call = await two.workers.next_call(what="Bob's, alone")
     assert is_bad(call)
-    assert call.worker is two.worker(crashed.index)
+    assert call.worker is two.worker(crashed.ended)
     call.worker.end("was killed by signal 11")
     call = await two.workers.next_call(what="Alice's, on the sibling")
     assert call.worker is crashed.sibling
@@ -186,4 +186,4 @@ async def test_work_held_for_an_instance_that_fails_for_good_runs_on_a_sibling(
         assert call.worker is crashed.sibling
         call.reply()
     await asyncio.gather(crashed.good, crashed.bad)
-    assert two.instances[crashed.index].state == "failed"
+    assert two.instances[crashed.ended].state == "failed"
