@@ -32,7 +32,7 @@ from infergate.settings.profile_sections import (
     ServerSection,
     TenantSection,
 )
-from infergate.settings.table import Table, load_toml
+from infergate.settings.table import MAX_PROFILE_BYTES, Table, load_toml
 
 DEFAULT_PROFILE = Path("profiles/default.toml")
 _SERVER = ServerSection()  # the declared defaults (infergate/settings/profile_sections.py)
@@ -222,7 +222,7 @@ def load_profile(path: Path | None) -> Profile:
         path = DEFAULT_PROFILE
     if not path.exists():
         raise ConfigError(f"profile {path} does not exist; pass --profile FILE or create it")
-    root = Table(load_toml(path), path)
+    root = Table(load_toml(path, MAX_PROFILE_BYTES), path)
     server = _server(root.table("server"), path)
     classes = _classes(root.table("classes"))
     breaker, breaker_models = breaker_section(root.table("breaker"))

@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -170,3 +173,51 @@ def test_fifo_signatures_fail_and_do_not_block_shutdown(tmp_path: Path) -> None:
         proc.process.wait(timeout=30)
         assert time.monotonic() - started < 10
         proc.stop()
+
+
+def test_a_store_is_swept_only_when_no_process_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway sweeps the stores that killed gateways left behind. A live gateway in
+    another PID namespace sharing /tmp has a pid this one cannot see: its store was swept
+    by pid, and its next worker restart found no model file (503 until restarted). Now a
+    store is an orphan only when no process holds its lock, whatever its name says."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / "infergate-verified-999999999-dead"  # a pid nobody has
+    foreign = tmp_path / "infergate-verified-999999998-foreign"  # ... but held
+    for folder in (dead, foreign):
+        folder.mkdir()
+        (folder / "model.onnx").write_bytes(b"bytes")
+    holder = subprocess.Popen(  # another process, as another namespace's gateway
+        [sys.executable, "-c", HOLD_A_LOCK, str(foreign)], stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"held\n"
+        store = VerifiedStore()
+        try:
+            root = store.root  # made here: the sweep runs first
+            assert not dead.exists()
+            assert (foreign / "model.onnx").exists()
+            other = VerifiedStore()
+            assert other.root != root
+            assert root.exists()  # this store is held by its own gateway, alive
+            other.close()
+        finally:
+            store.close()
+    finally:
+        holder.kill()
+        holder.communicate()  # (and its pipe closed)
+    last = VerifiedStore()
+    assert last.root.exists()  # its holder gone, the foreign store is swept this time
+    last.close()
+    assert not foreign.exists()
+
+
+HOLD_A_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("held", flush=True)
+time.sleep(60)
+"""

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from infergate.engine.repository.scan import is_ignored, scan_repository
-from infergate.engine.repository.spec import TensorSpec, VersionPolicy
+from infergate.engine.repository.spec import ModelEntry, TensorSpec, VersionPolicy
 from infergate.errors import ConfigError
+from infergate.profile import load_profile
 
 
 def touch(path: Path, text: str = "x") -> Path:
@@ -116,3 +119,50 @@ def test_version_policy(policy: VersionPolicy, served: list[int]) -> None:
 def test_missing_folder_says_how_to_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist; create it or pass --models"):
         scan_repository(tmp_path / "nope")
+
+
+def test_only_plain_version_numbers_are_versions(tmp_path: Path) -> None:
+    """A folder "²" passed str.isdigit and int() refused it: the model froze, "ready" with no
+    reason, and a new version never loaded. "١" (Arabic-Indic one) was read as version 1
+    and "01" is another "1": either replaced what 1/ held. A number past 64 bits served
+    and every admin view of every model answered 500. Each is now a folder like any other,
+    not a version."""
+    for name in ("1", "2", "²", "١", "01", "0", "99999999999999999999", "999999999999999999"):
+        touch(tmp_path / "m" / name / "model.onnx")
+    [entry] = scan_repository(tmp_path)
+    assert [v.version for v in entry.versions] == [1, 2, 999_999_999_999_999_999]
+    assert entry.versions[0].path == tmp_path / "m" / "1" / "model.onnx"
+    assert entry.problem is None
+
+
+def test_a_model_toml_that_is_no_plain_small_file_is_a_problem_not_a_hang(tmp_path: Path) -> None:
+    """model.toml was opened and read whole: a FIFO there blocked the thread that read it
+    for good (two of them took every file thread: no model loaded again, and the gateway
+    did not stop on SIGINT), and a 1.5 GB sparse one took 3 GB and stalled the gateway
+    6 s. Each is now the model's problem, named, read no further than 1 MiB."""
+    for name in ("fifo", "big", "deep", "binary"):
+        touch(tmp_path / name / "1" / "model.onnx")
+    os.mkfifo(tmp_path / "fifo" / "model.toml")
+    with (tmp_path / "big" / "model.toml").open("wb") as f:
+        f.truncate(3 << 29)  # 1.5 GB, sparse
+    (tmp_path / "deep" / "model.toml").write_text("a = " + "[" * 100_000 + "]" * 100_000)
+    (tmp_path / "binary" / "model.toml").write_bytes(b'runtime = "\xff"')
+    scanned: list[list[ModelEntry]] = []
+    scan = threading.Thread(target=lambda: scanned.append(scan_repository(tmp_path)))
+    scan.start()
+    scan.join(30)  # (a hang fails here instead of holding the suite)
+    assert not scan.is_alive(), "the scan is stuck on the FIFO"
+    problems = {e.name: e.problem or "" for e in scanned[0]}
+    assert "not a regular file" in problems["fifo"]
+    assert "larger than 1 MiB; it is not read" in problems["big"]
+    assert "not valid TOML: nested too deeply" in problems["deep"]
+    assert "not valid TOML: not UTF-8" in problems["binary"]
+
+
+def test_a_profile_nested_too_deeply_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    """One deeply nested edit raised RecursionError, which the profile's watcher did not
+    catch: it died without a word, and no later edit (a key revoked) ever applied."""
+    profile = tmp_path / "profile.toml"
+    profile.write_text("x = " + "{a = " * 50_000 + "1" + "}" * 50_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_profile(profile)

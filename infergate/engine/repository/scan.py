@@ -10,6 +10,11 @@ from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersi
 from infergate.engine.runtimes import model_suffixes, runtime_for
 from infergate.errors import ConfigError
 
+# A version folder's name: a whole number from 1, in ASCII digits, without leading zeros,
+# that fits a signed 64-bit integer as the V2 paths and Triton's statistics carry it
+# (str.isdigit takes "²", which int() refuses, and "١", which it reads as 1: another "1").
+_VERSION = re.compile(r"[1-9][0-9]{0,17}")
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -46,7 +51,7 @@ def _scan_folder(folder: Path) -> ModelEntry:
         return ModelEntry(name=name, config=config, versions=(remote,))
     versions: list[ModelVersionFile] = []
     for child in sorted(folder.iterdir()):
-        if not child.is_dir() or not child.name.isdigit() or int(child.name) <= 0:
+        if not child.is_dir() or not _VERSION.fullmatch(child.name):
             continue
         model_file = _model_file(child)
         if model_file is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -196,18 +197,31 @@ def check_digest(
 _STORE_PREFIX = "infergate-verified-"
 
 
+def _hold(folder: Path) -> int | None:
+    """An fd holding an exclusive BSD lock on the directory `folder` (None: another
+    process holds one). A store's gateway holds its store's for its life; the lock goes
+    with the process (however it ends), so a store nobody holds is an orphan. A pid would
+    not tell: one in another PID namespace sharing /tmp looks dead. systemd-tmpfiles
+    leaves a locked directory alone too (tmpfiles.d(5)), however old its files."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def _remove_orphans() -> None:
-    """Stores of gateways that were killed (so never removed theirs): their pid is gone."""
+    """Stores of gateways that were killed (so never removed theirs): nobody holds them."""
     for folder in Path(tempfile.gettempdir()).glob(f"{_STORE_PREFIX}*-*"):
-        pid = folder.name[len(_STORE_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit():
-            continue
         try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
+            fd = _hold(folder)
         except OSError:
-            continue  # alive, or not ours to signal
+            continue  # not a directory, or not ours to read
+        if fd is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            os.close(fd)
 
 
 class VerifiedStore:
@@ -220,6 +234,7 @@ class VerifiedStore:
 
     def __init__(self, root: Path | None = None) -> None:
         self._root = root
+        self._held: int | None = None  # the lock on a store made here (`_hold`)
         self._users: dict[Path, int] = {}
         self._lock = threading.Lock()
 
@@ -229,7 +244,9 @@ class VerifiedStore:
             if self._root is None:
                 _remove_orphans()
                 prefix = f"{_STORE_PREFIX}{os.getpid()}-"
-                self._root = Path(tempfile.mkdtemp(prefix=prefix))
+                root = Path(tempfile.mkdtemp(prefix=prefix))
+                self._held = _hold(root)  # (a directory just made: nobody else holds it)
+                self._root = root
             return self._root
 
     def admit(
@@ -281,6 +298,9 @@ class VerifiedStore:
     def close(self) -> None:
         with self._lock:
             root, self._root = self._root, None
+            held, self._held = self._held, None
             self._users.clear()
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
+        if held is not None:
+            os.close(held)
