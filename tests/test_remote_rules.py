@@ -19,8 +19,17 @@ from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
 from infergate.engine.remote.http1 import Http1Pool, Payload, Reply
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
+from infergate.engine.remote.served import verified_config
 from infergate.engine.repository.modelconfig import parse_model_config
 from infergate.engine.repository.scan import scan_model
+from infergate.engine.repository.verify import (
+    VerificationFailed,
+    VerifyPolicy,
+    generate_key,
+    load_private_key,
+    load_public_key,
+    sign_file,
+)
 from infergate.errors import (
     BrokenReply,
     ConfigError,
@@ -368,3 +377,30 @@ def test_upstream_headers_with_control_characters_are_not_passed_on() -> None:
         "x-other": "kept upstream only",
     }
     assert passed_on(headers) == [(b"inference-header-content-length", b"12")]
+
+
+REMOTE_TOML = 'runtime = "remote"\n[remote]\nendpoints = ["http://h:8000/"]\n'
+
+
+def test_with_signed_models_required_a_remote_model_s_toml_must_be_signed(tmp_path: Path) -> None:
+    """A remote model has no model file: its model.toml names the endpoints that serve.
+    With `require_signed_models`, anyone who could write to the repository turned a
+    signed model into a remote one at their own server by editing model.toml: it served
+    (200, the inputs sent to them) unsigned. Now that model.toml is verified as a model
+    file is, and what serves is what was verified."""
+    key_path = tmp_path / "team.key"
+    policy = VerifyPolicy(True, (load_public_key(generate_key(key_path)),))
+    toml = write(tmp_path / "m", REMOTE_TOML)
+    config = parse_model_config(toml)
+    with pytest.raises(VerificationFailed, match="is not signed and the profile requires"):
+        verified_config(toml, config, policy)
+    sign_file(toml, load_private_key(key_path))
+    assert verified_config(toml, config, policy) == hashlib.sha256(toml.read_bytes()).hexdigest()
+    assert verified_config(toml, config, VerifyPolicy()) == verified_config(toml, config, policy)
+    # Swapped after it was read: the endpoints read are not those verified.
+    toml.write_text(REMOTE_TOML.replace("h:8000", "evil:8000"))
+    with pytest.raises(VerificationFailed, match="does not verify against any trusted key"):
+        verified_config(toml, parse_model_config(toml), policy)
+    sign_file(toml, load_private_key(key_path))
+    with pytest.raises(VerificationFailed, match="changed while it was verified"):
+        verified_config(toml, config, policy)

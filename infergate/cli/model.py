@@ -248,7 +248,9 @@ def keygen(
     "sign", epilog=example("infergate model sign models/digits/1/model.onnx --key signing.key")
 )
 def sign(
-    file: Annotated[Path, typer.Argument(help="Model file to sign")],
+    file: Annotated[
+        Path, typer.Argument(help="Model file to sign (a remote model's: its model.toml)")
+    ],
     key: Annotated[Path, typer.Option("--key", help="Private key from infergate model keygen")],
     json: JsonOption = False,
 ) -> None:

@@ -32,6 +32,11 @@ MAX_PROFILE_BYTES = 16 << 20
 def load_toml(path: Path, max_bytes: int = MAX_TOML_BYTES) -> dict[str, Any]:
     """The TOML document at `path`: a regular file (a FIFO would block the reading thread
     for good, a device never end) of at most `max_bytes`."""
+    return parse_toml(path, read_toml(path, max_bytes))
+
+
+def read_toml(path: Path, max_bytes: int = MAX_TOML_BYTES) -> bytes:
+    """The bytes of the TOML file at `path`, as `load_toml` reads them."""
     try:
         # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -42,21 +47,27 @@ def load_toml(path: Path, max_bytes: int = MAX_TOML_BYTES) -> dict[str, Any]:
                     "there (a symlink to a regular file is fine)"
                 )
             os.set_blocking(fd, True)
-            text = f.read(max_bytes + 1)
-        if len(text) > max_bytes:
-            raise ConfigError(
-                f"{path}: larger than {max_bytes >> 20} MiB; it is not read. Hint: is this "
-                "the right file?"
-            )
-        return tomllib.loads(text.decode())
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(data) > max_bytes:
+        raise ConfigError(
+            f"{path}: larger than {max_bytes >> 20} MiB; it is not read. Hint: is this the "
+            "right file?"
+        )
+    return data
+
+
+def parse_toml(path: Path, data: bytes) -> dict[str, Any]:
+    """`data`, read from `path`, as a TOML document."""
+    try:
+        return tomllib.loads(data.decode())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: not UTF-8 ({exc.reason})") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
 
 
 class Table:

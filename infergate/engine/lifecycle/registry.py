@@ -18,7 +18,7 @@ from infergate.engine.context import EngineContext
 from infergate.engine.lifecycle import version_breaker
 from infergate.engine.lifecycle.instance import Instance
 from infergate.engine.lifecycle.served import ServedVersion
-from infergate.engine.remote.served import REMOTE, RemoteServedVersion, file_digest
+from infergate.engine.remote.served import REMOTE, RemoteServedVersion, verified_config
 from infergate.engine.repository.config_override import ConfigOverrides
 from infergate.engine.repository.scan import model_names, scan_model
 from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersionFile
@@ -216,7 +216,7 @@ class Registry:
             remote = file.runtime == REMOTE
             try:
                 if remote:  # no model file: model.toml's digest names what serves
-                    sha = await self._off_loop(file_digest, file.path)
+                    sha = await self._off_loop(verified_config, file.path, entry.config, policy)
                 else:
                     sha = await self._off_loop(verify_file, file.path, pin, policy)
                 current = record.versions.get(file.version)

@@ -23,19 +23,34 @@ from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.http1 import Payload
 from infergate.engine.remote.metrics import remote_metrics
-from infergate.engine.repository.spec import ModelEntry, ModelVersionFile, TensorSpec
+from infergate.engine.repository.modelconfig import parse_model_config
+from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersionFile, TensorSpec
+from infergate.engine.repository.verify import VerificationFailed, VerifyPolicy, check_digest
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.scheduling.tickets import Answer, Timing
-from infergate.errors import InfergateError, MetadataError, ModelExecutionError
+from infergate.errors import ConfigError, InfergateError, MetadataError, ModelExecutionError
+from infergate.settings.table import read_toml
 from infergate.tensors import V2_TO_NUMPY, Array
 
 log = logging.getLogger("infergate.remote")
 REMOTE = "remote"
 
 
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def verified_config(path: Path, config: ModelConfig, policy: VerifyPolicy) -> str:
+    """The SHA256 of the model.toml at `path` that names a remote model, once its bytes
+    passed a model file's checks (the endpoints it names are what serves: with signed
+    models required, it must be signed as a model file is) and parse to `config`, the
+    configuration that is to serve (else it changed since it was read: read again)."""
+    try:
+        data = read_toml(path)
+        sha = hashlib.sha256(data).hexdigest()
+        check_digest(path, sha, None, policy)
+        if parse_model_config(path, data) != config:
+            raise VerificationFailed(f"{path} changed while it was verified; it is read again")
+    except ConfigError as exc:
+        raise VerificationFailed(str(exc)) from None
+    return sha
 
 
 def _tensors(doc: dict[str, Any], kind: str) -> tuple[TensorSpec, ...]:

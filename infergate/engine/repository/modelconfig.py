@@ -28,7 +28,7 @@ from infergate.settings.model_sections import (
     WarmupSection,
 )
 from infergate.settings.profile_sections import BatchingSection, BreakerSection
-from infergate.settings.table import Table, load_toml
+from infergate.settings.table import Table, load_toml, parse_toml
 
 
 def _tensor(table: Table) -> TensorSpec:
@@ -157,8 +157,9 @@ def _runtime(table: Table, runtime: str | None) -> str | None:
     return runtime
 
 
-def parse_model_config(path: Path) -> ModelConfig:
-    table = Table(load_toml(path), path)
+def parse_model_config(path: Path, data: bytes | None = None) -> ModelConfig:
+    """The model.toml at `path` (`data`: its bytes, already read)."""
+    table = Table(load_toml(path) if data is None else parse_toml(path, data), path)
     top = table.read(ModelSection, leave=(*_TABLES, "remote"))
     runtime = _runtime(table, top.runtime)
     config = ModelConfig(
