@@ -221,3 +221,18 @@ fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 print("held", flush=True)
 time.sleep(60)
 """
+
+
+def test_a_file_whose_copy_would_fill_the_disk_is_refused_before_copying(tmp_path: Path) -> None:
+    """A sparse file takes no room in the repository and all of its size as a copy: two
+    of 1 GB took 2 GB of /tmp, and one past the free space would fill the disk. It is
+    refused, naming the room there is, before a byte is copied."""
+    (tmp_path / "store").mkdir()
+    fs = os.statvfs(tmp_path)
+    model = tmp_path / "model.onnx"
+    with model.open("wb") as f:
+        f.truncate(fs.f_bavail * fs.f_frsize + (2 << 30))  # sparse: past what is free
+    store = VerifiedStore(tmp_path / "store")
+    with pytest.raises(VerificationFailed, match=r"GiB free \(1 GiB is kept free\)"):
+        store.admit(model, None, VerifyPolicy())
+    assert list((tmp_path / "store").iterdir()) == []  # nothing copied, nothing left

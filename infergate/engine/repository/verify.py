@@ -224,6 +224,25 @@ def _remove_orphans() -> None:
             os.close(fd)
 
 
+# What a copy leaves free on the store's file system, at least: a model file that would
+# fill it (a sparse 100 GB file takes no room in the repository, all of it as a copy) is
+# refused before a byte is copied, and the machine keeps room for its logs and the rest.
+STORE_RESERVE_BYTES = 1 << 30
+
+
+def _check_room(source: Path, size: int, fd: int) -> None:
+    """Refuse to copy `size` bytes of `source` to the file system of `fd` without room."""
+    fs = os.fstatvfs(fd)
+    free = fs.f_bavail * fs.f_frsize
+    if size > free - STORE_RESERVE_BYTES:
+        raise VerificationFailed(
+            f"{source} holds {size / 2**30:.1f} GiB, and the verified copies' file system has "
+            f"{free / 2**30:.1f} GiB free (1 GiB is kept free). Hint: free room in "
+            f"{tempfile.gettempdir()} or set TMPDIR to a larger file system; a file that "
+            "large but sparse is not a model"
+        )
+
+
 class VerifiedStore:
     """Read-only copies of verified model files, by content: `root/<sha256>/<file name>`.
 
@@ -259,6 +278,7 @@ class VerifiedStore:
         tmp = Path(tmp_name)
         try:
             with os.fdopen(open_regular(source), "rb") as src, os.fdopen(fd, "wb") as dst:
+                _check_room(source, os.fstat(src.fileno()).st_size, dst.fileno())
                 while chunk := src.read(_CHUNK):
                     digest.update(chunk)
                     dst.write(chunk)
