@@ -12,6 +12,7 @@ InfergateError                    500
 ├── RateLimited                   429  (reason: rate, concurrency)
 ├── ModelNotFound                 404  (unknown model or version, or unloaded)
 ├── TenantNotFound                404  (the admin API names no such tenant)
+├── TenantExists                  409  (the admin API adds a tenant that exists)
 ├── NoProfileFile                 409  (an admin change, but the server has no profile file)
 ├── ModelFailed                   424  (failed to load, or its runtime is missing)
 ├── PlacementRefused              507  (no device or quota room; the version fails with it)
@@ -160,6 +161,13 @@ class ModelNotFound(InfergateError):
 class TenantNotFound(InfergateError):
     status = 404
     reason = "tenant_not_found"
+
+
+class TenantExists(InfergateError):
+    """POST /admin/tenants names a tenant that exists: its keys are not replaced."""
+
+    status = 409
+    reason = "tenant_exists"
 
 
 class NoProfileFile(InfergateError):

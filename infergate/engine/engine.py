@@ -181,11 +181,11 @@ class Engine:
             for served in record.versions.values():
                 served.breaker.reconfigure(settings.breaker_policy(served.name, served.config))
 
-    async def load(self, name: str) -> ModelRecord:
-        """Load (or reload) `name` from disk, as Triton's repository API does."""
-        record = await self.registry.sync(name, explicit=True)
-        assert record is not None
-        return record
+    async def load(self, name: str, override: dict[str, Any] | None = None) -> str | None:
+        """Load (or reload) `name` from disk, as Triton's repository API does, with
+        `override` (a checked `parameters.config`; None: the files alone): None once it
+        serves, else why not (the override that serves stays). ModelNotFound for none."""
+        return await self.registry.load(name, override)
 
     async def unload(self, name: str) -> None:
         await self.registry.unload(name)

@@ -14,8 +14,17 @@ from tomlkit import TOMLDocument, table
 from infergate.engine.admission.tenants import hash_key, new_key
 from infergate.engine.engine import Engine
 from infergate.engine.snapshots import TenantView
-from infergate.errors import BadRequest, ConfigError, Forbidden, TenantNotFound, Unauthorized
+from infergate.errors import (
+    BadRequest,
+    ConfigError,
+    Forbidden,
+    PayloadTooLarge,
+    TenantExists,
+    TenantNotFound,
+    Unauthorized,
+)
 from infergate.profile_store import ProfileStore
+from infergate.server.body import read_body
 from infergate.server.codec import json_object
 from infergate.server.infer_request import api_key
 from infergate.server.routes import Guard, Routes
@@ -100,23 +109,54 @@ def check_not_from_a_browser_page(
         )
 
 
+# /admin and repository-control bodies are small JSON documents (a tenant, a breaker
+# policy, a load's config override, a shared-memory registration): max_request_mb, sized
+# for tensors, is far too much to buffer for them.
+ADMIN_BODY_BYTES = 1 << 20
+
+
+def _admin_body_too_big() -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"request body is over the {ADMIN_BODY_BYTES >> 20} MB limit of /admin and "
+        "repository requests (they take small JSON documents; max_request_mb is for "
+        "inference). Hint: send only the JSON document the route takes"
+    )
+
+
+async def _small_body(request: Request, headers: dict[bytes, bytes]) -> bytes:
+    """The body, read under ADMIN_BODY_BYTES (413 for a Content-Length over it before any
+    is read, and a chunked body is cut where it passes it)."""
+    try:
+        body = await read_body(headers, request.receive, ADMIN_BODY_BYTES)
+    except PayloadTooLarge:
+        raise _admin_body_too_big() from None
+    whole = bytes(body)  # (bytes already: read_body maps only bodies larger than this)
+    # Starlette's Request.body() answers what it cached here: the endpoint's read.
+    request._body = whole
+    return whole
+
+
+def _check_admin_key(engine: Engine, key: str | None) -> None:
+    if engine.context.tenants.is_admin(key):
+        return
+    if key is None:
+        raise Unauthorized(
+            "this endpoint needs the admin key (Authorization: Bearer "
+            "<key>). Hint: set INFERGATE_ADMIN_TOKEN for the CLI"
+        )
+    raise Forbidden(
+        "this key is not an admin key; /admin and the repository API need one of server.admin_keys"
+    )
+
+
 def admin_guard(engine: Engine) -> Guard:
     async def guard(request: Request) -> None:
         headers = {k.lower(): v for k, v in request.headers.raw}
-        body = b"" if request.method in _SAFE_METHODS else await request.body()
+        # The key first, from the headers alone: a caller without the admin key is refused
+        # before any of its body is read (else a keyless 1 GB POST cost 1 GB for its 401).
+        _check_admin_key(engine, api_key(headers))
+        body = b"" if request.method in _SAFE_METHODS else await _small_body(request, headers)
         check_not_from_a_browser_page(request.method, headers, body, request.url.path)
-        key = api_key(headers)
-        if engine.context.tenants.is_admin(key):
-            return
-        if key is None:
-            raise Unauthorized(
-                "this endpoint needs the admin key (Authorization: Bearer "
-                "<key>). Hint: set INFERGATE_ADMIN_TOKEN for the CLI"
-            )
-        raise Forbidden(
-            "this key is not an admin key; /admin and the repository API need "
-            "one of server.admin_keys"
-        )
 
     return guard
 
@@ -184,12 +224,17 @@ def admin_routes(engine: Engine, store: ProfileStore, guard: Guard) -> Routes:
         name = doc.pop("name", None)
         if not isinstance(name, str) or not name.isidentifier():
             raise BadRequest("give the tenant a 'name' (letters, digits and _)")
+        exists = TenantExists(f"tenant {name!r} exists; use PATCH /admin/tenants/{name}")
         if any(s.tenant.name == name for s in engine.tenant_views()):
-            raise BadRequest(f"tenant {name!r} exists; use PATCH /admin/tenants/{name}")
+            raise exists
         _check_fields(doc, "tenant", f"tenants.{name}.")
         key = new_key()
 
         def change(document: TOMLDocument) -> None:
+            # Asked again of the file, under the store's lock: concurrent adds of one name
+            # all pass the check above, and each would overwrite the last one's key.
+            if name in document.get("tenants", {}):
+                raise exists
             section = document.setdefault("tenants", table(is_super_table=True))
             entry = table()
             _set(entry, doc)

@@ -60,23 +60,19 @@ def config_routes(engine: Engine, guard: Guard) -> Routes:
         # never a path outside the repository
         name = check_model_name(request.path_params["name"])
         params = _load_parameters(name, await request.body())
-        overrides = engine.registry.overrides
-        previous = overrides.get(name)  # what serves was loaded with; kept if this fails
+        override = None  # as in Triton: a plain load goes back to the files
         if "config" in params:
             platform = None
             if engine.registry.has(name):
                 platform = _serving_platform(engine.model_view(name))
-            overrides.set(name, parse_override(name, params["config"], platform))
-        else:
-            overrides.set(name, None)  # as in Triton: a plain load goes back to the files
+            override = parse_override(name, params["config"], platform)
         try:
-            record = await engine.load(name)
+            # Set and judged under the model's lock: each load with its own override.
+            failed = await engine.load(name, override)
         except ModelNotFound as exc:
-            overrides.set(name, None)
             raise BadRequest(f"failed to load {name!r}: {exc}") from None
-        if record.problem or record.failures or record.state != "ready":
-            overrides.set(name, previous)  # its reason says what keeps serving
-            raise BadRequest(f"failed to load {name!r}: {record.reason}")
+        if failed is not None:
+            raise BadRequest(f"failed to load {name!r}: {failed}")
         return _json({})
 
     return routes

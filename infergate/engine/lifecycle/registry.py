@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from infergate.engine.context import EngineContext
 from infergate.engine.lifecycle import version_breaker
@@ -151,23 +151,47 @@ class Registry:
         """Bring `name` in line with disk. `explicit` (an API load) also reloads files that
         did not change, retries ones that failed, and lifts an unload."""
         async with self._locks[name]:
-            record = self._records.get(name)
-            if record is not None and record.unloaded and not explicit:
-                return record  # unloaded stays unloaded until someone loads it
-            entry = self.overrides.apply(await self._off_loop(scan_model, self.root, name))
-            if entry is None:
-                if record is not None:
-                    self._retire(record, list(record.versions), "its files were removed")
-                    del self._records[name]
-                    self._context.events.publish("model_removed", name, "files removed")
-                elif explicit:
-                    raise ModelNotFound(f"no model {name!r} in {self.root}")
-                return None
-            if record is None:
-                record = self._records[name] = ModelRecord(name)
-            record.unloaded = False
-            await self._sync_entry(record, entry, explicit)
-            return record
+            return await self._sync(name, explicit)
+
+    async def load(self, name: str, override: dict[str, Any] | None) -> str | None:
+        """An API load of `name` with its own config override (None: the files alone, as
+        in Triton): None once it serves, else why not. ModelNotFound for no such model.
+        The override is set, loaded and judged under the model's lock: set before it, a
+        concurrent load's override could be the one loaded, and its failure judged as
+        this load's. A failed load puts back the override that serves."""
+        async with self._locks[name]:
+            previous = self.overrides.get(name)
+            self.overrides.set(name, override)
+            try:
+                record = await self._sync(name, explicit=True)
+            except ModelNotFound:
+                self.overrides.set(name, None)
+                raise
+            assert record is not None  # (an explicit sync raises rather than answer None)
+            if record.problem or record.failures or record.state != "ready":
+                self.overrides.set(name, previous)  # its reason says what keeps serving
+                return record.reason or record.state
+            return None
+
+    async def _sync(self, name: str, explicit: bool) -> ModelRecord | None:
+        """`sync`, under the model's lock."""
+        record = self._records.get(name)
+        if record is not None and record.unloaded and not explicit:
+            return record  # unloaded stays unloaded until someone loads it
+        entry = self.overrides.apply(await self._off_loop(scan_model, self.root, name))
+        if entry is None:
+            if record is not None:
+                self._retire(record, list(record.versions), "its files were removed")
+                del self._records[name]
+                self._context.events.publish("model_removed", name, "files removed")
+            elif explicit:
+                raise ModelNotFound(f"no model {name!r} in {self.root}")
+            return None
+        if record is None:
+            record = self._records[name] = ModelRecord(name)
+        record.unloaded = False
+        await self._sync_entry(record, entry, explicit)
+        return record
 
     async def _sync_entry(self, record: ModelRecord, entry: ModelEntry, explicit: bool) -> None:
         record.entry = entry
