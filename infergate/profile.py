@@ -32,7 +32,7 @@ from infergate.settings.profile_sections import (
     ServerSection,
     TenantSection,
 )
-from infergate.settings.table import MAX_PROFILE_BYTES, Table, load_toml
+from infergate.settings.table import MAX_PROFILE_BYTES, Table, load_toml, parse_toml
 
 DEFAULT_PROFILE = Path("profiles/default.toml")
 _SERVER = ServerSection()  # the declared defaults (infergate/settings/profile_sections.py)
@@ -214,15 +214,17 @@ def _server(table: Table, path: Path) -> ServerSettings:
     return settings
 
 
-def load_profile(path: Path | None) -> Profile:
-    """Read a profile; None or a missing default gives the built-in defaults."""
+def load_profile(path: Path | None, data: bytes | None = None) -> Profile:
+    """Read a profile (`data`: its bytes, already read); None or a missing default gives
+    the built-in defaults."""
     if path is None:
         if not DEFAULT_PROFILE.exists():
             return Profile(source=None)
         path = DEFAULT_PROFILE
     if not path.exists():
         raise ConfigError(f"profile {path} does not exist; pass --profile FILE or create it")
-    root = Table(load_toml(path, MAX_PROFILE_BYTES), path)
+    document = load_toml(path, MAX_PROFILE_BYTES) if data is None else parse_toml(path, data)
+    root = Table(document, path)
     server = _server(root.table("server"), path)
     classes = _classes(root.table("classes"))
     breaker, breaker_models = breaker_section(root.table("breaker"))

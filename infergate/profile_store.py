@@ -31,24 +31,27 @@ from infergate.engine.cluster.settings import ClusterSettings
 from infergate.engine.engine import Engine
 from infergate.errors import BadRequest, ConfigError, NoProfileFile
 from infergate.profile import DeviceSettings, Profile, ServerSettings, load_profile
+from infergate.settings.table import MAX_PROFILE_BYTES, parse_toml, read_toml
 
 # (mtime, size, inode) of the file; None when it is missing
 Stamp = tuple[int, int, int] | None
 
 
-def _is_empty(path: Path) -> bool:
+def _is_empty(data: bytes) -> bool:
     """Nothing but blank lines and comments: an emptied file, not a profile."""
-    with path.open() as f:
-        return all(not line.strip() or line.lstrip().startswith("#") for line in f)
+    lines = data.decode(errors="replace").splitlines()
+    return all(not line.strip() or line.lstrip().startswith("#") for line in lines)
 
 
 def read_profile(path: Path) -> Profile:
-    """A profile for a live reload; an empty or missing file is refused (ConfigError)."""
+    """A profile for a live reload; an empty or missing file is refused (ConfigError), as
+    is one that is no regular file, too large, or not UTF-8 (read once, by `read_toml`)."""
     if not path.exists():
         raise ConfigError(f"profile {path} is missing")
-    if _is_empty(path):
+    data = read_toml(path, MAX_PROFILE_BYTES)
+    if _is_empty(data):
         raise ConfigError(f"profile {path} is empty")
-    return load_profile(path)
+    return load_profile(path, data)
 
 
 def _tightens(old: tuple[str, ...], new: tuple[str, ...]) -> bool:
@@ -215,7 +218,6 @@ class ProfileStore:
         path = self.path
         assert path is not None
         try:
-            text = path.read_text()
             mode = stat.S_IMODE(path.stat().st_mode)
         except FileNotFoundError:
             raise NoProfileFile(
@@ -223,7 +225,9 @@ class ProfileStore:
                 "it now would drop every setting and key it held). Hint: restore the file "
                 "(the server keeps serving the last good profile), then try again"
             ) from None
-        document = tomlkit.parse(text)
+        data = read_toml(path, MAX_PROFILE_BYTES)  # (no FIFO, nothing huge: ConfigError)
+        parse_toml(path, data)  # (nested too deeply, not UTF-8: ConfigError, as a reload's)
+        document = tomlkit.parse(data.decode())
         change(document)
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         # mkstemp answers an absolute name; the check reads the file by `path`'s form, as

@@ -185,7 +185,9 @@ def test_a_store_is_swept_only_when_no_process_holds_it(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = tmp_path / "infergate-verified-999999999-dead"  # a pid nobody has
     foreign = tmp_path / "infergate-verified-999999998-foreign"  # ... but held
-    for folder in (dead, foreign):
+    # An older gateway, which takes no lock, with a live pid: never swept while it lives.
+    older = tmp_path / f"infergate-verified-{os.getpid()}-older"
+    for folder in (dead, foreign, older):
         folder.mkdir()
         (folder / "model.onnx").write_bytes(b"bytes")
     holder = subprocess.Popen(  # another process, as another namespace's gateway
@@ -199,6 +201,8 @@ def test_a_store_is_swept_only_when_no_process_holds_it(
             root = store.root  # made here: the sweep runs first
             assert not dead.exists()
             assert (foreign / "model.onnx").exists()
+            assert (older / "model.onnx").exists()
+            assert not list(tmp_path.glob(".infergate-verified-*"))  # (its name while made)
             other = VerifiedStore()
             assert other.root != root
             assert root.exists()  # this store is held by its own gateway, alive
@@ -233,6 +237,32 @@ def test_a_file_whose_copy_would_fill_the_disk_is_refused_before_copying(tmp_pat
     with model.open("wb") as f:
         f.truncate(fs.f_bavail * fs.f_frsize + (2 << 30))  # sparse: past what is free
     store = VerifiedStore(tmp_path / "store")
-    with pytest.raises(VerificationFailed, match=r"GiB free \(1 GiB is kept free\)"):
+    with pytest.raises(VerificationFailed, match=r"MiB \(sparse\), and .* MiB is kept free"):
         store.admit(model, None, VerifyPolicy())
     assert list((tmp_path / "store").iterdir()) == []  # nothing copied, nothing left
+
+
+def test_a_small_file_system_keeps_a_share_free_not_a_gibibyte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a tmpfs /tmp of 512 MiB with 100 MiB free, a 1 GiB reserve refused every model,
+    a kilobyte too. The reserve is a twentieth of such a file system."""
+    (tmp_path / "store").mkdir()
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"a small model")
+    real = os.fstatvfs
+
+    def small(fd: int) -> os.statvfs_result:
+        fs = real(fd)
+        fields = list(fs)
+        fields[1], fields[2], fields[4] = 4096, 131_072, 25_600  # frsize, blocks, bavail
+        return os.statvfs_result(fields)
+
+    monkeypatch.setattr(os, "fstatvfs", small)
+    store = VerifiedStore(tmp_path / "store")
+    _, copy = store.admit(model, None, VerifyPolicy())
+    assert copy.read_bytes() == b"a small model"
+    with model.open("wb") as f:
+        f.truncate(90 << 20)  # 90 MiB of the 100 free: past what leaves 25.6 MiB
+    with pytest.raises(VerificationFailed, match="100 MiB free, of which 26 MiB is kept free"):
+        store.admit(model, None, VerifyPolicy())

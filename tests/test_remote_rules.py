@@ -20,6 +20,7 @@ from infergate.engine.remote.health import HealthChecks
 from infergate.engine.remote.http1 import Http1Pool, Payload, Reply
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.engine.remote.served import verified_config
+from infergate.engine.repository.config_override import ConfigOverrides
 from infergate.engine.repository.modelconfig import parse_model_config
 from infergate.engine.repository.scan import scan_model
 from infergate.engine.repository.verify import (
@@ -391,16 +392,40 @@ def test_with_signed_models_required_a_remote_model_s_toml_must_be_signed(tmp_pa
     key_path = tmp_path / "team.key"
     policy = VerifyPolicy(True, (load_public_key(generate_key(key_path)),))
     toml = write(tmp_path / "m", REMOTE_TOML)
-    config = parse_model_config(toml)
+
+    def scanned() -> str | None:
+        entry = scan_model(tmp_path, "m")
+        assert entry is not None
+        return entry.toml_sha256
+
     with pytest.raises(VerificationFailed, match="is not signed and the profile requires"):
-        verified_config(toml, config, policy)
+        verified_config(toml, scanned(), policy)
     sign_file(toml, load_private_key(key_path))
-    assert verified_config(toml, config, policy) == hashlib.sha256(toml.read_bytes()).hexdigest()
-    assert verified_config(toml, config, VerifyPolicy()) == verified_config(toml, config, policy)
-    # Swapped after it was read: the endpoints read are not those verified.
+    digest = hashlib.sha256(toml.read_bytes()).hexdigest()
+    assert verified_config(toml, scanned(), policy) == digest
+    assert verified_config(toml, scanned(), VerifyPolicy()) == digest
+    # Another model.toml, not signed by a trusted key: refused.
     toml.write_text(REMOTE_TOML.replace("h:8000", "evil:8000"))
     with pytest.raises(VerificationFailed, match="does not verify against any trusted key"):
-        verified_config(toml, parse_model_config(toml), policy)
+        verified_config(toml, scanned(), policy)
+    # Swapped for a signed one after the scan read it: what was read is not what verified.
+    before = scanned()
+    sign_file(toml, load_private_key(key_path))
+    toml.write_text(REMOTE_TOML)
     sign_file(toml, load_private_key(key_path))
     with pytest.raises(VerificationFailed, match="changed while it was verified"):
-        verified_config(toml, config, policy)
+        verified_config(toml, before, policy)
+
+
+def test_a_remote_model_loaded_with_a_config_override_still_verifies(tmp_path: Path) -> None:
+    """A load's `parameters.config` changes the configuration, not the model.toml that was
+    verified: its bytes' digest goes with the overridden entry (a comparison of the
+    configurations refused every such load as "changed while it was verified")."""
+    toml = write(tmp_path / "m", REMOTE_TOML)
+    overrides = ConfigOverrides()
+    overrides.set("m", {"max_batch_size": 8})
+    entry = overrides.apply(scan_model(tmp_path, "m"))
+    assert entry is not None
+    assert entry.config.batching.max_batch_size == 8
+    digest = hashlib.sha256(toml.read_bytes()).hexdigest()
+    assert verified_config(toml, entry.toml_sha256, VerifyPolicy()) == digest

@@ -12,6 +12,7 @@ from infergate.engine.repository.scan import is_ignored, scan_repository
 from infergate.engine.repository.spec import ModelEntry, TensorSpec, VersionPolicy
 from infergate.errors import ConfigError
 from infergate.profile import load_profile
+from infergate.profile_store import read_profile
 
 
 def touch(path: Path, text: str = "x") -> Path:
@@ -161,8 +162,30 @@ def test_a_model_toml_that_is_no_plain_small_file_is_a_problem_not_a_hang(tmp_pa
 
 def test_a_profile_nested_too_deeply_is_an_error_not_a_crash(tmp_path: Path) -> None:
     """One deeply nested edit raised RecursionError, which the profile's watcher did not
-    catch: it died without a word, and no later edit (a key revoked) ever applied."""
+    catch: it died without a word, and no later edit (a key revoked) ever applied. Its
+    live reload (`read_profile`) read the file first on its own: a FIFO blocked it (and
+    every admin edit behind its lock), a file not UTF-8 raised UnicodeDecodeError."""
     profile = tmp_path / "profile.toml"
     profile.write_text("x = " + "{a = " * 50_000 + "1" + "}" * 50_000)
     with pytest.raises(ConfigError, match="nested too deeply"):
         load_profile(profile)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        read_profile(profile)
+    profile.write_bytes(b"# caf\xe9\n[server]\n")
+    with pytest.raises(ConfigError, match="not valid TOML: not UTF-8"):
+        read_profile(profile)
+    profile.unlink()
+    os.mkfifo(profile)
+    read: list[BaseException] = []
+
+    def reload() -> None:
+        try:
+            read_profile(profile)
+        except ConfigError as exc:
+            read.append(exc)
+
+    thread = threading.Thread(target=reload)
+    thread.start()
+    thread.join(30)  # (a hang fails here instead of holding the suite)
+    assert not thread.is_alive(), "the reload is stuck on the FIFO"
+    assert "not a regular file" in str(read[0])

@@ -187,3 +187,45 @@ async def test_work_held_for_an_instance_that_fails_for_good_runs_on_a_sibling(
         call.reply()
     await asyncio.gather(crashed.good, crashed.bad)
     assert two.instances[crashed.ended].state == "failed"
+
+
+async def test_another_request_ending_the_instance_does_not_free_the_held_retries(
+    two: Served,
+) -> None:
+    """While Alice's and Bob's retries wait for their instance, Dave's request (of a
+    higher class, so taken first) ends it again alone: that says nothing of which of
+    theirs does it, so they keep waiting for it, and Bob's poison still never reaches the
+    sibling. Before, any lone death there let them all go anywhere."""
+    crashed = await crashed_batch(two, "alice", "bob")
+    carol = send(two, 0, "carol", key=None)  # takes the free sibling
+    dave = send(two, 5, "dave", key=None, cls=BURST)  # waits, ahead of the batch class
+    carols = await two.workers.next_call(what="Carol's on the sibling")
+    assert carols.worker is crashed.sibling
+    daves = (
+        await eventually(
+            lambda: [c for c in two.workers.pending() if c is not carols],
+            what="Dave's on the restarted worker",
+        )
+    )[0]
+    assert float(daves.inputs["x"][0, 0]) == 5.0
+    assert daves.worker is two.worker(crashed.ended)
+    daves.worker.end("was killed by signal 11")
+    carols.reply()
+    await carol
+    held = 2  # Alice's and Bob's; Dave's own retry (a lone death: chance) may go anywhere
+    while held:
+        call = await two.workers.next_call(what="the retries")
+        if float(call.inputs["x"][0, 0]) == 5.0:
+            call.reply()
+            continue
+        held -= 1
+        assert call.worker is not crashed.sibling
+        if is_bad(call):
+            call.worker.end("was killed by signal 11")
+        else:
+            call.reply()
+    await dave
+    await crashed.good
+    with pytest.raises(WorkerFailed):
+        await crashed.bad
+    assert crashed.sibling.alive

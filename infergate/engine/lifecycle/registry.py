@@ -240,7 +240,9 @@ class Registry:
             remote = file.runtime == REMOTE
             try:
                 if remote:  # no model file: model.toml's digest names what serves
-                    sha = await self._off_loop(verified_config, file.path, entry.config, policy)
+                    sha = await self._off_loop(
+                        verified_config, file.path, entry.toml_sha256, policy
+                    )
                 else:
                     sha = await self._off_loop(verify_file, file.path, pin, policy)
                 current = record.versions.get(file.version)

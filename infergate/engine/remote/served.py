@@ -23,8 +23,7 @@ from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.http1 import Payload
 from infergate.engine.remote.metrics import remote_metrics
-from infergate.engine.repository.modelconfig import parse_model_config
-from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersionFile, TensorSpec
+from infergate.engine.repository.spec import ModelEntry, ModelVersionFile, TensorSpec
 from infergate.engine.repository.verify import VerificationFailed, VerifyPolicy, check_digest
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness
@@ -37,19 +36,18 @@ log = logging.getLogger("infergate.remote")
 REMOTE = "remote"
 
 
-def verified_config(path: Path, config: ModelConfig, policy: VerifyPolicy) -> str:
+def verified_config(path: Path, scanned_sha256: str | None, policy: VerifyPolicy) -> str:
     """The SHA256 of the model.toml at `path` that names a remote model, once its bytes
     passed a model file's checks (the endpoints it names are what serves: with signed
-    models required, it must be signed as a model file is) and parse to `config`, the
-    configuration that is to serve (else it changed since it was read: read again)."""
+    models required, it must be signed as a model file is) and are the bytes the scan
+    parsed, `scanned_sha256` (else it changed since: it is read again)."""
     try:
-        data = read_toml(path)
-        sha = hashlib.sha256(data).hexdigest()
-        check_digest(path, sha, None, policy)
-        if parse_model_config(path, data) != config:
-            raise VerificationFailed(f"{path} changed while it was verified; it is read again")
+        sha = hashlib.sha256(read_toml(path)).hexdigest()
     except ConfigError as exc:
         raise VerificationFailed(str(exc)) from None
+    check_digest(path, sha, None, policy)
+    if sha != scanned_sha256:
+        raise VerificationFailed(f"{path} changed while it was verified; it is read again")
     return sha
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from infergate.engine.repository.modelconfig import parse_model_config
 from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersionFile
 from infergate.engine.runtimes import model_suffixes, runtime_for
 from infergate.errors import ConfigError
+from infergate.settings.table import read_toml
 
 # A version folder's name: a whole number from 1, in ASCII digits, without leading zeros,
 # that fits a signed 64-bit integer as the V2 paths and Triton's statistics carry it
@@ -39,16 +41,19 @@ def _scan_folder(folder: Path) -> ModelEntry:
     name = folder.name
     config = ModelConfig()
     toml_path = folder / "model.toml"
+    toml_sha256 = None
     if toml_path.exists():
         try:
-            config = parse_model_config(toml_path)
+            data = read_toml(toml_path)
+            config = parse_model_config(toml_path, data)
         except ConfigError as exc:
             return ModelEntry(name=name, config=config, versions=(), problem=str(exc))
+        toml_sha256 = hashlib.sha256(data).hexdigest()
     if config.runtime == "remote":
         # Nothing on disk to serve: version 1 is the remote model (and version) that
         # model.toml names, and model.toml's digest says which configuration serves.
         remote = ModelVersionFile(1, toml_path, "remote")
-        return ModelEntry(name=name, config=config, versions=(remote,))
+        return ModelEntry(name=name, config=config, versions=(remote,), toml_sha256=toml_sha256)
     versions: list[ModelVersionFile] = []
     for child in sorted(folder.iterdir()):
         if not child.is_dir() or not _VERSION.fullmatch(child.name):
@@ -66,7 +71,8 @@ def _scan_folder(folder: Path) -> ModelEntry:
             f"{folder}: no model file found; put one at {folder}/1/model.onnx "
             "(or model.pt for TorchScript)"
         )
-    return ModelEntry(name=name, config=config, versions=tuple(versions), problem=problem)
+    entry = ModelEntry(name, config, tuple(versions), problem, toml_sha256)
+    return entry
 
 
 def _lone_file(root: Path, name: str) -> Path | None:

@@ -107,6 +107,9 @@ class ModelEntry:
     config: ModelConfig
     versions: tuple[ModelVersionFile, ...]
     problem: str | None = None
+    # The SHA256 of the model.toml bytes `config` was parsed from (None: no model.toml): a
+    # remote model's digest, verified as its file (remote/served.py `verified_config`).
+    toml_sha256: str | None = None
 
     def served_versions(self) -> list[ModelVersionFile]:
         wanted = set(self.config.version_policy.select([v.version for v in self.versions]))

@@ -26,13 +26,18 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 from infergate.errors import ConfigError
 from infergate.errors import VerificationFailed as VerificationFailed  # raised here
+
+# cryptography (25 ms of CPU to import) only where a key is made, read or used: every
+# gateway imports this module, and most trust no key.
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 CONTEXT = b"infergate-model-v1:"
 _CHUNK = 1 << 20
@@ -92,6 +97,9 @@ def signature_path(model_file: Path) -> Path:
 
 def generate_key(private_path: Path) -> Path:
     """Write a new private key (PEM, mode 0600) and its public key beside it (.pub)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(
         serialization.Encoding.PEM,
@@ -111,6 +119,9 @@ def generate_key(private_path: Path) -> Path:
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     try:
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as exc:
@@ -121,6 +132,9 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
 
 
 def load_public_key(path: Path) -> TrustedKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
         key = serialization.load_pem_public_key(path.read_bytes())
     except (OSError, ValueError) as exc:
@@ -142,6 +156,8 @@ def sign_file(model_file: Path, key: Ed25519PrivateKey) -> Path:
 
 def check_signature(model_file: Path, sha256: str, keys: list[TrustedKey]) -> str:
     """The name of the trusted key that signed the file; raises VerificationFailed."""
+    from cryptography.exceptions import InvalidSignature
+
     sig_file = signature_path(model_file)
     try:
         raw = read_signature(sig_file)
@@ -212,9 +228,25 @@ def _hold(folder: Path) -> int | None:
     return fd
 
 
+def _alive(pid: str) -> bool:
+    """Whether the process `pid` (a store's name's) is alive in this PID namespace."""
+    if not (pid.isascii() and pid.isdigit() and len(pid) < 10):
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # alive, not ours to signal
+    return True
+
+
 def _remove_orphans() -> None:
-    """Stores of gateways that were killed (so never removed theirs): nobody holds them."""
+    """Stores of gateways that were killed (so never removed theirs): nobody holds them,
+    and their pid is gone (a gateway of an older release takes no lock)."""
     for folder in Path(tempfile.gettempdir()).glob(f"{_STORE_PREFIX}*-*"):
+        if _alive(folder.name[len(_STORE_PREFIX) :].split("-", 1)[0]):
+            continue
         try:
             fd = _hold(folder)
         except OSError:
@@ -227,19 +259,23 @@ def _remove_orphans() -> None:
 # What a copy leaves free on the store's file system, at least: a model file that would
 # fill it (a sparse 100 GB file takes no room in the repository, all of it as a copy) is
 # refused before a byte is copied, and the machine keeps room for its logs and the rest.
+# A twentieth of a small file system (a tmpfs /tmp on a small host) instead.
 STORE_RESERVE_BYTES = 1 << 30
 
 
-def _check_room(source: Path, size: int, fd: int) -> None:
-    """Refuse to copy `size` bytes of `source` to the file system of `fd` without room."""
+def _check_room(source: Path, stat_result: os.stat_result, fd: int) -> None:
+    """Refuse to copy `source` (`stat_result`) to the file system of `fd` without room."""
     fs = os.fstatvfs(fd)
     free = fs.f_bavail * fs.f_frsize
-    if size > free - STORE_RESERVE_BYTES:
+    reserve = min(STORE_RESERVE_BYTES, fs.f_blocks * fs.f_frsize // 20)
+    size = stat_result.st_size
+    if size > free - reserve:
+        sparse = stat_result.st_blocks * 512 < size // 2
         raise VerificationFailed(
-            f"{source} holds {size / 2**30:.1f} GiB, and the verified copies' file system has "
-            f"{free / 2**30:.1f} GiB free (1 GiB is kept free). Hint: free room in "
-            f"{tempfile.gettempdir()} or set TMPDIR to a larger file system; a file that "
-            "large but sparse is not a model"
+            f"{source} holds {size / 2**20:,.0f} MiB{' (sparse)' if sparse else ''}, and the "
+            f"verified copies' file system has {free / 2**20:,.0f} MiB free, of which "
+            f"{reserve / 2**20:,.0f} MiB is kept free. Hint: free room in "
+            f"{tempfile.gettempdir()} or set TMPDIR to a larger file system"
         )
 
 
@@ -262,9 +298,13 @@ class VerifiedStore:
         with self._lock:
             if self._root is None:
                 _remove_orphans()
-                prefix = f"{_STORE_PREFIX}{os.getpid()}-"
-                root = Path(tempfile.mkdtemp(prefix=prefix))
-                self._held = _hold(root)  # (a directory just made: nobody else holds it)
+                # Made under a hidden name, which no sweep looks at, and locked before it
+                # takes its name: another gateway's sweep never finds it unheld.
+                made = Path(tempfile.mkdtemp(prefix=f".{_STORE_PREFIX}{os.getpid()}-"))
+                self._held = _hold(made)
+                assert self._held is not None, "a directory just made is held by nobody"
+                root = made.with_name(made.name[1:])
+                os.rename(made, root)
                 self._root = root
             return self._root
 
@@ -278,7 +318,7 @@ class VerifiedStore:
         tmp = Path(tmp_name)
         try:
             with os.fdopen(open_regular(source), "rb") as src, os.fdopen(fd, "wb") as dst:
-                _check_room(source, os.fstat(src.fileno()).st_size, dst.fileno())
+                _check_room(source, os.fstat(src.fileno()), dst.fileno())
                 while chunk := src.read(_CHUNK):
                     digest.update(chunk)
                     dst.write(chunk)

@@ -334,7 +334,9 @@ class BatchRunner:
         if ended is not None and not self.stopped:
             if not lone and ended.state not in _GONE and _named(jobs):
                 stay, back_in = ended.index, ended.back_in_s()
-            elif lone:  # the request that ended it was found: what waits for it may move
+            elif lone and jobs[0].pin == ended.index and may_move(jobs[0]):
+                # A retry held for this instance ended it again, alone: the request that
+                # does it is found, and the others held for it may run anywhere.
                 self._queue.unpin(ended.index, may_move)
         now = self._clock.now()
         retried = 0
