@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from infergate.engine.repository.verify import (
     MAX_SIGNATURE_BYTES,
+    Digests,
     VerificationFailed,
     VerifiedStore,
     VerifyPolicy,
@@ -266,3 +268,39 @@ def test_a_small_file_system_keeps_a_share_free_not_a_gibibyte(
         f.truncate(90 << 20)  # 90 MiB of the 100 free: past what leaves 25.6 MiB
     with pytest.raises(VerificationFailed, match="100 MiB free, of which 26 MiB is kept free"):
         store.admit(model, None, VerifyPolicy())
+
+
+def test_a_file_that_did_not_change_is_not_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each sync of a model hashed every file it serves to find it unchanged: a 10 GB
+    model was read whole on every event in its folder. A settled file (times over 2 s
+    old when hashed) is hashed once while stat says the same of it; a change, even of the
+    same size under a restored mtime, moves its ctime and is hashed again. A file written
+    within the last 2 s is hashed every time (a second write in the same clock tick would
+    leave its times as they were)."""
+    hashed: list[int] = []
+    real = hashlib.sha256
+
+    def counting() -> Any:
+        hashed.append(1)
+        return real()
+
+    monkeypatch.setattr(hashlib, "sha256", counting)  # (verify.py calls it by this name)
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"first bytes")
+    digests = Digests()
+    assert digests.verify(model, None, VerifyPolicy()) == real(b"first bytes").hexdigest()
+    digests.verify(model, None, VerifyPolicy())
+    assert len(hashed) == 2  # just written: not trusted
+    old = time.time_ns() - 10**10
+    os.utime(model, ns=(old, old))
+    monkeypatch.setattr(Digests, "SETTLED_NS", 0)  # (ctime cannot be set back: let it be)
+    for _ in range(3):
+        digests.verify(model, None, VerifyPolicy())
+    assert len(hashed) == 3  # hashed once more, then known
+    model.write_bytes(b"other bytes")  # the same size
+    os.utime(model, ns=(old, old))
+    assert digests.verify(model, None, VerifyPolicy()) == real(b"other bytes").hexdigest()
+    with pytest.raises(VerificationFailed, match="pins"):  # the checks run on a known one
+        digests.verify(model, real(b"first bytes").hexdigest(), VerifyPolicy())

@@ -22,7 +22,7 @@ from infergate.engine.remote.served import REMOTE, RemoteServedVersion, verified
 from infergate.engine.repository.config_override import ConfigOverrides
 from infergate.engine.repository.scan import model_names, scan_model
 from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersionFile
-from infergate.engine.repository.verify import VerificationFailed, VerifiedStore, verify_file
+from infergate.engine.repository.verify import Digests, VerificationFailed, VerifiedStore
 from infergate.errors import ModelNotFound
 
 if TYPE_CHECKING:  # snapshots read the registry's records
@@ -98,6 +98,7 @@ class Registry:
         self.overrides = ConfigOverrides()  # Triton's load-time `parameters.config`
         self._loading: set[ServedVersion] = set()  # candidates not yet swapped in
         self.store = VerifiedStore(context.store_dir)
+        self._digests = Digests()  # which files changed, without hashing those that did not
         # Disk work (scans, hashing, copies) runs here, off the loop; two threads, so that
         # hundreds of models loading at once do not crowd the event loop out of the GIL.
         self._disk = ThreadPoolExecutor(2, thread_name_prefix="infergate-disk")
@@ -244,7 +245,7 @@ class Registry:
                         verified_config, file.path, entry.toml_sha256, policy
                     )
                 else:
-                    sha = await self._off_loop(verify_file, file.path, pin, policy)
+                    sha = await self._off_loop(self._digests.verify, file.path, pin, policy)
                 current = record.versions.get(file.version)
                 if not explicit:
                     if current is not None and current.same_as(file, sha, entry.config):
