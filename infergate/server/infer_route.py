@@ -56,7 +56,6 @@ log = logging.getLogger("infergate.server")
 
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]*))?/infer$")
 _JSON = (b"content-type", b"application/json")
-_APART_BYTES = 1 << 20  # an answer body larger than this is not written with its head
 # A 200 too large to finish on the loop (`InferRoute._finished`): its outputs to encode,
 # or its headers and body to compress.
 Unfinished = LargeAnswer | CompressLater
@@ -112,10 +111,7 @@ class InferRoute:
             await send(
                 {"type": "http.response.start", "status": reply.status, "headers": reply.headers}
             )
-            if len(reply.body) > _APART_BYTES:
-                # Written apart from its head: the protocol joins a head to the body that
-                # follows it, one copy, on the loop (160 MB of JSON: 0.1 s).
-                await send({"type": "http.response.body", "body": b"", "more_body": True})
+            # (A large body is written after its head, not joined: http_protocol.py.)
             await send({"type": "http.response.body", "body": reply.body})
         finally:
             reply.keeper.free_buffers()
