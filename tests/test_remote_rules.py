@@ -17,7 +17,7 @@ from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.client import RemotePool, UpstreamReply, answered, passed_on
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
-from infergate.engine.remote.http1 import Http1Pool, Payload, Reply
+from infergate.engine.remote.http1 import Http1Pool, Payload, Reply, read_reply
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.engine.remote.served import verified_config
 from infergate.engine.repository.config_override import ConfigOverrides
@@ -305,6 +305,13 @@ async def test_http1_pool_reuses_connections_and_names_its_failures() -> None:
         upstream.mode = "close"
         with pytest.raises(BrokenReply):
             await p.request(path, headers, b"{}", 1.0, 1.0)
+        # On a new connection, a close before the answer is the upstream's doing after it
+        # took the request (a crash on it): sent once, not again as if found stale (the
+        # model ran twice, and a sequence's step advanced twice, with retries = 0).
+        sent = len(upstream.received)
+        with pytest.raises(BrokenReply, match="closed the connection unanswered"):
+            await Http1Pool(upstream.url, 1, 1).request(path, headers, b"{}", 1.0, 1.0)
+        assert len(upstream.received) == sent + 1
         await p.close()
     finally:
         upstream.stop()
@@ -429,3 +436,109 @@ def test_a_remote_model_loaded_with_a_config_override_still_verifies(tmp_path: P
     assert entry.config.batching.max_batch_size == 8
     digest = hashlib.sha256(toml.read_bytes()).hexdigest()
     assert verified_config(toml, entry.toml_sha256, VerifyPolicy()) == digest
+
+
+async def reply_of(raw: bytes, max_body: int = 100) -> Reply:
+    """What the pool reads of the answer `raw`, taking at most `max_body` bytes of body."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(raw)
+    reader.feed_eof()
+    head = await reader.readuntil(b"\r\n\r\n")
+    reply, _ = await read_reply(head, reader, max_body)
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad Content-Length '-1'"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello", "bad Content-Length"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n0\r\n\r\n",
+            "bad chunk size",
+        ),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 101\r\n\r\n", "larger than max_answer_mb"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"40\r\n"
+            + b"x" * 64
+            + b"\r\n"
+            + b"40\r\n"
+            + b"x" * 64
+            + b"\r\n0\r\n\r\n",
+            "larger than max_answer_mb",
+        ),
+        (b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 101, "larger than max_answer_mb"),
+    ],
+)
+async def test_an_upstream_answer_that_is_malformed_or_too_large_is_a_broken_reply(
+    raw: bytes, error: str
+) -> None:
+    """A negative length was a 500 with a traceback a request, its endpoint never ejected;
+    an answer of 1.5 GB was held whole twice (3 GB) while the event loop stalled 9.9 s for
+    every tenant. Each is a broken reply now (a 502, counted against the endpoint), read
+    no further than `max_answer_mb`."""
+    with pytest.raises(BrokenReply, match=error):
+        await reply_of(raw)
+
+
+async def test_an_upstream_answer_at_the_limit_is_read_whole() -> None:
+    for raw in (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100,
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n64\r\n"
+        + b"x" * 100
+        + b"\r\n0\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 100,
+    ):
+        assert (await reply_of(raw)).body == b"x" * 100
+
+
+async def hostile_health(mode: str, writers: list[asyncio.StreamWriter]) -> asyncio.Server:
+    """An endpoint whose GET /v2/health/ready answers 200 with a chunked body that never
+    ends ("endless": 64 KB chunks as fast as they go) or drips a byte every 50 ms; its
+    connections' writers go to `writers`, for the test to close."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        with contextlib.suppress(ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while True:
+                if mode == "endless":
+                    writer.write(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+                    await writer.drain()
+                else:
+                    writer.write(b"1\r\nx\r\n")
+                    await writer.drain()
+                    await asyncio.sleep(0.05)  # (the drip itself, not a test's wait)
+        writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("mode", ["endless", "drip"])
+async def test_a_health_check_is_bounded_in_size_and_time(mode: str) -> None:
+    """httpx's timeout bounds each read, not an answer: an endpoint whose health answer
+    never ended grew the gateway by 2.7 GB in 12 s, and one that dripped a byte at a time
+    held every endpoint's checks (they run as one round) for good. A check now fails past
+    4 MB or past health_timeout_s, whole, and the round goes on."""
+    writers: list[asyncio.StreamWriter] = []
+    server = await hostile_health(mode, writers)
+    port = server.sockets[0].getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    pool = RemotePool(RemoteConfig((endpoint,), health_timeout_s=0.5), FakeClock())
+    try:
+        started = asyncio.get_running_loop().time()
+        await pool.check_health()
+        elapsed = asyncio.get_running_loop().time() - started
+        state = pool.health.states[endpoint]
+        assert state.fails == 1
+        why = "more than 4 MB" if mode == "endless" else "no whole answer within 0.5 s"
+        assert why in (state.last_error or "")
+        assert elapsed < 30  # (it ended: before, the drip never did)
+    finally:
+        await pool.close()
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()

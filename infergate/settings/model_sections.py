@@ -185,6 +185,12 @@ class RemoteSection(Section):
         ge=1,
         unit="ms",
     )
+    max_answer_mb: int = setting(
+        _REMOTE.max_answer_mb,
+        "an infer answer larger than this is a 502, not read on (it is held whole)",
+        ge=1,
+        unit="MB",
+    )
     retries: int = setting(
         _REMOTE.retries,
         "on another endpoint, for a failed connection or a 503",

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # httpx (tens of ms to import) loads with the first remote mo
 # Headers that describe the body: forwarded both ways, unchanged. (Content-Encoding is not
 # among them: the body upstream is the inflated one, and we never ask upstream to compress.)
 BODY_HEADERS = ("content-type", "inference-header-content-length")
+CONTROL_BODY_BYTES = 4 << 20  # a control answer (metadata, readiness, health) at most
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,10 @@ class RemotePool:
             )
             for e in endpoints
         }
-        make = sender or (lambda e: Http1Pool(e, config.max_connections, config.max_keepalive))
+        answer_max = config.max_answer_mb << 20
+        make = sender or (
+            lambda e: Http1Pool(e, config.max_connections, config.max_keepalive, answer_max)
+        )
         self._senders = {e: make(e) for e in endpoints}
 
     def _health_changed(self, endpoint: str, healthy: bool, why: str) -> None:
@@ -132,11 +136,29 @@ class RemotePool:
         await asyncio.gather(*(s.close() for s in self._senders.values()))
 
     async def get(self, endpoint: str, path: str, timeout_s: float) -> httpx.Response:
-        """A control request (metadata, readiness, health) to one endpoint."""
+        """A control request (metadata, readiness, health) to one endpoint: all of it within
+        `timeout_s` (httpx's timeouts bound each read: a body dripping a byte at a time
+        held a health round for good), its body at most CONTROL_BODY_BYTES (an endless one
+        grew the gateway by gigabytes)."""
         import httpx  # imported by __init__ already
 
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, self.config.connect_timeout_s))
-        return await self._clients[endpoint].get(path, timeout=timeout)
+        try:
+            async with asyncio.timeout(timeout_s):
+                request = self._clients[endpoint].stream("GET", path, timeout=timeout)
+                async with request as response:
+                    body = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        body += chunk
+                        if len(body) > CONTROL_BODY_BYTES:
+                            raise httpx.RemoteProtocolError(
+                                f"GET {path} answered more than {CONTROL_BODY_BYTES >> 20} MB"
+                            )
+        except TimeoutError:
+            raise httpx.ReadTimeout(f"GET {path}: no whole answer within {timeout_s:g} s") from None
+        # (Decoded already: only its type goes with it, not its encoding or length.)
+        kind = {"content-type": response.headers.get("content-type", "application/json")}
+        return httpx.Response(response.status_code, headers=kind, content=bytes(body))
 
     async def check_health(self) -> None:
         """One round of active health checks, every endpoint at once."""

@@ -26,6 +26,7 @@ class RemoteConfig:
     max_connections: int = 64
     max_keepalive: int = 16
     connect_timeout_s: float = 1.0
+    max_answer_mb: int = 256  # an upstream's infer answer past this is a 502, unread
     # retries: connection failures and 503s without a body, on another endpoint
     retries: int = 1  # Envoy's num_retries
     retry_budget_percent: float = 20.0  # of requests in flight (Envoy's retry_budget)

@@ -63,7 +63,14 @@ _MAX_HEAD = 64 * 1024
 
 
 class Http1Pool:
-    def __init__(self, base_url: str, max_connections: int, max_keepalive: int) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        max_connections: int,
+        max_keepalive: int,
+        max_answer_bytes: int = 256 << 20,
+    ) -> None:
+        self._max_answer = max_answer_bytes
         parts = urlsplit(base_url)
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
@@ -113,15 +120,19 @@ class Http1Pool:
         connection: _Connection | None = None
         try:
             connection = self._take_idle()
+            reused = connection is not None
             try:
                 if connection is None:
                     connection = await self._connect(connect_timeout_s)
                 reply, keep = await self._exchange(connection, path, headers, body)
-            except StaleConnection:
-                if connection is None:
-                    raise
+            except StaleConnection as exc:
+                if not reused:  # a new connection: the upstream took the request, and ended
+                    raise BrokenReply(
+                        f"the upstream closed the connection unanswered ({exc})"
+                    ) from None
                 # The server closed it while it sat idle (the race every keep-alive client
                 # has): nothing was answered, so the same request goes on a new connection.
+                assert connection is not None
                 connection.close()
                 connection = await self._connect(connect_timeout_s)
                 reply, keep = await self._exchange(connection, path, headers, body)
@@ -158,7 +169,7 @@ class Http1Pool:
                     raise StaleConnection("the connection closed before any answer") from None
                 raise
             answered = True
-            return await _read_reply(raw, reader)
+            return await read_reply(raw, reader, self._max_answer)
         except (ConnectionResetError, BrokenPipeError) as exc:
             if not answered:
                 raise StaleConnection(f"{type(exc).__name__}: {exc}") from None
@@ -173,7 +184,11 @@ class Http1Pool:
         await asyncio.sleep(0)  # one loop turn: closed transports finish closing
 
 
-async def _read_reply(raw: bytes, reader: asyncio.StreamReader) -> tuple[Reply, bool]:
+async def read_reply(
+    raw: bytes, reader: asyncio.StreamReader, max_body: int
+) -> tuple[Reply, bool]:
+    """The reply whose head is `raw`, its body read from `reader`: at most `max_body`
+    bytes of it (BrokenReply past that, before it is read: it would be held whole)."""
     status_line, *header_lines = raw[:-4].decode("latin-1").split("\r\n")
     version, _, rest = status_line.partition(" ")
     try:
@@ -187,31 +202,49 @@ async def _read_reply(raw: bytes, reader: asyncio.StreamReader) -> tuple[Reply, 
         headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
     keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = await _read_chunked(reader)
+        body = await _read_chunked(reader, max_body)
     elif "content-length" in headers:
-        try:
-            length = int(headers["content-length"])
-        except ValueError:
-            raise BrokenReply(f"bad Content-Length {headers['content-length']!r}") from None
+        declared = headers["content-length"]
+        if not (declared.isascii() and declared.isdigit() and len(declared) < 19):
+            raise BrokenReply(f"bad Content-Length {declared[:40]!r}")
+        length = int(declared)
+        if length > max_body:
+            raise _too_large(f"its Content-Length is {length}")
         body = await reader.readexactly(length)
     elif status in (204, 304) or 100 <= status < 200:
         body = b""
     else:  # delimited by the end of the connection
-        body, keep = await reader.read(), False
+        body, keep = await reader.read(max_body + 1), False
+        if len(body) > max_body:
+            raise _too_large("it went on past that")
     return Reply(status, headers, body), keep
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+def _too_large(why: str) -> BrokenReply:
+    return BrokenReply(
+        f"the answer is larger than max_answer_mb allows ({why}). Hint: raise [remote] "
+        "max_answer_mb in model.toml if the model's outputs are that large"
+    )
+
+
+async def _read_chunked(reader: asyncio.StreamReader, max_body: int) -> bytes:
     parts: list[bytes] = []
+    total = 0
     while True:
         size_line = await reader.readuntil(b"\r\n")
+        digits = size_line.split(b";", 1)[0].strip()
         try:
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
+            size = int(digits, 16)
         except ValueError:
-            raise BrokenReply(f"bad chunk size {size_line[:40]!r}") from None
+            size = -1
+        if size < 0 or not digits.isalnum() or len(digits) > 16:
+            raise BrokenReply(f"bad chunk size {size_line[:40]!r}")
         if size == 0:
             while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
                 pass
             return b"".join(parts)
+        total += size
+        if total > max_body:
+            raise _too_large(f"its chunks pass {max_body} bytes")
         parts.append(await reader.readexactly(size))
         await reader.readexactly(2)
