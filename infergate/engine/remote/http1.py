@@ -184,9 +184,7 @@ class Http1Pool:
         await asyncio.sleep(0)  # one loop turn: closed transports finish closing
 
 
-async def read_reply(
-    raw: bytes, reader: asyncio.StreamReader, max_body: int
-) -> tuple[Reply, bool]:
+async def read_reply(raw: bytes, reader: asyncio.StreamReader, max_body: int) -> tuple[Reply, bool]:
     """The reply whose head is `raw`, its body read from `reader`: at most `max_body`
     bytes of it (BrokenReply past that, before it is read: it would be held whole)."""
     status_line, *header_lines = raw[:-4].decode("latin-1").split("\r\n")
