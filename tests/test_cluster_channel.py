@@ -10,6 +10,7 @@ import pytest
 from redis.exceptions import ResponseError
 
 from infergate.engine.cluster.channel import Channel
+from infergate.engine.cluster.redis_limits import admit_answer
 from tests.redis_server import RedisProcess
 
 
@@ -43,3 +44,15 @@ async def test_a_call_cut_off_leaves_no_reply_behind(redis_server: RedisProcess)
         assert await channel.call(channel.pack("GET", "k")) == b"v"
     finally:
         await channel.close()
+
+
+@pytest.mark.parametrize("reply", [b"OK", 0, [1], [1, b"0"], [7, 0], [1, -1], None])
+def test_an_admission_answer_that_is_not_code_and_wait_is_redis_failing(reply: object) -> None:
+    """Something behind redis_url that speaks RESP but not our script (a misrouted proxy):
+    its +OK was unpacked as codes 79 and 75, which admitted every request past every
+    limit, and :0 was a 500 with the Redis breaker closed. Each is Redis failing now (a
+    ResponseError: the breaker, then fail_mode), never an admission."""
+    with pytest.raises(ResponseError, match="not \\[code, wait\\]"):
+        admit_answer(reply)
+    assert admit_answer([1, 0]) == (1, 0)
+    assert admit_answer([0, 250_000]) == (0, 250_000)

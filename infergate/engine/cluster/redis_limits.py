@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from infergate.clock import Clock
 from infergate.engine.admission.breaker import Breaker, BreakerPolicy
@@ -74,6 +74,21 @@ def _admitted(ticket: Ticket) -> Ticket:
     ticket.state.admitted += 1
     ticket.state.concurrency.active += 1
     return ticket
+
+
+def admit_answer(reply: Any) -> tuple[int, int]:
+    """The admission script's [code, wait] as Redis answered it; anything else is Redis
+    failing (ResponseError: the breaker and fail_mode take over), never an admission: a
+    server answering +OK was read as code 79 and admitted everything, :0 was a 500."""
+    if (
+        isinstance(reply, (list, tuple))
+        and len(reply) == 2
+        and all(type(x) is int for x in reply)
+        and reply[0] in (0, 1, 2)
+        and reply[1] >= 0
+    ):
+        return reply[0], reply[1]
+    raise ResponseError(f"the admission script answered {reply!r:.80}, not [code, wait]")
 
 
 async def _bounded(call: Awaitable[T], seconds: float) -> T:
@@ -198,18 +213,19 @@ class SharedLimits:
             )
         return int(code), int(wait_us)
 
-    async def _run_admit(self, *keys_and_args: str | int) -> Any:
+    async def _run_admit(self, *keys_and_args: str | int) -> tuple[int, int]:
         """The admission script (two keys, then its arguments), loaded again if Redis
         forgot it."""
         try:
-            return await self._channel.call(
+            reply = await self._channel.call(
                 self._channel.pack("EVALSHA", self._admit_sha, 2, *keys_and_args)
             )
         except NoScriptError:
             await self._channel.call(self._channel.pack("SCRIPT", "LOAD", scripts.ADMIT))
-            return await self._channel.call(
+            reply = await self._channel.call(
                 self._channel.pack("EVALSHA", self._admit_sha, 2, *keys_and_args)
             )
+        return admit_answer(reply)
 
     def _without_redis(self, state: TenantState) -> Ticket:
         mode = self.settings.fail_mode
