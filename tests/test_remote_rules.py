@@ -20,6 +20,7 @@ from infergate.engine.remote.health import HealthChecks
 from infergate.engine.remote.http1 import Http1Pool, Payload, Reply, read_reply
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.engine.remote.served import verified_config
+from infergate.engine.remote.slots import FairSlots, Turn
 from infergate.engine.repository.config_override import ConfigOverrides
 from infergate.engine.repository.modelconfig import parse_model_config
 from infergate.engine.repository.scan import scan_model
@@ -176,7 +177,13 @@ class FakeSender:
         self.calls = 0
 
     async def request(
-        self, path: str, headers: dict[str, str], body: Payload, connect_s: float, pool_s: float
+        self,
+        path: str,
+        headers: dict[str, str],
+        body: Payload,
+        connect_s: float,
+        pool_s: float,
+        turn: Turn = (0, None),
     ) -> Reply:
         self.calls += 1
         if self.what == "refuse":
@@ -542,3 +549,37 @@ async def test_a_health_check_is_bounded_in_size_and_time(mode: str) -> None:
         for writer in writers:
             writer.close()
         await server.wait_closed()
+
+
+async def test_connection_slots_go_by_class_then_tenants_in_turn() -> None:
+    """A remote endpoint's connections were a semaphore, first come first served: tenant
+    A's 40 requests in flight held B's lone request 10 s, and a burst request got a 504
+    behind batch ones. A free slot now goes to the best class waiting, and within a class
+    to the tenants in turn."""
+    slots = FairSlots(1)
+    await slots.acquire((2, "a"))  # the one slot, held
+    order: list[str] = []
+
+    def wait(rank: int, tenant: str, name: str) -> asyncio.Task[None]:
+        async def take() -> None:
+            await slots.acquire((rank, tenant))
+            order.append(name)
+
+        return asyncio.create_task(take())
+
+    waiting = [wait(2, "a", f"a{i}") for i in range(1, 4)]
+    waiting.append(wait(2, "b", "b1"))
+    await asyncio.sleep(0)  # (each task runs to its wait)
+    waiting.append(wait(0, "c", "c-realtime"))  # last in, best class
+    gone = wait(2, "b", "b-gone")
+    await asyncio.sleep(0)
+    gone.cancel()  # gave up waiting: never served
+    for _ in range(5):
+        slots.release()
+        await asyncio.sleep(0)
+    await asyncio.gather(*waiting)
+    assert order == ["c-realtime", "a1", "b1", "a2", "a3"]
+    with contextlib.suppress(asyncio.CancelledError):
+        await gone
+    slots.release()  # the last holder's: nobody waits, the slot is free again
+    await asyncio.wait_for(slots.acquire((2, "z")), 1)

@@ -26,6 +26,7 @@ from infergate.engine.remote.health import HealthChecks
 from infergate.engine.remote.http1 import Http1Pool, Payload, Sender
 from infergate.engine.remote.metrics import RemoteMetrics
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
+from infergate.engine.remote.slots import Turn
 from infergate.errors import (
     BrokenReply,
     ConnectFailed,
@@ -186,10 +187,12 @@ class RemotePool:
         headers: dict[str, str],
         start_by: float,
         finish_by: float,
+        turn: Turn = (0, None),
     ) -> UpstreamReply:
         """POST `body` to `path` on the best endpoint. `start_by` (clock time) bounds the
-        wait for a connection (the request's queue deadline: it has not started yet);
-        `finish_by` bounds the whole exchange, retries included (the model's timeout)."""
+        wait for a connection (the request's queue deadline: it has not started yet), in
+        `turn` (its class rank and tenant: slots.py); `finish_by` bounds the whole
+        exchange, retries included (the model's timeout)."""
         budget, tried = self.budget, list[str]()
         last: InfergateError | None = None
         retrying = False
@@ -210,7 +213,9 @@ class RemotePool:
                 assert endpoint is not None  # the first pick has every endpoint to choose
                 tried.append(endpoint)
                 try:
-                    reply = await self._attempt(endpoint, path, body, headers, start_by, finish_by)
+                    reply = await self._attempt(
+                        endpoint, path, body, headers, start_by, finish_by, turn
+                    )
                 except UpstreamFailed as exc:
                     if not exc.retriable:
                         raise
@@ -233,6 +238,7 @@ class RemotePool:
         headers: dict[str, str],
         start_by: float,
         finish_by: float,
+        turn: Turn,
     ) -> UpstreamReply:
         now = self._clock.now()
         if now >= start_by:
@@ -248,7 +254,7 @@ class RemotePool:
         try:
             reply = await asyncio.wait_for(
                 self._senders[endpoint].request(
-                    path, headers, body, min(self.config.connect_timeout_s, wait), wait
+                    path, headers, body, min(self.config.connect_timeout_s, wait), wait, turn
                 ),
                 total,
             )

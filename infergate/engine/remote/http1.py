@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from infergate.engine.remote.slots import FairSlots, Turn
 from infergate.errors import BrokenReply, ConnectFailed, PoolTimeout, StaleConnection
 
 # A request body as the gateway holds it: a large one is a view of its mapping, written
@@ -41,6 +42,7 @@ class Sender(Protocol):
         body: Payload,
         connect_timeout_s: float,
         pool_timeout_s: float,
+        turn: Turn = (0, None),
     ) -> Reply: ...
 
     async def close(self) -> None: ...
@@ -77,7 +79,7 @@ class Http1Pool:
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
         self._host_header = parts.netloc
-        self._slots = asyncio.Semaphore(max_connections)
+        self._slots = FairSlots(max_connections)  # by class, then tenants in turn
         self._max_keepalive = max_keepalive
         self._idle: list[_Connection] = []
         self._ssl: ssl.SSLContext | None = None
@@ -111,10 +113,12 @@ class Http1Pool:
         body: Payload,
         connect_timeout_s: float,
         pool_timeout_s: float,
+        turn: Turn = (0, None),
     ) -> Reply:
-        """POST `body` to `path`. A caller that gives up (cancels) closes the connection."""
+        """POST `body` to `path`, once a connection is free and it is `turn`'s turn (class
+        rank, tenant). A caller that gives up (cancels) closes the connection."""
         try:
-            await asyncio.wait_for(self._slots.acquire(), pool_timeout_s)
+            await asyncio.wait_for(self._slots.acquire(turn), pool_timeout_s)
         except TimeoutError:
             raise PoolTimeout(f"no connection came free within {pool_timeout_s:.3g} s") from None
         connection: _Connection | None = None

@@ -36,7 +36,7 @@ async def forward_admitted(
     now = context.clock.now()
     try:
         reply = await served.forward(
-            body, headers, now + start_within, now + served.config.timeout_s
+            body, headers, now + start_within, now + served.config.timeout_s, (cls.rank, who)
         )
     except Exception as exc:
         served.breaker_failed(admission, exc, who)

@@ -23,6 +23,7 @@ from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.http1 import Payload
 from infergate.engine.remote.metrics import remote_metrics
+from infergate.engine.remote.slots import Turn
 from infergate.engine.repository.spec import ModelEntry, ModelVersionFile, TensorSpec
 from infergate.engine.repository.verify import VerificationFailed, VerifyPolicy, check_digest
 from infergate.engine.scheduling.classes import PriorityClass
@@ -235,14 +236,22 @@ class RemoteServedVersion(ServedVersion):
     # -- requests ------------------------------------------------------------------------
 
     async def forward(
-        self, body: Payload, headers: dict[str, str], start_by: float, finish_by: float
+        self,
+        body: Payload,
+        headers: dict[str, str],
+        start_by: float,
+        finish_by: float,
+        turn: Turn = (0, None),
     ) -> UpstreamReply:
-        """The pass-through: `body` goes upstream unchanged."""
+        """The pass-through: `body` goes upstream unchanged, in `turn` (class rank,
+        tenant) for a connection."""
         self.requests.enter()
         clock, stats = self._context.clock, self.scheduler.stats
         started = clock.now()
         try:
-            reply = await self.pool.forward(self.infer_path, body, headers, start_by, finish_by)
+            reply = await self.pool.forward(
+                self.infer_path, body, headers, start_by, finish_by, turn
+            )
         except InfergateError:
             stats.request_failed(clock.now() - started)
             raise
@@ -268,7 +277,8 @@ class RemoteServedVersion(ServedVersion):
         instance: int | None = None,
     ) -> tuple[Awaitable[Answer], float]:
         """The request goes upstream (`_upstream`), not into a local queue."""
-        waiting = self._upstream(inputs, outputs, queue_deadline_s, timeout_s)
+        turn = (cls.rank, None if fair is None else fair.tenant)
+        waiting = self._upstream(inputs, outputs, queue_deadline_s, timeout_s, turn)
         return waiting, self._context.clock.now()
 
     def end(self, started: float, answer: Answer | None, error: BaseException | None) -> None:
@@ -281,6 +291,7 @@ class RemoteServedVersion(ServedVersion):
         outputs: tuple[str, ...],
         queue_deadline_s: float,
         timeout_s: float,
+        turn: Turn,
     ) -> tuple[dict[str, Array], Timing]:
         """Decoded inputs (a request that needed decoding here, e.g. one in shared
         memory): sent upstream as binary tensors, the answer decoded back."""
@@ -291,7 +302,7 @@ class RemoteServedVersion(ServedVersion):
         clock = self._context.clock
         body, headers = encode_infer_request(inputs, list(outputs))
         now = clock.now()
-        reply = await self.forward(body, headers, now + queue_deadline_s, now + timeout_s)
+        reply = await self.forward(body, headers, now + queue_deadline_s, now + timeout_s, turn)
         took = clock.now() - now
         if reply.status != 200:
             raise answered(reply)
