@@ -99,7 +99,7 @@ async def _step(
         raise  # not reached: lose raises
     # It waited out a restart in the queue and ran on the new worker: the sequence is
     # lost all the same, as for every request after its worker died.
-    table.check(seq)
+    table.check(seq, ran=True)
     outputs = dict(result.outputs)
     # A copy: the output may be a view of a whole batch, or of a reused buffer.
     seq.state = {s.input: np.array(outputs[s.output]) for s in settings.states}

@@ -100,6 +100,7 @@ class Sequence:
     last_used: float
     state: dict[str, Array] = field(default_factory=dict)  # empty: zeros (at start)
     busy: int = 0  # requests running or waiting for it: it is not idle meanwhile
+    dropped: InfergateError | None = None  # dropped while busy: what its next steps get
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its requests, in order
 
 
@@ -209,35 +210,43 @@ class SequenceTable:
         return seq
 
     def _make_room(self, tenant: str) -> bool:
-        """Drop the least recently used idle sequence of the tenant that holds the most
-        places, if it holds more than `tenant` will with one more: one tenant's sequences
-        cannot take every place of max_sequences from the others (nor take it back)."""
+        """Drop the least recently used sequence of the tenant that holds the most places,
+        if it holds more than `tenant` will with one more: one tenant's sequences cannot
+        take every place of max_sequences from the others (nor take it back). An idle one
+        goes first, of any such tenant; else a busy one: a tenant that kept a request
+        queued on each of its sequences held every place (31 of 31 starts of another's
+        refused). The step it is running finishes; the next get the 410."""
         held: dict[str, int] = {}
         for owner, _ in self._live:
             held[owner] = held.get(owner, 0) + 1
         mine = held.get(tenant, 0) + 1
-        for most in sorted(held, key=held.__getitem__, reverse=True):
-            if held[most] <= mine:
-                return False
-            victim = next((q for k, q in self._live.items() if k[0] == most and not q.busy), None)
-            if victim is None:
-                continue  # every one of its sequences has a request running
-            del self._live[victim.key]
-            self._remember(
-                victim.key,
-                SequenceLost(
+        over = [t for t in sorted(held, key=held.__getitem__, reverse=True) if held[t] > mine]
+        for busy_too in (False, True):
+            for most in over:
+                victim = next(
+                    (q for k, q in self._live.items() if k[0] == most and (busy_too or not q.busy)),
+                    None,
+                )
+                if victim is None:
+                    continue  # every one of its sequences has a request running
+                del self._live[victim.key]
+                lost = SequenceLost(
                     f"sequence {shown(victim.id)} of model {self.model!r} was dropped with its "
                     f"state to make room for another tenant's: its tenant held {held[most]} of "
                     f"the {self.settings.max_sequences} live sequences the model takes "
                     "(max_sequences), more than its share. Hint: end sequences with "
                     "sequence_end, then start this one again (sequence_start=True)"
-                ),
-            )
-            return True
+                )
+                victim.dropped = lost
+                self._remember(victim.key, lost)
+                return True
         return False
 
-    def check(self, seq: Sequence) -> None:
-        """SequenceLost when its worker died since it started (and forget it)."""
+    def check(self, seq: Sequence, ran: bool = False) -> None:
+        """SequenceLost when it was dropped for another tenant's (unless this step `ran`
+        already: its answer stands), or its worker died since it started (and forget it)."""
+        if seq.dropped is not None and not ran:
+            raise type(seq.dropped)(str(seq.dropped))
         worker = seq.instance.handle
         if worker is seq.worker and worker is not None and worker.alive:
             return
