@@ -464,7 +464,7 @@ async def reply_of(raw: bytes, max_body: int = 100) -> Reply:
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n0\r\n\r\n",
             "bad chunk size",
         ),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 101\r\n\r\n", "larger than max_answer_mb"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 101\r\n\r\n", "larger than the 0 MB allowed"),
         (
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
             + b"40\r\n"
@@ -473,9 +473,9 @@ async def reply_of(raw: bytes, max_body: int = 100) -> Reply:
             + b"40\r\n"
             + b"x" * 64
             + b"\r\n0\r\n\r\n",
-            "larger than max_answer_mb",
+            "larger than the 0 MB allowed",
         ),
-        (b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 101, "larger than max_answer_mb"),
+        (b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 101, "larger than the 0 MB allowed"),
     ],
 )
 async def test_an_upstream_answer_that_is_malformed_or_too_large_is_a_broken_reply(
@@ -540,7 +540,9 @@ async def test_a_health_check_is_bounded_in_size_and_time(mode: str) -> None:
         elapsed = asyncio.get_running_loop().time() - started
         state = pool.health.states[endpoint]
         assert state.fails == 1
-        why = "more than 4 MB" if mode == "endless" else "no whole answer within 0.5 s"
+        why = (
+            "larger than the 4 MB allowed" if mode == "endless" else "no whole answer within 0.5 s"
+        )
         assert why in (state.last_error or "")
         assert elapsed < 30  # (it ended: before, the drip never did)
     finally:

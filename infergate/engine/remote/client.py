@@ -15,7 +15,6 @@ import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import orjson
 
@@ -23,7 +22,7 @@ from infergate.clock import Clock
 from infergate.engine.remote.balancer import Balancer, RetryBudget
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.health import HealthChecks
-from infergate.engine.remote.http1 import Http1Pool, Payload, Sender
+from infergate.engine.remote.http1 import Http1Pool, Payload, Reply, Sender
 from infergate.engine.remote.metrics import RemoteMetrics
 from infergate.engine.remote.outlier import OutlierDetector, OutlierPolicy
 from infergate.engine.remote.slots import Turn
@@ -38,9 +37,6 @@ from infergate.errors import (
     UpstreamFailed,
 )
 
-if TYPE_CHECKING:  # httpx (tens of ms to import) loads with the first remote model
-    import httpx
-
 # Headers that describe the body: forwarded both ways, unchanged. (Content-Encoding is not
 # among them: the body upstream is the inflated one, and we never ask upstream to compress.)
 BODY_HEADERS = ("content-type", "inference-header-content-length")
@@ -54,6 +50,10 @@ class UpstreamReply:
     body: bytes
     endpoint: str
     attempts: int
+
+
+class ControlFailed(Exception):
+    """A control request (metadata, readiness, health) got no whole answer: why."""
 
 
 class RemotePool:
@@ -94,17 +94,11 @@ class RemotePool:
         )
         self.balancer = Balancer(endpoints, self.health, self.outliers, rng)
         self.budget = RetryBudget(config.retry_budget_percent, config.min_retry_concurrency)
-        # Control calls (metadata, readiness, health) through httpx; requests through
-        # the lean HTTP/1.1 pools (http1.py says why).
-        import httpx  # here, not at the top: a gateway without remote models never needs it
-
-        self._clients = {
-            e: httpx.AsyncClient(
-                base_url=e,
-                limits=httpx.Limits(max_connections=4, max_keepalive_connections=1),
-                timeout=httpx.Timeout(30.0, connect=config.connect_timeout_s),
-            )
-            for e in endpoints
+        # Control calls (metadata, readiness, health) and requests each through their own
+        # HTTP/1.1 pools (http1.py says why): a few control connections an endpoint, their
+        # answers at most CONTROL_BODY_BYTES.
+        self._control = {
+            e: Http1Pool(e, 4, 1, CONTROL_BODY_BYTES, too_large_hint="") for e in endpoints
         }
         answer_max = config.max_answer_mb << 20
         make = sender or (
@@ -133,49 +127,35 @@ class RemotePool:
             self._metrics.retries.labels(self._model, why).inc()
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.aclose() for c in self._clients.values()))
+        await asyncio.gather(*(c.close() for c in self._control.values()))
         await asyncio.gather(*(s.close() for s in self._senders.values()))
 
-    async def get(self, endpoint: str, path: str, timeout_s: float) -> httpx.Response:
+    async def get(self, endpoint: str, path: str, timeout_s: float) -> Reply:
         """A control request (metadata, readiness, health) to one endpoint: all of it within
-        `timeout_s` (httpx's timeouts bound each read: a body dripping a byte at a time
-        held a health round for good), its body at most CONTROL_BODY_BYTES (an endless one
-        grew the gateway by gigabytes)."""
-        import httpx  # imported by __init__ already
-
-        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, self.config.connect_timeout_s))
+        `timeout_s` (a body dripping a byte at a time held a health round for good when
+        each read was bounded, not the answer), its body at most CONTROL_BODY_BYTES (an
+        endless one grew the gateway by gigabytes). ControlFailed says why not."""
+        connect_s = min(timeout_s, self.config.connect_timeout_s)
         try:
             async with asyncio.timeout(timeout_s):
-                request = self._clients[endpoint].stream("GET", path, timeout=timeout)
-                async with request as response:
-                    body = bytearray()
-                    async for chunk in response.aiter_bytes():
-                        body += chunk
-                        if len(body) > CONTROL_BODY_BYTES:
-                            raise httpx.RemoteProtocolError(
-                                f"GET {path} answered more than {CONTROL_BODY_BYTES >> 20} MB"
-                            )
+                return await self._control[endpoint].request(
+                    path, {}, b"", connect_s, timeout_s, method="GET"
+                )
         except TimeoutError:
-            raise httpx.ReadTimeout(f"GET {path}: no whole answer within {timeout_s:g} s") from None
-        # (Decoded already: only its type goes with it, not its encoding or length.)
-        kind = {"content-type": response.headers.get("content-type", "application/json")}
-        return httpx.Response(response.status_code, headers=kind, content=bytes(body))
+            raise ControlFailed(f"GET {path}: no whole answer within {timeout_s:g} s") from None
+        except (ConnectFailed, BrokenReply, PoolTimeout) as exc:
+            raise ControlFailed(f"GET {path}: {type(exc).__name__}: {exc}") from None
 
     async def check_health(self) -> None:
-        """One round of active health checks, every endpoint at once."""
-        import httpx  # imported by __init__ already
+        """One round of active health checks, every endpoint at once, each alone."""
 
         async def one(endpoint: str) -> None:
             try:
-                response = await self.get(
-                    endpoint, "/v2/health/ready", self.config.health_timeout_s
-                )
-            except httpx.HTTPError as exc:
-                self.health.record(endpoint, False, f"{type(exc).__name__}: {exc}")
+                reply = await self.get(endpoint, "/v2/health/ready", self.config.health_timeout_s)
+            except ControlFailed as exc:
+                self.health.record(endpoint, False, str(exc))
                 return
-            self.health.record(
-                endpoint, response.status_code == 200, f"HTTP {response.status_code}"
-            )
+            self.health.record(endpoint, reply.status == 200, f"HTTP {reply.status}")
 
         await asyncio.gather(*(one(e) for e in self.config.endpoints))
         self.outliers.maybe_sweep()

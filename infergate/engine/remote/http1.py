@@ -1,8 +1,10 @@
 """A small HTTP/1.1 client for the pass-through: one pool of keep-alive connections per
 endpoint, with a cap on connections. httpx costs about 1 ms more per request than this on
 a small machine (measured: p50 1.9-2.2 ms against 0.6-1.0 ms, sequential calls to the
-same upstream), and the pass-through's overhead is the product; httpx still does the
-control calls (metadata, readiness, health checks), where a millisecond does not matter.
+same upstream), and the pass-through's overhead is the product. The control calls
+(metadata, readiness, health checks) go through a pool of their own too: through httpx,
+each one an endless answer cut short left its 4 MB in reference cycles (anyio's stream
+and transport) that only the gateway's rare full collections freed.
 
 Errors say what can be retried: ConnectFailed (the connection never opened, nothing was
 sent), PoolTimeout (no connection came free in time, nothing was sent), BrokenReply
@@ -62,6 +64,10 @@ class _Connection:
 
 
 _MAX_HEAD = 64 * 1024
+TOO_LARGE_HINT = (
+    " (max_answer_mb). Hint: raise [remote] max_answer_mb in model.toml if the model's "
+    "outputs are that large"
+)
 
 
 class Http1Pool:
@@ -71,8 +77,10 @@ class Http1Pool:
         max_connections: int,
         max_keepalive: int,
         max_answer_bytes: int = 256 << 20,
+        too_large_hint: str = TOO_LARGE_HINT,
     ) -> None:
         self._max_answer = max_answer_bytes
+        self._too_large_hint = too_large_hint
         parts = urlsplit(base_url)
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
@@ -114,9 +122,11 @@ class Http1Pool:
         connect_timeout_s: float,
         pool_timeout_s: float,
         turn: Turn = (0, None),
+        method: str = "POST",
     ) -> Reply:
-        """POST `body` to `path`, once a connection is free and it is `turn`'s turn (class
-        rank, tenant). A caller that gives up (cancels) closes the connection."""
+        """POST `body` to `path` (or GET it, without a body), once a connection is free and
+        it is `turn`'s turn (class rank, tenant). A caller that gives up (cancels) closes
+        the connection."""
         try:
             await asyncio.wait_for(self._slots.acquire(turn), pool_timeout_s)
         except TimeoutError:
@@ -128,7 +138,7 @@ class Http1Pool:
             try:
                 if connection is None:
                     connection = await self._connect(connect_timeout_s)
-                reply, keep = await self._exchange(connection, path, headers, body)
+                reply, keep = await self._exchange(connection, method, path, headers, body)
             except StaleConnection as exc:
                 if not reused:  # a new connection: the upstream took the request, and ended
                     raise BrokenReply(
@@ -139,7 +149,7 @@ class Http1Pool:
                 assert connection is not None
                 connection.close()
                 connection = await self._connect(connect_timeout_s)
-                reply, keep = await self._exchange(connection, path, headers, body)
+                reply, keep = await self._exchange(connection, method, path, headers, body)
             if keep and len(self._idle) < self._max_keepalive:
                 self._idle.append(connection)
             else:
@@ -152,12 +162,17 @@ class Http1Pool:
             self._slots.release()
 
     async def _exchange(
-        self, connection: _Connection, path: str, headers: dict[str, str], body: Payload
+        self,
+        connection: _Connection,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: Payload,
     ) -> tuple[Reply, bool]:
         lines = [
-            f"POST {self._prefix}{path} HTTP/1.1",
+            f"{method} {self._prefix}{path} HTTP/1.1",
             f"Host: {self._host_header}",
-            f"Content-Length: {len(body)}",
+            *([f"Content-Length: {len(body)}"] if method == "POST" else []),
             *(f"{k}: {v}" for k, v in headers.items()),
         ]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
@@ -173,7 +188,7 @@ class Http1Pool:
                     raise StaleConnection("the connection closed before any answer") from None
                 raise
             answered = True
-            return await read_reply(raw, reader, self._max_answer)
+            return await read_reply(raw, reader, self._max_answer, self._too_large_hint)
         except (ConnectionResetError, BrokenPipeError) as exc:
             if not answered:
                 raise StaleConnection(f"{type(exc).__name__}: {exc}") from None
@@ -188,9 +203,12 @@ class Http1Pool:
         await asyncio.sleep(0)  # one loop turn: closed transports finish closing
 
 
-async def read_reply(raw: bytes, reader: asyncio.StreamReader, max_body: int) -> tuple[Reply, bool]:
+async def read_reply(
+    raw: bytes, reader: asyncio.StreamReader, max_body: int, hint: str = TOO_LARGE_HINT
+) -> tuple[Reply, bool]:
     """The reply whose head is `raw`, its body read from `reader`: at most `max_body`
-    bytes of it (BrokenReply past that, before it is read: it would be held whole)."""
+    bytes of it (BrokenReply past that, with `hint`, before it is read: it would be held
+    whole)."""
     status_line, *header_lines = raw[:-4].decode("latin-1").split("\r\n")
     version, _, rest = status_line.partition(" ")
     try:
@@ -204,32 +222,29 @@ async def read_reply(raw: bytes, reader: asyncio.StreamReader, max_body: int) ->
         headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
     keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = await _read_chunked(reader, max_body)
+        body = await _read_chunked(reader, max_body, hint)
     elif "content-length" in headers:
         declared = headers["content-length"]
         if not (declared.isascii() and declared.isdigit() and len(declared) < 19):
             raise BrokenReply(f"bad Content-Length {declared[:40]!r}")
         length = int(declared)
         if length > max_body:
-            raise _too_large(f"its Content-Length is {length}")
+            raise _too_large(max_body, f"its Content-Length is {length}", hint)
         body = await reader.readexactly(length)
     elif status in (204, 304) or 100 <= status < 200:
         body = b""
     else:  # delimited by the end of the connection
         body, keep = await reader.read(max_body + 1), False
         if len(body) > max_body:
-            raise _too_large("it went on past that")
+            raise _too_large(max_body, "it went on past that", hint)
     return Reply(status, headers, body), keep
 
 
-def _too_large(why: str) -> BrokenReply:
-    return BrokenReply(
-        f"the answer is larger than max_answer_mb allows ({why}). Hint: raise [remote] "
-        "max_answer_mb in model.toml if the model's outputs are that large"
-    )
+def _too_large(limit: int, why: str, hint: str) -> BrokenReply:
+    return BrokenReply(f"the answer is larger than the {limit >> 20} MB allowed ({why}){hint}")
 
 
-async def _read_chunked(reader: asyncio.StreamReader, max_body: int) -> bytes:
+async def _read_chunked(reader: asyncio.StreamReader, max_body: int, hint: str) -> bytes:
     parts: list[bytes] = []
     total = 0
     while True:
@@ -247,6 +262,6 @@ async def _read_chunked(reader: asyncio.StreamReader, max_body: int) -> bytes:
             return b"".join(parts)
         total += size
         if total > max_body:
-            raise _too_large(f"its chunks pass {max_body} bytes")
+            raise _too_large(max_body, f"its chunks pass {max_body} bytes", hint)
         parts.append(await reader.readexactly(size))
         await reader.readexactly(2)

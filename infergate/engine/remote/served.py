@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import orjson
+
 from infergate.engine.context import EngineContext
 from infergate.engine.lifecycle.served import ServedVersion
-from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
+from infergate.engine.remote.client import ControlFailed, RemotePool, UpstreamReply, answered
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.http1 import Payload
 from infergate.engine.remote.metrics import remote_metrics
@@ -156,22 +158,21 @@ class RemoteServedVersion(ServedVersion):
         self, endpoint: str
     ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], str] | str:
         """The remote model's tensors and platform on `endpoint`, or why not."""
-        import httpx  # RemotePool imported it; not at the top, so gateways start without it
-
         timeout = max(self.remote.health_timeout_s, 5.0)
         try:
             meta = await self.pool.get(endpoint, self.model_path, timeout)
-            if meta.status_code != 200:
-                return f"{self.model_path} answered {meta.status_code}: {meta.text[:200]}"
+            if meta.status != 200:
+                text = meta.body[:200].decode(errors="replace")
+                return f"{self.model_path} answered {meta.status}: {text}"
             ready = await self.pool.get(endpoint, self.model_path + "/ready", timeout)
-            if ready.status_code != 200:
-                return f"{self.model_path}/ready answered {ready.status_code} (not ready)"
-            doc = meta.json()
+            if ready.status != 200:
+                return f"{self.model_path}/ready answered {ready.status} (not ready)"
+            doc = orjson.loads(meta.body)
             if not isinstance(doc, dict):
                 raise MetadataError("it is not a JSON object")
             return _tensors(doc, "inputs"), _tensors(doc, "outputs"), str(doc.get("platform", ""))
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc or 'no answer'}"
+        except ControlFailed as exc:
+            return str(exc)
         except (MetadataError, ValueError) as exc:
             return f"its metadata at {self.model_path} is not V2 metadata: {exc}"
 
