@@ -43,6 +43,7 @@ Signals inside the engine (plain exceptions, never an HTTP answer):
   PoolTimeout          no connection to a remote endpoint came free in time (nothing sent)
   BrokenReply          a remote endpoint's answer broke off or was not HTTP
   StaleConnection      (BrokenReply) a kept-alive connection the endpoint had closed
+  ControlFailed        a remote endpoint's metadata, readiness or health call got no answer
   MetadataError        a remote model's metadata is not valid V2 metadata
   FrontFailed          a front process ([server] fronts) exited before it listened
   BrokenOff            the engine's answer to a front broke off: the connection closes
@@ -328,6 +329,11 @@ class BrokenReply(Exception):
 class StaleConnection(BrokenReply):
     """A kept-alive connection the endpoint had closed: nothing of an answer came back
     (sent again once on a new connection, not counted as a retry)."""
+
+
+class ControlFailed(Exception):
+    """A control call to a remote endpoint (metadata, readiness, health) got no whole
+    answer in its time or size: the message says why."""
 
 
 class MetadataError(Exception):

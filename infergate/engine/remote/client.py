@@ -29,6 +29,7 @@ from infergate.engine.remote.slots import Turn
 from infergate.errors import (
     BrokenReply,
     ConnectFailed,
+    ControlFailed,
     DeadlineExceeded,
     InfergateError,
     PoolTimeout,
@@ -50,10 +51,6 @@ class UpstreamReply:
     body: bytes
     endpoint: str
     attempts: int
-
-
-class ControlFailed(Exception):
-    """A control request (metadata, readiness, health) got no whole answer: why."""
 
 
 class RemotePool:

@@ -21,7 +21,7 @@ import orjson
 
 from infergate.engine.context import EngineContext
 from infergate.engine.lifecycle.served import ServedVersion
-from infergate.engine.remote.client import ControlFailed, RemotePool, UpstreamReply, answered
+from infergate.engine.remote.client import RemotePool, UpstreamReply, answered
 from infergate.engine.remote.config import RemoteConfig
 from infergate.engine.remote.http1 import Payload
 from infergate.engine.remote.metrics import remote_metrics
@@ -31,7 +31,13 @@ from infergate.engine.repository.verify import VerificationFailed, VerifyPolicy,
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness
 from infergate.engine.scheduling.tickets import Answer, Timing
-from infergate.errors import ConfigError, InfergateError, MetadataError, ModelExecutionError
+from infergate.errors import (
+    ConfigError,
+    ControlFailed,
+    InfergateError,
+    MetadataError,
+    ModelExecutionError,
+)
 from infergate.settings.table import read_toml
 from infergate.tensors import V2_TO_NUMPY, Array
 
