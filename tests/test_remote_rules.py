@@ -585,3 +585,55 @@ async def test_connection_slots_go_by_class_then_tenants_in_turn() -> None:
         await gone
     slots.release()  # the last holder's: nobody waits, the slot is free again
     await asyncio.wait_for(slots.acquire((2, "z")), 1)
+
+
+async def test_an_answer_to_the_connection_s_end_is_read_to_its_end() -> None:
+    """An answer without a length, delimited by the connection's end, was cut to what
+    had arrived at the first read: a 200 with part of its body."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(b"HTTP/1.0 200 OK\r\n\r\n" + b"a" * 60)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.01, reader.feed_data, b"b" * 40)  # (the rest arrives later)
+    loop.call_later(0.02, reader.feed_eof)
+    head = await reader.readuntil(b"\r\n\r\n")
+    reply, keep = await read_reply(head, reader, 100)
+    assert (reply.body, keep) == (b"a" * 60 + b"b" * 40, False)
+
+
+async def test_interim_answers_are_skipped_and_never_answer_the_next_request() -> None:
+    """An upstream's 103 Early Hints before its 200 was taken as the answer (a 502), and
+    the 200 stayed unread on the kept connection: the next request, perhaps another
+    tenant's, got it."""
+    served = 0
+    writers: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        writers.append(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                served += 1
+                body = b"answer%d" % served
+                writer.write(
+                    b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
+                    + b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = Http1Pool(f"http://127.0.0.1:{port}", 1, 1)
+    try:
+        for n in (1, 2, 3):
+            reply = await pool.request("/v2/models/m/infer", {}, b"{}", 1.0, 1.0)
+            assert (reply.status, reply.body) == (200, b"answer%d" % n)
+    finally:
+        await pool.close()
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()

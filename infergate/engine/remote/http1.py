@@ -56,8 +56,13 @@ class _Connection:
     writer: asyncio.StreamWriter
 
     def usable(self) -> bool:
-        # An idle connection the server closed has seen EOF by now (as httpcore checks).
-        return not (self.writer.is_closing() or self.reader.at_eof())
+        # An idle connection the server closed has seen EOF by now (as httpcore checks);
+        # one with bytes waiting holds what no request asked for (more than an answer's
+        # length said): the next request would read them as its answer.
+        # (StreamReader keeps what it read ahead in `_buffer`: asyncio has no public view.)
+        reader = self.reader
+        waiting = getattr(reader, "_buffer", b"")
+        return not (self.writer.is_closing() or reader.at_eof() or waiting)
 
     def close(self) -> None:
         self.writer.close()
@@ -188,12 +193,17 @@ class Http1Pool:
                     raise StaleConnection("the connection closed before any answer") from None
                 raise
             answered = True
+            # Interim answers (100 Continue, 103 Early Hints) come before the answer: taken
+            # as it, the answer itself stayed unread for the connection's next request.
+            while raw[9:10] == b"1" and raw[9:12] != b"101":
+                raw = await reader.readuntil(b"\r\n\r\n")
             return await read_reply(raw, reader, self._max_answer, self._too_large_hint)
         except (ConnectionResetError, BrokenPipeError) as exc:
             if not answered:
                 raise StaleConnection(f"{type(exc).__name__}: {exc}") from None
             raise BrokenReply(f"{type(exc).__name__}: {exc}") from None
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            # (OSError: ssl.SSLError and the rest besides ConnectionError, not a 500)
             raise BrokenReply(f"{type(exc).__name__}: {exc}") from None
 
     async def close(self) -> None:
@@ -233,10 +243,15 @@ async def read_reply(
         body = await reader.readexactly(length)
     elif status in (204, 304) or 100 <= status < 200:
         body = b""
-    else:  # delimited by the end of the connection
-        body, keep = await reader.read(max_body + 1), False
-        if len(body) > max_body:
-            raise _too_large(max_body, "it went on past that", hint)
+    else:  # delimited by the end of the connection: read to it, within the limit
+        parts: list[bytes] = []
+        total = 0
+        while chunk := await reader.read(1 << 16):
+            total += len(chunk)
+            if total > max_body:
+                raise _too_large(max_body, "it went on past that", hint)
+            parts.append(chunk)
+        body, keep = b"".join(parts), False
     return Reply(status, headers, body), keep
 
 
