@@ -53,8 +53,8 @@ class Instance:
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._stable_after_s = stable_after_s
-        # For `back_in_s`: the backoff the next restart waits, when the worker came up
-        # last, and how long its start and load took.
+        # The backoff the next restart waits (`_keep_alive` doubles and resets it), and for
+        # `back_in_s` when the worker came up last and how long its start and load took.
         self._backoff = backoff_initial_s
         self._up_since: float | None = None
         self._load_s = 0.0
@@ -155,7 +155,7 @@ class Instance:
         return backoff * 1.25 + self._load_s
 
     async def _keep_alive(self) -> None:
-        backoff = self._backoff = self._backoff_initial_s
+        self._backoff = self._backoff_initial_s
         ever_ready = False
         first_try = self._clock.now()
         while not self._stopping:
@@ -164,7 +164,7 @@ class Instance:
                 handle, ready = await self._start()
                 self._load_s = self._clock.now() - starting
             except WorkerStartError as exc:
-                self._start_failed(exc, backoff)
+                self._start_failed(exc, self._backoff)
                 if not ever_ready and self._clock.now() - first_try >= self._load_timeout_s:
                     self._fail(
                         f"no worker process could be started within the load timeout "
@@ -173,8 +173,8 @@ class Instance:
                         f"load {self.spec.model}"
                     )
                     return
-                await self._pause(backoff, "restarting" if ever_ready else "loading")
-                backoff = self._backoff = min(backoff * 2, self._backoff_max_s)
+                await self._pause(self._backoff, "restarting" if ever_ready else "loading")
+                self._backoff = min(self._backoff * 2, self._backoff_max_s)
                 continue
             except WorkerLoadError as exc:
                 failed = self.handle
@@ -200,7 +200,7 @@ class Instance:
                 if self._stopping:
                     break
                 if self._clock.now() - up_since >= self._stable_after_s:
-                    backoff = self._backoff = self._backoff_initial_s
+                    self._backoff = self._backoff_initial_s
                 self.reason = handle.death_reason
                 if handle.over_memory and not self._killed_running and self._too_many_kills():
                     return
@@ -208,13 +208,14 @@ class Instance:
                 self._context.events.publish(
                     "worker_restarting",
                     self.spec.model,
-                    f"instance {self.index}: {handle.death_reason}; restarting in {backoff:.2f} s",
+                    f"instance {self.index}: {handle.death_reason}; restarting in "
+                    f"{self._backoff:.2f} s",
                     self.spec.version,
                     instance=self.index,
                 )
             self.restarts += 1
-            await self._pause(backoff, "restarting")
-            backoff = self._backoff = min(backoff * 2, self._backoff_max_s)
+            await self._pause(self._backoff, "restarting")
+            self._backoff = min(self._backoff * 2, self._backoff_max_s)
         self.state = "stopped"
 
     async def _pause(self, backoff: float, state: InstanceState) -> None:
