@@ -265,6 +265,7 @@ LONGEST_FIRST = (  # by their wall seconds in full parallel runs (INFERGATE_TEST
     "test_bench_hostile.py",
     "test_worker_outputs.py",
     "test_timing_rules.py",
+    "test_timing_rules_engine.py",
     "test_sequences.py",
     "test_tenant_isolation_rules.py",
     "test_errors_tree.py",
