@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from infergate.server.front import EngineLink, ForwardRoute
-from infergate.server.infer_route import Reply
 from infergate.server.link import LinkProtocol, Message
 from infergate.server.predecode import pack
+from infergate.server.reply import Reply
 from tests.fronts_parity import GOOD, KEY, json_body
 
 

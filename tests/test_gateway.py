@@ -17,7 +17,7 @@ import pytest
 import infergate.engine
 from infergate.profile import load_profile
 from infergate.server.gateway import build_gateway
-from infergate.server.infer_route import Reply
+from infergate.server.reply import Reply
 from tests.conftest import write_profile
 from tests.scripted_runtime import make_scripted, scripted_inputs
 

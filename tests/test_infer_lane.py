@@ -19,7 +19,7 @@ from infergate.engine.admission.tenants import hash_key
 from infergate.server.decoding import Keeper
 from infergate.server.http_protocol import JOIN_AT_MOST, ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import LANE_MAX_BODY, InferLane
-from infergate.server.infer_route import Reply
+from infergate.server.reply import Reply
 from tests.edge_raw import Reply as RawReply
 from tests.edge_raw import closed_by_server, connect, read_replies, read_reply
 from tests.fake_connection import serve_on

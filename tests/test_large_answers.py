@@ -27,9 +27,10 @@ from infergate.server import encoding
 from infergate.server.codec import DecodedRequest, decode_request
 from infergate.server.compression import compress_pieces
 from infergate.server.encoding import encode_response
-from infergate.server.infer_route import InferRoute, Reply
+from infergate.server.infer_route import InferRoute
 from infergate.server.large_answers import encode_in_slices, finish
 from infergate.server.predecode import pack_outputs
+from infergate.server.reply import Reply
 from infergate.tensors import Array
 from tests.fake_workers import FakeWorkers
 from tests.polling import eventually

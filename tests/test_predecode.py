@@ -19,9 +19,9 @@ from infergate.server.codec import DecodedRequest, decode_request
 from infergate.server.compression import compress_response
 from infergate.server.encoding import encode_response
 from infergate.server.front import EngineLink, ForwardRoute
-from infergate.server.infer_route import Reply
 from infergate.server.link import LinkProtocol, Message
 from infergate.server.predecode import encode_answer, pack, pack_outputs, unpack
+from infergate.server.reply import Reply
 from infergate.tensors import V2_TO_NUMPY, Array
 
 LIMIT = 64 * 1024

@@ -45,9 +45,9 @@ from infergate.server.drain import (
 from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import InferLane
 from infergate.server.infer_request import api_key
-from infergate.server.infer_route import Reply, internal_error
 from infergate.server.link import LinkProtocol, Message
 from infergate.server.predecode import encode_answer, pack
+from infergate.server.reply import Reply, internal_error
 
 log = logging.getLogger("infergate.server")
 

@@ -17,10 +17,10 @@ from starlette.types import Message
 
 from infergate.server.drain import ARRIVED_KEY, NEW_REQUEST, OUT_OF_TIME, shutting_down
 from infergate.server.errors import error_body
-from infergate.server.infer_route import Reply, internal_error
 from infergate.server.link import LinkProtocol
 from infergate.server.link import Message as LinkMessage
 from infergate.server.predecode import Packed, unpack
+from infergate.server.reply import Reply, internal_error
 
 if TYPE_CHECKING:
     from infergate.server.fronts import Fronts

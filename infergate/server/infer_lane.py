@@ -31,7 +31,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from infergate.server.access_log import log, log_request, request_id
 from infergate.server.drain import NEW_REQUEST, OUT_OF_TIME, Drain, shutting_down
 from infergate.server.http_protocol import JOIN_AT_MOST
-from infergate.server.infer_route import INFER_PATH, Reply, internal_error
+from infergate.server.infer_route import INFER_PATH
+from infergate.server.reply import Reply, internal_error
 
 if TYPE_CHECKING:
     from infergate.server.http_protocol import GatewayHttpProtocol

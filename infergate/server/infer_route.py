@@ -15,7 +15,7 @@ import logging
 import re
 from collections.abc import Callable, Coroutine
 from functools import partial
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -39,7 +39,7 @@ from infergate.server.compression import (
 )
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
 from infergate.server.encoding import encode_response, response_headers
-from infergate.server.errors import error_body, retry_after_header
+from infergate.server.errors import error_body
 from infergate.server.infer_request import (
     HEADER_LENGTH,
     api_key,
@@ -48,30 +48,18 @@ from infergate.server.infer_request import (
     timeout_s,
     version_number,
 )
+from infergate.server.infer_waiting import Later, Waiting
 from infergate.server.large_answers import encode_in_slices, finish
 from infergate.server.predecode import PackedOutputs, pack_outputs
 from infergate.server.remote_pass import pass_through
+from infergate.server.reply import Reply, error_headers
 
 log = logging.getLogger("infergate.server")
 
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]*))?/infer$")
-_JSON = (b"content-type", b"application/json")
 # A 200 too large to finish on the loop (`InferRoute._finished`): its outputs to encode,
 # or its headers and body to compress.
 Unfinished = LargeAnswer | CompressLater
-
-
-class Reply(NamedTuple):
-    """An infer request's answer, ready to send."""
-
-    status: int
-    headers: list[tuple[bytes, bytes]]  # Content-Length included
-    body: bytes
-    tenant: str  # the authenticated tenant's name, "-" before authentication
-    keeper: Keeper  # what the request holds until its answer is sent
-    # A 200 whose answer a front encodes (it decoded the request): its outputs, and no
-    # body or headers here.
-    outputs: PackedOutputs | None = None
 
 
 class InferRoute:
@@ -205,7 +193,7 @@ class InferRoute:
                 raise
             if isinstance(running, Running):
                 waiting = running.waiting
-                answer = _Waiting(
+                answer = Waiting(
                     self, name, running, decoded, served, state, started, raw_headers, respond
                 )
                 answer.front_encodes = front_decoded
@@ -215,30 +203,28 @@ class InferRoute:
                 # Its own batch (or a sequence's step), awaited in a task that answers it as
                 # soon as it is done: no further turn of the loop for a lone client.
                 coroutine = cast(Coroutine[Any, Any, Any], waiting)
-                task = self._loop().create_task(answer.after(coroutine), name="infer-now")
+                task = self.loop().create_task(answer.after(coroutine), name="infer-now")
                 task.add_done_callback(partial(answer.unstarted, coroutine))
                 return task
             self._engine.leave(state)
             status = 200
             headers, body = self._encoded(running, decoded, served)
         except LargeAnswer as large:
-            return self._later(respond, name, state, large, started, raw_headers)
+            return self.finish_later(respond, name, state, large, started, raw_headers)
         except Exception as exc:
             status, headers, body = self._failed(name, exc)
         try:
             return self._reply(name, state, status, headers, body, started, raw_headers, Keeper())
         except CompressLater as later:
-            return self._later(respond, name, state, later, started, raw_headers)
+            return self.finish_later(respond, name, state, later, started, raw_headers)
 
-    def _settled(
-        self, waiting: _Waiting, outcome: Any, error: BaseException | None
-    ) -> Reply | None:
+    def settled(self, waiting: Waiting, outcome: Any, error: BaseException | None) -> Reply | None:
         """The answer to an `answer_now` request whose wait is over, from what it gave
         (`outcome`) or raised (`error`), counted; None when it was cancelled (the gateway
         is stopping: the lane answers 503, and nothing is counted). An error is answered,
         never raised here (its traceback would hold this frame, and the request's
         tensors, in a reference cycle), but for a 200 too large to finish on the loop
-        (LargeAnswer, CompressLater), which `_Waiting.answer` has a task finish."""
+        (LargeAnswer, CompressLater), which `Waiting.answer` has a task finish."""
         engine, name, state = self._engine, waiting.name, waiting.state
         if error is not None:
             engine.fail(waiting.running, error)
@@ -264,7 +250,7 @@ class InferRoute:
                         )  # fmt: skip
                 headers, body = self._encoded(result, waiting.decoded, waiting.served)
             except LargeAnswer:
-                raise  # for `_Waiting.answer`, which has a task finish it
+                raise  # for `Waiting.answer`, which has a task finish it
             except Exception as exc:
                 status, headers, body = self._failed(name, exc)
         return self._reply(
@@ -315,7 +301,7 @@ class InferRoute:
         # step (a batch's, under load), not one a request.
         counts = self._counts
         if not counts:
-            self._loop().call_soon(self._count)
+            self.loop().call_soon(self._count)
         counts.append((model, tenant, status, now - started, now))
         headers.append((b"content-length", b"%d" % len(body)))
         return Reply(status, headers, body, tenant, keeper, outputs)
@@ -355,7 +341,7 @@ class InferRoute:
             name, state, status, headers, body, started, raw_headers, keeper, compress=False
         )
 
-    def _later(
+    def finish_later(
         self,
         respond: Callable[[Reply | None], None],
         name: str,
@@ -369,14 +355,14 @@ class InferRoute:
         drain to cancel. (Its traceback let go of: it would hold the frames it came from.)"""
         unfinished = unfinished.with_traceback(None)
         finishing = self._finished(name, state, unfinished, started, raw_headers, Keeper())
-        later = _Later(respond, finishing)
-        task = self._loop().create_task(later.run(), name="infer-large")
+        later = Later(respond, finishing)
+        task = self.loop().create_task(later.run(), name="infer-large")
         self._finishing.add(task)
         task.add_done_callback(later.done)
         task.add_done_callback(self._finishing.discard)
         return task
 
-    def _loop(self) -> asyncio.AbstractEventLoop:
+    def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the route answers on, kept rather than asked for each request:
         in Python 3.11 `asyncio.get_running_loop()` is a getpid() system call (0.3 µs
         here). Asked again once that loop is closed (a test's next app on a new loop)."""
@@ -481,155 +467,3 @@ class InferRoute:
             )
         content, json_length = encode_response(result.model, result.version, outputs, decoded)
         return response_headers(json_length), content
-
-
-class _Waiting:
-    """An `answer_now` request whose answer waits: what that answer needs, and the done
-    callback of what it waits on (one object instead of two bound partials: fewer
-    allocations and call levels a request)."""
-
-    __slots__ = (
-        "route",
-        "name",
-        "running",
-        "decoded",
-        "served",
-        "state",
-        "started",
-        "raw_headers",
-        "respond",
-        "answered",
-        "front_encodes",
-    )
-
-    def __init__(
-        self,
-        route: InferRoute,
-        name: str,
-        running: Running,
-        decoded: DecodedRequest,
-        served: ServedVersion,
-        state: TenantState,
-        started: float,
-        raw_headers: list[tuple[bytes, bytes]],
-        respond: Callable[[Reply | None], None],
-    ) -> None:
-        self.route = route
-        self.name = name
-        self.running = running
-        self.decoded = decoded
-        self.served = served
-        self.state = state
-        self.started = started
-        self.raw_headers = raw_headers
-        self.respond = respond
-        self.answered = False
-        self.front_encodes = False  # the request came decoded from a front, which encodes
-
-    def __call__(self, future: asyncio.Future[Any]) -> None:
-        """The done callback on the scheduler's future."""
-        if future.cancelled():
-            self.answer(None, asyncio.CancelledError())
-            return
-        error = future.exception()
-        self.answer(None if error is not None else future.result(), error)
-
-    async def after(self, waiting: Coroutine[Any, Any, Any]) -> None:
-        """The task of a request that must be awaited (its own batch, a sequence's step)."""
-        try:
-            outcome = await waiting
-        except asyncio.CancelledError as exc:  # the drain's end: answered 503 by the lane
-            self.answer(None, exc)
-            raise
-        except Exception as exc:
-            self.answer(None, exc)
-            return
-        self.answer(outcome, None)
-
-    def unstarted(self, waiting: Coroutine[Any, Any, Any], task: asyncio.Task[None]) -> None:
-        """The done callback of `after`'s task: one cancelled before its first step never
-        ran `after`, and is answered (and its tenant's slot let go) here; what it was to
-        await (a batch on a worker already) is still awaited to its end, its timeout
-        kept, its outcome dropped."""
-        if self.answered or not task.cancelled():
-            return
-        self.answer(None, asyncio.CancelledError())
-        orphan = self.route._loop().create_task(waiting, name="infer-orphan")
-        orphan.add_done_callback(_dropped)
-
-    def answer(self, outcome: Any, error: BaseException | None) -> None:
-        """`respond` with the answer, where a bug answers 500 and closes the connection
-        (as the lane's task does) instead of leaving the client without an answer."""
-        self.answered = True
-        try:
-            reply = self.route._settled(self, outcome, error)
-        except (LargeAnswer, CompressLater) as large:  # a task finishes it, and responds
-            self.route._later(
-                self.respond, self.name, self.state, large, self.started, self.raw_headers
-            )
-            return
-        except Exception:
-            log.exception("infer failed after its wait")
-            reply = internal_error()
-        self.respond(reply)
-
-
-class _Later:
-    """The task of a large answer to an `answer_now` request: `respond` gets its Reply
-    once `finishing` has made it, or None when it was cancelled, even before its first
-    step (then `finishing` never ran)."""
-
-    __slots__ = ("respond", "finishing", "responded")
-
-    def __init__(
-        self, respond: Callable[[Reply | None], None], finishing: Coroutine[Any, Any, Reply]
-    ) -> None:
-        self.respond = respond
-        self.finishing = finishing
-        self.responded = False
-
-    async def run(self) -> None:
-        try:
-            reply = await self.finishing
-        except asyncio.CancelledError:
-            self._give(None)
-            raise
-        except Exception:  # a bug: answered 500, never left hanging
-            log.exception("infer failed while its answer was finished")
-            reply = internal_error()
-        self._give(reply)
-
-    def done(self, task: asyncio.Task[None]) -> None:
-        if not self.responded:  # cancelled before its first step
-            self.finishing.close()
-            self._give(None)
-
-    def _give(self, reply: Reply | None) -> None:
-        self.responded = True
-        self.respond(reply)
-
-
-def _dropped(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved: nobody waits for it
-
-
-_INTERNAL_BODY = error_body("internal error: the gateway could not answer this request")
-
-
-def internal_error() -> Reply:
-    """The answer to a bug outside the route's own error handling: a 500, after which
-    the connection closes (as uvicorn's cycle does for an exception in the app)."""
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", b"%d" % len(_INTERNAL_BODY)),
-        (b"connection", b"close"),
-    ]
-    return Reply(500, headers, _INTERNAL_BODY, "-", Keeper())
-
-
-def error_headers(retry_after_s: float | None) -> list[tuple[bytes, bytes]]:
-    headers = [_JSON]
-    if retry_after_s is not None:
-        headers.append((b"retry-after", retry_after_header(retry_after_s).encode()))
-    return headers
