@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.admission.breaker import SAMPLES, Breaker, BreakerPolicy
+from infergate.engine.admission.breaker import Breaker, BreakerPolicy
+from infergate.engine.admission.breaker_blame import SAMPLES
 from infergate.engine.admission.limits import ConcurrencyLimit, TokenBucket
 
 POLICY = BreakerPolicy(

@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.admission.breaker import SHARED_SETS, Breaker, BreakerPolicy
+from infergate.engine.admission.breaker import Breaker, BreakerPolicy
+from infergate.engine.admission.breaker_blame import SHARED_SETS
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness, Job, JobQueue, QueueFull, QueuePolicy
 from infergate.server.decoding import BodyDecoder

@@ -31,21 +31,8 @@ A cut-off tenant's outcomes do not count while its cut-off lasts: its requests a
 before it (in flight then) end afterwards, and counted they would make the window bad
 again, as a second tenant failing it, and open it for the others.
 
-A batch that several tenants' requests shared runs as slow as its slowest rows (and
-fails for all, where its requests cannot run again alone): its outcomes carry the set of
-those tenants (`shared`) and count for them together, as nobody's own. Counted as each
-one's own, one tenant's slow rows made every batch-mate look slow, and the window, bad for
-two tenants, opened for everyone. The culprit is the tenant whose batches, left out, leave
-the window within the limits (the batches that held none of its requests show how the
-model does without it), trying tenants from the most bad outcomes in their batches down;
-a window where every request ran in batches with one tenant's cannot tell, as a window of
-one tenant's alone. Cutting a tenant off takes the outcomes of the batches that held its
-requests out of the window, and those of batches that held a cut-off tenant's request,
-ending afterwards, do not count. Why not blame the tenant with most rows in the batch, or
-time each tenant's rows alone: the first is often the victim (the busy, fast tenant),
-the second costs a run; a set per batch costs one pass over the batch (in C), one more
-key per shared batch in a bucket, and nothing where a batch is one tenant's (always,
-without tenants: the classic breaker).
+Which tenant a bad window blames, and how a batch several tenants shared counts: see
+breaker_blame.py.
 
 A query of death: a request that ran alone (a batch of its own) and ended its worker (a
 crash, a kill for its memory or past its timeout) is its tenant's doing. A tenant whose
@@ -71,10 +58,19 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from dataclasses import dataclass
+from typing import Literal
 
 from infergate.clock import Clock
+from infergate.engine.admission.breaker_blame import (
+    ANYBODY,
+    SAMPLES,
+    SHARED_SETS,
+    Bucket,
+    culprit,
+    p99,
+    p99_above,
+)
 
 State = Literal["closed", "open", "half_open"]
 Admission = Literal["refused", "normal", "probe"]
@@ -94,42 +90,9 @@ class BreakerPolicy:
     buckets: int = 10  # an implementation detail: no setting declares it
 
 
-SAMPLES = 1024  # latencies a bucket keeps for the p99 it shows (the verdict counts all)
-# Sets of tenants a bucket counts the batches of apart; the batches of further sets count
-# together, as anybody's (`_ANYBODY`): many tenants mixing in batches could make every
-# batch a set of its own, and the window's cost would grow with the traffic.
-SHARED_SETS = 128
 # Workers of a version a tenant's lone requests may end within the window before it is cut
 # off (a query of death): one may be chance, a second is its inputs.
 WORKER_DEATHS = 2
-
-
-@dataclass(slots=True)
-class _Bucket:
-    start: float
-    ok: int = 0
-    failed: int = 0
-    measured: int = 0  # latencies recorded
-    slow: int = 0  # of them, above the limit in force when recorded
-    latencies: list[float] = field(default_factory=list)  # a uniform sample of SAMPLES
-    weight: float = 0.0  # the reservoir's state, once full: see Breaker.record
-    next_kept: int = 0
-    # Per tenant (of the outcomes that named one), or per frozenset of the tenants of a
-    # batch several shared (its outcomes, theirs together): [ok, failed, measured, slow].
-    tenants: dict[Hashable, list[int]] | None = None
-    sets: int = 0  # of its keys, sets of tenants (at most SHARED_SETS)
-
-    def forget(self, tenant: Hashable) -> None:
-        """Take `tenant`'s outcomes out of the counts, and those of the batches that held
-        its requests (their latencies stay in the sample)."""
-        if self.tenants is None:
-            return
-        for key in [k for k in self.tenants if k == tenant or _holds(k, tenant)]:
-            counts = self.tenants.pop(key)
-            self.ok -= counts[0]
-            self.failed -= counts[1]
-            self.measured -= counts[2]
-            self.slow -= counts[3]
 
 
 @dataclass(slots=True)
@@ -154,7 +117,7 @@ class Breaker:
         self._clock = clock
         self._state: State = "closed"
         self.reason = ""
-        self._buckets: deque[_Bucket] = deque()
+        self._buckets: deque[Bucket] = deque()
         self._bad_evaluations = 0
         self._bucket_s = policy.window_seconds / policy.buckets
         self._next_evaluation = clock.now() + self._bucket_s
@@ -286,7 +249,7 @@ class Breaker:
                     if bucket.sets < SHARED_SETS:
                         bucket.sets += 1
                     else:
-                        tenant = _ANYBODY
+                        tenant = ANYBODY
                         counts = per.get(tenant)
                 if counts is None:
                     counts = per[tenant] = [0, 0, 0, 0]
@@ -366,9 +329,9 @@ class Breaker:
         self._bad_evaluations = 0
         self._move("closed", "reset by an operator")
 
-    def _current(self, now: float) -> _Bucket:
+    def _current(self, now: float) -> Bucket:
         if not self._buckets or now >= self._buckets[-1].start + self._bucket_s:
-            self._buckets.append(_Bucket(now))
+            self._buckets.append(Bucket(now))
         return self._buckets[-1]
 
     def _tick(self, now: float | None = None) -> None:
@@ -394,98 +357,22 @@ class Breaker:
         ok = sum(b.ok for b in self._buckets)
         failed = sum(b.failed for b in self._buckets)
         latencies = sorted(x for b in self._buckets for x in b.latencies)
-        return ok + failed, failed, _p99(latencies)
+        return ok + failed, failed, p99(latencies)
 
     def _too_slow(self) -> tuple[int, int] | None:
         """The window's (slow, measured) latencies when its p99 is above the limit, else
         None."""
         measured = sum(b.measured for b in self._buckets)
         slow = sum(b.slow for b in self._buckets)
-        return (slow, measured) if _p99_above(slow, measured) else None
+        return (slow, measured) if p99_above(slow, measured) else None
 
     def _culprit(self, failures: bool, now: float) -> tuple[Hashable, str] | None:
-        """The one tenant whose requests alone make the window bad (`failures`: by its
-        failure rate, else by its p99), and why it is cut off; None when the breaker is
-        to open for everyone. A tenant is the culprit when other requests came in the
-        window and, without the batches that held its requests, are within the limits;
-        or when no other request came in it and the model served another tenant well
-        since the breaker last opened. Never when another tenant is cut off already (the
-        model then fails for two), or when the outcomes named no tenant. Candidates go
-        from the most failures (or slow latencies) in their batches down: a batch several
-        tenants shared counts for each of them, and the first whose batches the rest can
-        do without is the one that made them fail or run slow."""
+        """The tenant alone to cut off for a bad window, and why (breaker_blame.py); None
+        when it opens for everyone, as it always does while another tenant is cut off
+        already (the model then fails for two)."""
         if any(c.until > now for c in self._cut.values()):
             return None
-        own: dict[Hashable, list[int]] = {}  # per tenant: its batches of its own
-        shared: dict[frozenset[Hashable], list[int]] = {}  # per set of tenants: theirs
-        for bucket in self._buckets:
-            for key, counts in (bucket.tenants or {}).items():
-                if isinstance(key, frozenset):
-                    _add(shared, key, counts)
-                else:
-                    _add(own, key, counts)
-        anybody = own.pop(_ANYBODY, None)
-        # Per tenant: the outcomes of every batch that held (or may have held) its requests.
-        per = {tenant: list(counts) for tenant, counts in own.items()}
-        for tenants, counts in shared.items():
-            for tenant in tenants:
-                if tenant is not None:  # (a request naming no tenant is nobody to cut off)
-                    _add(per, tenant, counts)
-        if anybody is not None:
-            for tenant in per:
-                _add(per, tenant, anybody)
-        ok = sum(b.ok for b in self._buckets)
-        failed = sum(b.failed for b in self._buckets)
-        measured = sum(b.measured for b in self._buckets)
-        slow = sum(b.slow for b in self._buckets)
-        limit_ms = self.policy.latency_p99_ms
-        sharers = frozenset[Hashable]().union(*shared)
-        worst_first = sorted(per, key=lambda t: per[t][1 if failures else 3], reverse=True)
-        for worst in worst_first:
-            mine = per[worst]
-            count = mine[0] + mine[1]
-            sharing = anybody is not None or worst in sharers
-            alone = own.get(worst)
-            if sharing and alone is not None and self._within(alone, failures):
-                # Its requests run well in batches of their own: the batches it shared
-                # went wrong by another's rows (a busy tenant whose queue another's slow
-                # requests join would be cut off in its place, then the breaker opened
-                # for everyone once the joiner went on alone).
-                continue
-            if not failures:
-                what = f"the p99 latency of its requests is above {limit_ms:.0f} ms"
-            elif sharing:
-                what = f"{mine[1]} of the {count} requests of its batches in the window failed"
-            else:
-                what = f"{mine[1]} of its {count} requests in the window failed"
-            if count == ok + failed:
-                # Its requests, and any in batches with them, alone came in the window: by
-                # them it cannot tell the tenant from the model. Unless the window is its
-                # own requests' alone and the model has served another tenant well since
-                # it last opened (without that, perhaps nobody else uses it), it opens.
-                if sharing or not self._served_another(worst):
-                    continue
-                return worst, (
-                    f"{what}; no other tenant's requests came in the window, and another "
-                    "tenant's were served well before"
-                )
-            if failures:
-                if (failed - mine[1]) / (ok + failed - count) > self.policy.failure_rate:
-                    continue
-            else:
-                rest = measured - mine[2]
-                if not rest or _p99_above(slow - mine[3], rest):
-                    continue
-            return worst, f"{what}, while other tenants' requests did not"
-        return None
-
-    def _within(self, counts: list[int], failures: bool) -> bool:
-        """Whether outcomes ([ok, failed, measured, slow]) are measured and within the
-        limits the window is judged by (`failures`: its failure rate, else its p99)."""
-        if failures:
-            total = counts[0] + counts[1]
-            return total > 0 and counts[1] / total <= self.policy.failure_rate
-        return counts[2] > 0 and not _p99_above(counts[3], counts[2])
+        return culprit(self._buckets, self.policy, failures, self._served_another)
 
     def _cut_tenant_off(self, tenant: Hashable, reason: str, now: float) -> None:
         """Refuse `tenant` alone for a while, saying why: the others go on as if it had
@@ -540,40 +427,3 @@ class Breaker:
         self._backoff = self.policy.backoff_initial_s
         self._buckets.clear()
         self._move("closed", "probes succeeded")
-
-
-class _Anybody:
-    """The key of the outcomes of batches that several tenants shared, past SHARED_SETS
-    sets in a bucket: they may have held any tenant's requests."""
-
-    def __repr__(self) -> str:
-        return "<anybody>"
-
-
-_ANYBODY: Hashable = _Anybody()
-
-
-def _holds(key: Hashable, tenant: Hashable) -> bool:
-    """Whether a bucket's key is of batches several tenants shared that held (or may have
-    held) `tenant`'s requests."""
-    return key is _ANYBODY or (isinstance(key, frozenset) and tenant in key)
-
-
-K = TypeVar("K", bound=Hashable)
-
-
-def _add(into: dict[K, list[int]], key: K, counts: list[int]) -> None:
-    total = into.setdefault(key, [0, 0, 0, 0])
-    for i, n in enumerate(counts):
-        total[i] += n
-
-
-def _p99_above(slow: int, measured: int) -> bool:
-    """Whether the p99 of `measured` latencies is above the limit, `slow` of them being
-    above it: sorted, the latency at the p99's place is above the limit exactly when at
-    least that many from the top are."""
-    return measured > 0 and slow >= measured - min(measured - 1, int(0.99 * measured))
-
-
-def _p99(ordered: list[float]) -> float | None:
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else None

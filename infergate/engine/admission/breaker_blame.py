@@ -1,0 +1,190 @@
+"""Which tenant a circuit breaker's bad window blames (engine/admission/breaker.py): the
+window's buckets, their counts per tenant and per set of tenants that shared a batch, and
+the culprit they point to, if any.
+
+A batch that several tenants' requests shared runs as slow as its slowest rows (and
+fails for all, where its requests cannot run again alone): its outcomes carry the set of
+those tenants (`shared`) and count for them together, as nobody's own. Counted as each
+one's own, one tenant's slow rows made every batch-mate look slow, and the window, bad for
+two tenants, opened for everyone. The culprit is the tenant whose batches, left out, leave
+the window within the limits (the batches that held none of its requests show how the
+model does without it), trying tenants from the most bad outcomes in their batches down;
+a window where every request ran in batches with one tenant's cannot tell, as a window of
+one tenant's alone. Cutting a tenant off takes the outcomes of the batches that held its
+requests out of the window, and those of batches that held a cut-off tenant's request,
+ending afterwards, do not count. Why not blame the tenant with most rows in the batch, or
+time each tenant's rows alone: the first is often the victim (the busy, fast tenant),
+the second costs a run; a set per batch costs one pass over the batch (in C), one more
+key per shared batch in a bucket, and nothing where a batch is one tenant's (always,
+without tenants: the classic breaker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from infergate.engine.admission.breaker import BreakerPolicy
+
+SAMPLES = 1024  # latencies a bucket keeps for the p99 it shows (the verdict counts all)
+# Sets of tenants a bucket counts the batches of apart; the batches of further sets count
+# together, as anybody's (`ANYBODY`): many tenants mixing in batches could make every
+# batch a set of its own, and the window's cost would grow with the traffic.
+SHARED_SETS = 128
+
+
+@dataclass(slots=True)
+class Bucket:
+    start: float
+    ok: int = 0
+    failed: int = 0
+    measured: int = 0  # latencies recorded
+    slow: int = 0  # of them, above the limit in force when recorded
+    latencies: list[float] = field(default_factory=list)  # a uniform sample of SAMPLES
+    weight: float = 0.0  # the reservoir's state, once full: see breaker.Breaker.record
+    next_kept: int = 0
+    # Per tenant (of the outcomes that named one), or per frozenset of the tenants of a
+    # batch several shared (its outcomes, theirs together): [ok, failed, measured, slow].
+    tenants: dict[Hashable, list[int]] | None = None
+    sets: int = 0  # of its keys, sets of tenants (at most SHARED_SETS)
+
+    def forget(self, tenant: Hashable) -> None:
+        """Take `tenant`'s outcomes out of the counts, and those of the batches that held
+        its requests (their latencies stay in the sample)."""
+        if self.tenants is None:
+            return
+        for key in [k for k in self.tenants if k == tenant or holds(k, tenant)]:
+            counts = self.tenants.pop(key)
+            self.ok -= counts[0]
+            self.failed -= counts[1]
+            self.measured -= counts[2]
+            self.slow -= counts[3]
+
+
+def culprit(
+    buckets: Iterable[Bucket],
+    policy: BreakerPolicy,
+    failures: bool,
+    served_another: Callable[[Hashable], bool],
+) -> tuple[Hashable, str] | None:
+    """The one tenant whose requests alone make the window bad (`failures`: by its
+    failure rate, else by its p99), and why it is cut off; None when the breaker is
+    to open for everyone. A tenant is the culprit when other requests came in the
+    window and, without the batches that held its requests, are within the limits;
+    or when no other request came in it and the model served another tenant well
+    since the breaker last opened (`served_another`). Never when the outcomes named no
+    tenant. Candidates go
+    from the most failures (or slow latencies) in their batches down: a batch several
+    tenants shared counts for each of them, and the first whose batches the rest can
+    do without is the one that made them fail or run slow."""
+    buckets = list(buckets)
+    own: dict[Hashable, list[int]] = {}  # per tenant: its batches of its own
+    shared: dict[frozenset[Hashable], list[int]] = {}  # per set of tenants: theirs
+    for bucket in buckets:
+        for key, counts in (bucket.tenants or {}).items():
+            if isinstance(key, frozenset):
+                add_counts(shared, key, counts)
+            else:
+                add_counts(own, key, counts)
+    anybody = own.pop(ANYBODY, None)
+    # Per tenant: the outcomes of every batch that held (or may have held) its requests.
+    per = {tenant: list(counts) for tenant, counts in own.items()}
+    for tenants, counts in shared.items():
+        for tenant in tenants:
+            if tenant is not None:  # (a request naming no tenant is nobody to cut off)
+                add_counts(per, tenant, counts)
+    if anybody is not None:
+        for tenant in per:
+            add_counts(per, tenant, anybody)
+    ok = sum(b.ok for b in buckets)
+    failed = sum(b.failed for b in buckets)
+    measured = sum(b.measured for b in buckets)
+    slow = sum(b.slow for b in buckets)
+    limit_ms = policy.latency_p99_ms
+    sharers = frozenset[Hashable]().union(*shared)
+    worst_first = sorted(per, key=lambda t: per[t][1 if failures else 3], reverse=True)
+    for worst in worst_first:
+        mine = per[worst]
+        count = mine[0] + mine[1]
+        sharing = anybody is not None or worst in sharers
+        alone = own.get(worst)
+        if sharing and alone is not None and within(alone, failures, policy):
+            # Its requests run well in batches of their own: the batches it shared
+            # went wrong by another's rows (a busy tenant whose queue another's slow
+            # requests join would be cut off in its place, then the breaker opened
+            # for everyone once the joiner went on alone).
+            continue
+        if not failures:
+            what = f"the p99 latency of its requests is above {limit_ms:.0f} ms"
+        elif sharing:
+            what = f"{mine[1]} of the {count} requests of its batches in the window failed"
+        else:
+            what = f"{mine[1]} of its {count} requests in the window failed"
+        if count == ok + failed:
+            # Its requests, and any in batches with them, alone came in the window: by
+            # them it cannot tell the tenant from the model. Unless the window is its
+            # own requests' alone and the model has served another tenant well since
+            # it last opened (without that, perhaps nobody else uses it), it opens.
+            if sharing or not served_another(worst):
+                continue
+            return worst, (
+                f"{what}; no other tenant's requests came in the window, and another "
+                "tenant's were served well before"
+            )
+        if failures:
+            if (failed - mine[1]) / (ok + failed - count) > policy.failure_rate:
+                continue
+        else:
+            rest = measured - mine[2]
+            if not rest or p99_above(slow - mine[3], rest):
+                continue
+        return worst, f"{what}, while other tenants' requests did not"
+    return None
+
+
+def within(counts: list[int], failures: bool, policy: BreakerPolicy) -> bool:
+    """Whether outcomes ([ok, failed, measured, slow]) are measured and within the
+    limits the window is judged by (`failures`: its failure rate, else its p99)."""
+    if failures:
+        total = counts[0] + counts[1]
+        return total > 0 and counts[1] / total <= policy.failure_rate
+    return counts[2] > 0 and not p99_above(counts[3], counts[2])
+
+
+class _Anybody:
+    """The key of the outcomes of batches that several tenants shared, past SHARED_SETS
+    sets in a bucket: they may have held any tenant's requests."""
+
+    def __repr__(self) -> str:
+        return "<anybody>"
+
+
+ANYBODY: Hashable = _Anybody()
+
+
+def holds(key: Hashable, tenant: Hashable) -> bool:
+    """Whether a bucket's key is of batches several tenants shared that held (or may have
+    held) `tenant`'s requests."""
+    return key is ANYBODY or (isinstance(key, frozenset) and tenant in key)
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def add_counts(into: dict[K, list[int]], key: K, counts: list[int]) -> None:
+    total = into.setdefault(key, [0, 0, 0, 0])
+    for i, n in enumerate(counts):
+        total[i] += n
+
+
+def p99_above(slow: int, measured: int) -> bool:
+    """Whether the p99 of `measured` latencies is above the limit, `slow` of them being
+    above it: sorted, the latency at the p99's place is above the limit exactly when at
+    least that many from the top are."""
+    return measured > 0 and slow >= measured - min(measured - 1, int(0.99 * measured))
+
+
+def p99(ordered: list[float]) -> float | None:
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else None
