@@ -216,3 +216,49 @@ def test_a_deployed_model_reloads_when_its_file_is_replaced_later(
         lambda: serving_sha(server, name) == second, 30, f"{name} to reload the replaced file"
     )
     shutil.rmtree(server.models / f".big-{name}", ignore_errors=True)
+
+
+def swap_link(link: Path, target: str) -> None:
+    """Point `link` at `target` atomically, as Kubernetes swaps a mounted volume's `..data`:
+    a new link beside it, renamed over it."""
+    fresh = link.with_name(f".{link.name}.new")
+    os.symlink(target, fresh)
+    os.replace(fresh, link)
+
+
+def test_a_model_file_linked_from_outside_reloads_when_its_target_changes(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The model's file is a symlink through a swapped link outside the models folder (a
+    mounted volume's layout): nothing in the models folder changes, yet the model reloads."""
+    store = tmp_path / "store"
+    make_scripted(store / "a" / "model.scripted", controls=())
+    make_scripted(store / "b" / "model.scripted", controls=(), width=8)
+    os.symlink("a", store / "current")
+    version = server.models / "mounted" / "1"
+    version.mkdir(parents=True)
+    os.symlink(store / "current" / "model.scripted", version / "model.scripted")
+    first = wait_until(lambda: serving_sha(server, "mounted"), 60, "the linked model to serve")
+    assert first == sha_of(store / "a" / "model.scripted")
+    swap_link(store / "current", "b")
+    second = sha_of(store / "b" / "model.scripted")
+    # A missed change never reloads: a bound on a reload that takes about a second.
+    wait_until(
+        lambda: serving_sha(server, "mounted") == second, 30, "the model to reload the new target"
+    )
+
+
+def test_a_model_folder_linked_from_outside_reloads_when_its_file_is_replaced(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The whole model folder is a symlink to one outside the models folder, whose file is
+    then replaced (written beside it and renamed over it)."""
+    outside = tmp_path / "elsewhere"
+    make_scripted(outside / "1" / "model.scripted", controls=())
+    os.symlink(outside, server.models / "linked-folder")
+    first = wait_until(lambda: serving_sha(server, "linked-folder"), 60, "the model to serve")
+    assert first == sha_of(outside / "1" / "model.scripted")
+    fresh = make_scripted(outside / "1" / ".model.scripted.tmp", controls=(), width=8)
+    second = sha_of(fresh)
+    os.replace(fresh, outside / "1" / "model.scripted")
+    wait_until(lambda: serving_sha(server, "linked-folder") == second, 30, "the model to reload")

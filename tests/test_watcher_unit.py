@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from watchdog.events import (
 
 from infergate.clock import FakeClock
 from infergate.engine.repository.scan import model_name_for
-from infergate.engine.repository.watcher import Settler, _Handler, snapshot
+from infergate.engine.repository.watcher import Settler, _Handler, look, snapshot
 
 ROOT = Path("/models")
 
@@ -79,6 +80,34 @@ def test_snapshot_sees_size_and_ignores_temporaries(tmp_path: Path) -> None:
     [(path, size, _)] = snapshot(tmp_path, "m")
     assert (path, size) == ("m/1/model.onnx", 5)
     assert [row[:2] for row in snapshot(tmp_path, "lone")] == [("lone.onnx", 1)]
+
+
+def test_look_says_whether_a_model_is_linked_and_follows_a_linked_version_folder(
+    tmp_path: Path,
+) -> None:
+    """A model with a symlink among its paths is looked at again by the watcher (a change
+    behind a link makes no event), and a linked version folder's files are in its snapshot."""
+    models, outside = tmp_path / "models", tmp_path / "outside"
+    (models / "plain" / "1").mkdir(parents=True)
+    (models / "plain" / "1" / "model.onnx").write_bytes(b"123")
+    (outside / "v2").mkdir(parents=True)
+    (outside / "v2" / "model.onnx").write_bytes(b"12345")
+    (outside / "v2" / ".hidden.tmp").write_bytes(b"x")
+    (models / "folder" / "1").mkdir(parents=True)
+    (models / "folder" / "1" / "model.onnx").write_bytes(b"1")
+    os.symlink(outside / "v2", models / "folder" / "2")
+    (models / "file" / "1").mkdir(parents=True)
+    os.symlink(outside / "v2" / "model.onnx", models / "file" / "1" / "model.onnx")
+    assert look(models, "plain")[1] is False
+    snap, linked = look(models, "folder")
+    assert linked
+    assert [row[:2] for row in snap] == [
+        ("folder/1/model.onnx", 1),
+        ("folder/2/model.onnx", 5),
+    ]
+    snap, linked = look(models, "file")
+    assert linked
+    assert [row[:2] for row in snap] == [("file/1/model.onnx", 5)]
 
 
 @pytest.mark.parametrize(

@@ -70,20 +70,49 @@ def _stat_row(path: Path, name: str, rows: list[tuple[str, int, int]]) -> None:
 
 def snapshot(root: Path, name: str) -> Snapshot:
     """Size and mtime of every file that makes up model `name`."""
+    return look(root, name)[0]
+
+
+def look(root: Path, name: str) -> tuple[Snapshot, bool]:
+    """`snapshot`, and whether any of the model's paths is a symlink: then its files may
+    change outside the models folder, where no event tells (`RepositoryWatcher` looks at
+    such a model again every CHECK_S). A version folder that is a link is looked into (one
+    level: its files), as the scan reads it."""
     rows: list[tuple[str, int, int]] = []
     folder = root / name
+    linked = False
     if folder.is_dir():
+        linked = folder.is_symlink()
         for dirpath, dirnames, filenames in os.walk(folder):
             dirnames[:] = [d for d in dirnames if not is_ignored(Path(d))]
+            here = Path(dirpath)
+            if here == folder:  # os.walk does not follow the links among its folders
+                for linked_dir in [here / d for d in dirnames if (here / d).is_symlink()]:
+                    linked = True
+                    _linked_folder_rows(root, linked_dir, rows)
             for filename in filenames:
                 if is_ignored(Path(filename)):
                     continue
-                path = Path(dirpath) / filename
+                path = here / filename
+                linked = linked or path.is_symlink()
                 _stat_row(path, str(path.relative_to(root)), rows)
     for suffix in model_suffixes():
         for path in (root / f"{name}{suffix}", root / f"{name}{suffix}.sig"):
+            linked = linked or path.is_symlink()
             _stat_row(path, path.name, rows)
-    return tuple(sorted(rows))
+    return tuple(sorted(rows)), linked
+
+
+def _linked_folder_rows(root: Path, folder: Path, rows: list[tuple[str, int, int]]) -> None:
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError as exc:  # a dangling link, a loop, no permission: skipped, as a file is
+        log.warning("watcher: cannot look at %s (%s); skipped", folder, exc.strerror or exc)
+        return
+    for entry in entries:
+        path = folder / entry
+        if not is_ignored(path) and not path.is_dir():
+            _stat_row(path, str(path.relative_to(root)), rows)
 
 
 class Settler:
@@ -161,6 +190,11 @@ class RepositoryWatcher:
         self._task: asyncio.Task[None] | None = None
         self._syncs: set[asyncio.Task[object]] = set()
         self._renew_for: set[str] = set()  # models that gained a folder since they settled
+        # The models with a symlink among their paths, as last looked at: a change behind a
+        # link (a mounted volume's swapped `..data`, a file kept elsewhere) makes no event
+        # here, so they are looked at again every CHECK_S (`_check_links`).
+        self._linked: dict[str, Snapshot] = {}
+        self._next_link_check = 0.0
 
     @property
     def watching(self) -> bool:
@@ -174,6 +208,9 @@ class RepositoryWatcher:
         except Exception as exc:
             self._watch_failed(exc)
         self._next_check = self._context.clock.now() + CHECK_S
+        # Before the first scan too: a link's target changed after it is then seen.
+        self._remember_links(self._looks(self._names()))
+        self._next_link_check = self._next_check
         self._task = asyncio.create_task(self._run(), name="watcher")
 
     async def _run(self) -> None:
@@ -181,6 +218,7 @@ class RepositoryWatcher:
             await asyncio.sleep(self._poll_s)
             try:
                 await self._check_watch()
+                await self._check_links()
                 await self._settle()
             except Exception:  # whatever went wrong, the next pass runs
                 log.exception("watcher: a pass failed; carrying on")
@@ -189,8 +227,9 @@ class RepositoryWatcher:
         pending = self._settler.pending
         if not pending:
             return
-        look = await asyncio.to_thread(self._snapshots, pending)
-        due = self._settler.poll(look)
+        looks = await asyncio.to_thread(self._looks, pending)
+        due = self._settler.poll({name: snap for name, (snap, _) in looks.items()})
+        self._remember_links({name: looks[name] for name in due})
         replaced = None
         if self._renew_for.intersection(due):
             self._renew_for.difference_update(due)
@@ -211,14 +250,35 @@ class RepositoryWatcher:
         if not task.cancelled() and task.exception() is not None:
             log.error("watcher: syncing a model failed", exc_info=task.exception())
 
-    def _snapshots(self, names: list[str]) -> dict[str, Snapshot]:
+    def _looks(self, names: list[str]) -> dict[str, tuple[Snapshot, bool]]:
         out = {}
         for name in names:
             try:
-                out[name] = snapshot(self._root, name)
+                out[name] = look(self._root, name)
             except Exception as exc:  # an unreadable model must not stop the others
                 log.warning("watcher: cannot look at model %s (%s); skipped", name, exc)
         return out
+
+    def _remember_links(self, looks: dict[str, tuple[Snapshot, bool]]) -> None:
+        for name, (snap, linked) in looks.items():
+            if linked:
+                self._linked[name] = snap
+            else:
+                self._linked.pop(name, None)
+
+    async def _check_links(self) -> None:
+        """Every CHECK_S, a model with a symlink among its paths whose files changed (size
+        or mtime, through its links) is touched, as an event would: it settles and syncs."""
+        now = self._context.clock.now()
+        if now < self._next_link_check or not self._linked:
+            return
+        self._next_link_check = now + CHECK_S
+        pending = set(self._settler.pending)  # (looked at until they settle already)
+        names = [name for name in self._linked if name not in pending]
+        looks = await asyncio.to_thread(self._looks, names)
+        for name, (snap, _) in looks.items():
+            if name in self._linked and snap != self._linked[name]:
+                self._settler.touched(name)
 
     def _identity(self) -> tuple[int, int] | None:
         try:
