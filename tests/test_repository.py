@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infergate.engine.repository.scan import is_ignored, scan_repository
+from infergate.engine.repository.scan import is_ignored, model_name_for, scan_repository
 from infergate.engine.repository.spec import ModelEntry, TensorSpec, VersionPolicy
 from infergate.errors import ConfigError
 from infergate.profile import load_profile
@@ -35,6 +35,17 @@ def test_versions_lone_files_and_runtimes(tmp_path: Path) -> None:
     assert entries["encoder"].versions[0].runtime == "torchscript"
     assert entries["plain"].versions[0].path == tmp_path / "plain.onnx"
     assert all(e.problem is None for e in entries.values())
+
+
+def test_a_name_with_a_newline_or_a_control_character_is_no_model(tmp_path: Path) -> None:
+    """Served, such a name put a line break into every log line and event naming it, and
+    the repository API, which checks names whole, could not unload it."""
+    touch(tmp_path / "evil\n" / "1" / "model.onnx")
+    touch(tmp_path / "lone\n.onnx")
+    touch(tmp_path / "bell\x07" / "1" / "model.onnx")
+    touch(tmp_path / "good" / "1" / "model.onnx")
+    assert [e.name for e in scan_repository(tmp_path)] == ["good"]
+    assert model_name_for(tmp_path, tmp_path / "evil\n" / "1" / "model.onnx") is None
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@ repository API. Changes go through the ProfileStore, so they persist atomically.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
@@ -13,6 +12,7 @@ from tomlkit import TOMLDocument, table
 
 from infergate.engine.admission.tenants import hash_key, new_key
 from infergate.engine.engine import Engine
+from infergate.engine.repository.scan import is_model_name
 from infergate.engine.snapshots import TenantView
 from infergate.errors import (
     BadRequest,
@@ -42,13 +42,11 @@ def _json(doc: Any, status: int = 200) -> Response:
 # send; no client of the admin API sends these.
 _FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-# A model name is a folder or file name in the repository (see repository.model_names).
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def check_model_name(name: str) -> str:
     """400 for a name that could not be a model in the repository: `..`, a path, hidden."""
-    if not _MODEL_NAME.fullmatch(name):  # (match with $ took a name ending in a newline)
+    if not is_model_name(name):  # as the repository's scan names them
         raise BadRequest(
             f"{name!r} is not a model name: a model is a folder or file in the repository, "
             "named with letters, digits, '_', '-' and '.', not starting with '.'"

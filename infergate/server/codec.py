@@ -375,12 +375,14 @@ def pass_through_header(body: Body, header_length: str | None) -> dict[str, Any]
 
 
 def _header_length(header_length: str, body_length: int) -> int:
-    try:
-        json_len = int(header_length)
-    except ValueError:
+    # ASCII digits only, as Content-Length: int() also takes "+5", " 5", "5_0" and "٥",
+    # which the body decoder, reading digits, took for no length and decoded on the loop.
+    if not (header_length.isascii() and header_length.isdigit()) or len(header_length) > 18:
         raise BadRequest(
-            f"Inference-Header-Content-Length must be an integer, got {shown(header_length)}"
-        ) from None
+            "Inference-Header-Content-Length must be the JSON header's length in bytes, "
+            f"in digits, got {shown(header_length)}"
+        )
+    json_len = int(header_length)
     if not 0 <= json_len <= body_length:
         raise BadRequest(
             f"Inference-Header-Content-Length is {json_len} but the body "

@@ -270,6 +270,8 @@ class BodyDecoder:
             return decode_request(body, header_length, max_strings=self.max_strings)
         if keeper is not None:
             keeper.keep_buffer(body)  # the request's own reference goes first
+        if header_length is not None:  # its 400 before any decoding, on the loop or not
+            _header_length(header_length, len(body))
         if not self._json_heavy(header_length):  # a small JSON header, then binary tensors
             decoded = decode_request(
                 body, header_length, defer_bytes=True, max_strings=self.max_strings
@@ -285,11 +287,8 @@ class BodyDecoder:
     def _json_heavy(self, header_length: str | None) -> bool:
         """Whether a large body's JSON is large too: all of it (no binary header length),
         or a header longer than what decodes inline."""
-        return header_length is None or (
-            header_length.isascii()
-            and header_length.isdigit()
-            and (len(header_length) > 18 or int(header_length) > self._inline_max)
-        )  # (too many digits for int(): its 400 comes from the decoding)
+        # (Its callers checked it: digits, at most the body's length.)
+        return header_length is None or int(header_length) > self._inline_max
 
     async def pass_through_header(
         self, body: Body, header_length: str | None, tenant: Hashable = None

@@ -17,7 +17,14 @@ from infergate.settings.table import read_toml
 # (str.isdigit takes "²", which int() refuses, and "١", which it reads as 1: another "1").
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def is_model_name(name: str) -> bool:
+    """Whether `name` may be a model's: letters, digits, '_', '-' and '.', not starting
+    with '.'. Whole: `match` with `$` also took a name ending in a newline, served, and
+    put into log lines, but refused by the repository API."""
+    return _NAME.fullmatch(name) is not None
 
 
 def is_ignored(path: Path) -> bool:
@@ -103,7 +110,7 @@ def model_names(root: Path) -> list[str]:
         raise ConfigError(f"models folder {root} does not exist; create it or pass --models DIR")
     names = set()
     for child in root.iterdir():
-        if is_ignored(child) or not _NAME.match(child.stem):
+        if is_ignored(child) or not is_model_name(child.stem):
             continue
         if child.is_dir():
             names.add(child.name)
@@ -126,7 +133,7 @@ def model_name_for(root: Path, path: Path) -> str | None:
         suffix = Path(stem).suffix
         if suffix in model_suffixes():
             return Path(stem).stem
-    return first if _NAME.match(first) else None
+    return first if is_model_name(first) else None
 
 
 def scan_repository(root: Path) -> list[ModelEntry]:
