@@ -131,11 +131,21 @@ def from_wire(buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...])
     """A tensor from raw bytes; raises ValueError naming the size mismatch."""
     count = math.prod(shape)
     if datatype == "BYTES":
-        flat = deserialize_bytes(buffer)
-        if flat.size != count:
+        # No more elements read than the shape needs: 1 MB of zero-length elements is
+        # 250,000 of them, built before the count was compared (0.1 s of the event loop).
+        view = memoryview(buffer)
+        items, offset = read_bytes_elements(view, 0, count)
+        if offset != len(view):
             raise ValueError(
-                f"holds {flat.size} BYTES elements but shape {list(shape)} needs {count}"
+                f"holds more BYTES elements than shape {list(shape)} needs ({count}): "
+                f"{len(view) - offset} bytes left over after them"
             )
+        if len(items) != count:
+            raise ValueError(
+                f"holds {len(items)} BYTES elements but shape {list(shape)} needs {count}"
+            )
+        flat = np.empty(count, dtype=object)
+        flat[:] = items
         return flat.reshape(shape)
     dtype = _WIRE_DTYPES.get(datatype) or numpy_dtype(datatype).newbyteorder("<")
     expected = count * dtype.itemsize
