@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infergate.cli.logs import JsonFormatter
+from infergate.cli.logs import JsonFormatter, TextFormatter
 from tests.conftest import write_profile
 from tests.onnx_models import make_mlp
 from tests.polling import wait_until
@@ -215,3 +215,28 @@ def test_json_logs_leave_out_uvicorn_s_coloured_template() -> None:
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == "Started 7"
     assert "color_message" not in line
+
+
+def test_a_client_cannot_forge_a_text_log_line() -> None:
+    """The access log's path is percent-decoded: a `%0A` in it started a line of the
+    client's making (`... POST /admin/tenants 200 ... tenant=admin`), a `%1B` wrote
+    terminal escapes. In the text format every message is one line, its controls escaped."""
+    forged = "\n2026-01-01 00:00:00,000 INFO    infergate.access: POST /admin/tenants 200"
+    record = logging.LogRecord(
+        "infergate.access", logging.INFO, __file__, 1, "GET %s 404 tenant=%s", (forged, "-"), None
+    )
+    line = TextFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert "\n" not in line
+    assert line == (
+        "INFO infergate.access: GET \\x0a2026-01-01 00:00:00,000 INFO    infergate.access: "
+        "POST /admin/tenants 200 404 tenant=-"
+    )
+    record.args = ("\x1b]0;title\x07\r\x7f\x9b\t", "-")
+    assert TextFormatter("%(message)s").format(record) == (
+        "GET \\x1b]0;title\\x07\\x0d\\x7f\\x9b\t 404 tenant=-"
+    )
+    try:
+        raise ValueError("kept")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    assert "\nValueError: kept" in TextFormatter("%(message)s").format(record)  # its lines

@@ -22,6 +22,23 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
 }
 
 
+# C0 controls but tab, DEL and C1, as escapes: a client's text in a message (the access
+# log's path is percent-decoded: %0A is a line break) could start a forged log line, or
+# move a terminal's cursor. JSON lines escape them already.
+_CONTROLS = {
+    code: f"\\x{code:02x}" for code in [*range(0x09), *range(0x0A, 0x20), 0x7F, *range(0x80, 0xA0)]
+}
+
+
+class TextFormatter(logging.Formatter):
+    """The text format: one line a message, whatever the message holds (a traceback
+    after it keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = record.message.translate(_CONTROLS)
+        return super().formatMessage(record)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object a line: time (UTC, ISO 8601), level, logger, message, and the
     record's extra fields (the access log's request_id, model, status...)."""
@@ -62,7 +79,7 @@ def configure(level: str, fmt: str, access_log: bool) -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
