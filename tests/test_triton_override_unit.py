@@ -64,6 +64,9 @@ def test_kind_gpu_lets_a_cpu_model_take_a_gpu() -> None:
             "asks for 300 instances in all; a model has at most 256",
         ),
         ('{"name": ' + "[" * 1000 + "1" + "]" * 1000 + "}", "'name' is [[[[...]]]]"),
+        # No preferred sizes here: accepted and ignored, they changed nothing without a word.
+        ('{"dynamic_batching": {"preferred_batch_size": [4, 8]}}', "has no preferred sizes"),
+        ('{"dynamic_batching": {"preferred_batch_size": "x"}}', "preferred_batch_size' is 'x'"),
     ],
 )
 def test_refusals_name_the_field(text: str, names: str) -> None:
@@ -76,3 +79,8 @@ def test_refusals_name_the_field(text: str, names: str) -> None:
 def test_the_config_must_be_a_string() -> None:
     with pytest.raises(BadRequest, match="parameters.config must be a JSON string"):
         parse_override("m", {"max_batch_size": 1}, None)
+
+
+def test_an_empty_preferred_batch_size_comes_back_as_the_config_endpoint_shows_it() -> None:
+    config = overridden('{"dynamic_batching": {"preferred_batch_size": []}}')
+    assert config.batching == BatchingOverrides()

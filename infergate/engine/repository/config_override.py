@@ -173,6 +173,15 @@ def apply_override(name: str, config: ModelConfig, doc: dict[str, Any]) -> Model
             field = "dynamic_batching.max_queue_delay_microseconds"
             micros = _integer(name, field, dynamic["max_queue_delay_microseconds"], 0)
             batching = replace(batching, max_queue_delay_ms=micros / 1000.0)
+        preferred = dynamic.get("preferred_batch_size", [])
+        if preferred != []:  # (the config endpoint shows [], which may come back as it is)
+            raise _fail(
+                name,
+                f"config field 'dynamic_batching.preferred_batch_size' is {shown(preferred)}; "
+                "infergate's batcher has no preferred sizes (a batch is what queued, up to "
+                "max_batch_size, within max_queue_delay_microseconds). Hint: leave it out, "
+                "or empty",
+            )
     instances, device = config.instances, config.device
     if "instance_group" in doc:
         instances, device = _instance_groups(name, doc["instance_group"], config)
