@@ -185,6 +185,13 @@ def test_a_405_says_which_methods_the_path_takes(admin_server: ServerProcess) ->
     assert answer.status_code == 405
     assert answer.json()["error"] == "DELETE is not allowed on /v2/health/live"
     assert answer.headers["allow"] == "GET, HEAD"
+    # The infer route too (it answered 404 "no such endpoint", without Allow).
+    for method in ("GET", "PUT", "DELETE"):
+        for path in ("/v2/models/m/infer", "/v2/models/m/versions/1/infer"):
+            answer = httpx.request(method, f"{admin_server.url}{path}", timeout=10)
+            assert answer.status_code == 405
+            assert answer.json()["error"] == f"{method} is not allowed on {path}"
+            assert answer.headers["allow"] == "POST"
 
 
 def test_head_on_the_event_stream_is_its_headers_alone(admin_server: ServerProcess) -> None:

@@ -39,7 +39,7 @@ from infergate.server.compression import (
 )
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
 from infergate.server.encoding import encode_response, response_headers
-from infergate.server.errors import error_body
+from infergate.server.errors import error_body, error_response
 from infergate.server.infer_request import (
     HEADER_LENGTH,
     api_key,
@@ -82,11 +82,17 @@ class InferRoute:
         self._finishing: set[asyncio.Task[None]] = set()  # `_later`'s (the loop's are weak)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http":
             match = INFER_PATH.match(scope["path"])
             if match is not None:
-                name, version = match.groups()
-                await self._infer(name, version, scope, receive, send)
+                if scope["method"] == "POST":
+                    name, version = match.groups()
+                    await self._infer(name, version, scope, receive, send)
+                else:  # as every other route's: a 405 that says what the path takes
+                    path = scope["path"]
+                    answer = error_response(405, f"{scope['method']} is not allowed on {path}")
+                    answer.headers["Allow"] = "POST"
+                    await answer(scope, receive, send)
                 return
         await self._fallback(scope, receive, send)
 
