@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import httpx
@@ -11,7 +13,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from infergate.engine.triton.classification import MAX_ENTRIES, classify
+from infergate.engine.triton.classification import MAX_ENTRIES, MAX_LABELS_BYTES, classify
 from infergate.errors import BadRequest
 from infergate.server.compression import MIN_BYTES, compress_response
 from tests.server import ServerProcess
@@ -83,6 +85,40 @@ def test_classification_is_bounded_by_the_entries_it_makes(tmp_path: Path) -> No
     with pytest.raises(BadRequest, match="1 row"):
         classify("y", rows.reshape(-1), MAX_ENTRIES + 1, False, model)
     assert classify("y", rows[:MAX_ENTRIES], 5, True, model).shape == (MAX_ENTRIES, 1)
+
+
+def test_a_labels_file_that_is_no_regular_file_or_too_large_gives_no_labels(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """labels.txt is read on the event loop: a FIFO there held every tenant's requests
+    until something wrote to it, and a huge one was read whole. Such a file is said once
+    in the log and the answer carries no labels; a regular one still labels."""
+    scores = np.array([[0.1, 0.9]], dtype=np.float32)
+    fifo_model = tmp_path / "fifo" / "1" / "model.onnx"
+    fifo_model.parent.mkdir(parents=True)
+    os.mkfifo(fifo_model.parent / "labels.txt")
+    big_model = tmp_path / "big" / "1" / "model.onnx"
+    big_model.parent.mkdir(parents=True)
+    (big_model.parent / "labels.txt").write_bytes(b"x\n" * (MAX_LABELS_BYTES // 2 + 1))
+    fine_model = tmp_path / "fine" / "1" / "model.onnx"
+    fine_model.parent.mkdir(parents=True)
+    (fine_model.parent / "labels.txt").write_text("cat\ndog\n")
+    answers: list[object] = []
+    reading = threading.Thread(
+        target=lambda: answers.append(classify("y", scores, 1, True, fifo_model)), daemon=True
+    )
+    reading.start()
+    reading.join(timeout=30)  # a bound on a call that takes microseconds, not a delay
+    assert not reading.is_alive(), "classification blocked on a FIFO labels.txt"
+    assert [a.tolist() for a in answers] == [[[b"0.900000:1"]]]  # type: ignore[attr-defined]
+    assert classify("y", scores, 1, True, big_model).tolist() == [[b"0.900000:1"]]
+    assert classify("y", scores, 1, True, fine_model).tolist() == [[b"0.900000:1:dog"]]
+    warned = [r.getMessage() for r in caplog.records if "carry no labels" in r.getMessage()]
+    assert len(warned) == 2
+    assert "not a regular file" in warned[0]
+    assert "larger than 4 MiB" in warned[1]
+    classify("y", scores, 1, True, big_model)  # said once, until the file changes
+    assert len([r for r in caplog.records if "carry no labels" in r.getMessage()]) == 2
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])

@@ -37,6 +37,12 @@ def load_toml(path: Path, max_bytes: int = MAX_TOML_BYTES) -> dict[str, Any]:
 
 def read_toml(path: Path, max_bytes: int = MAX_TOML_BYTES) -> bytes:
     """The bytes of the TOML file at `path`, as `load_toml` reads them."""
+    return read_regular(path, max_bytes)
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file at `path`, at most `max_bytes` of them; ConfigError
+    for anything else (a FIFO, a device, a folder, a larger file, one not readable)."""
     try:
         # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)

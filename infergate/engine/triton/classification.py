@@ -5,19 +5,25 @@ Labels are the lines of a labels.txt in the model's folder (or its version folde
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from infergate.errors import BadRequest, shown
+from infergate.errors import BadRequest, ConfigError, shown
+from infergate.settings.table import read_regular
 from infergate.tensors import Array
+
+log = logging.getLogger("infergate.models")
 
 LABELS_FILE = "labels.txt"
 # Each entry is a string formatted on the event loop (about 2 us): 2 million of them held
 # it for 4 s. 65,536 is any batch of 32,768 rows ranked twice, or 64 rows of 1,000 classes.
 MAX_ENTRIES = 65_536
 _labels_cache: dict[Path, tuple[float, list[str]]] = {}
+# A label a class, for at most MAX_ENTRIES classes: 4 MiB holds 64 bytes each.
+MAX_LABELS_BYTES = 4 << 20
 
 
 def _labels(model_file: Path) -> list[str]:
@@ -30,10 +36,21 @@ def _labels(model_file: Path) -> list[str]:
             continue
         cached = _labels_cache.get(path)
         if cached is None or cached[0] != mtime:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-            cached = _labels_cache[path] = (mtime, lines)
+            cached = _labels_cache[path] = (mtime, _read_labels(path))
         return cached[1]
     return []
+
+
+def _read_labels(path: Path) -> list[str]:
+    """The lines of a labels file; none, said once in the log until it changes, for a
+    file that is not a regular one of at most MAX_LABELS_BYTES: read on the event loop,
+    a FIFO there held every tenant's requests until something wrote to it."""
+    try:
+        data = read_regular(path, MAX_LABELS_BYTES)
+    except ConfigError as exc:
+        log.warning("classification answers carry no labels: %s", exc)
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()
 
 
 def _count(name: str, value: Any) -> int:
