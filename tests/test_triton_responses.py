@@ -60,18 +60,32 @@ def test_classification_without_labels_and_bad_counts(triton_server: ServerProce
     c = client(triton_server)
     result = c.infer("simple_fixed", simple_inputs(data, data), outputs=[output])
     assert result.as_numpy("OUTPUT0").tolist() == [b"30:15", b"28:14"]  # no labels.txt
-    response = httpx.post(
-        f"{triton_server.url}/v2/models/simple/infer",
-        json={
-            "inputs": [
-                {"name": n, "datatype": "INT32", "shape": [1, 16], "data": [0] * 16}
-                for n in ("INPUT0", "INPUT1")
-            ],
-            "outputs": [{"name": "OUTPUT0", "parameters": {"classification": "three"}}],
-        },
-    )
-    assert response.status_code == 400
-    assert "classification must be a positive integer" in response.json()["error"]
+
+    def executions() -> int:
+        stats = httpx.get(f"{triton_server.url}/v2/models/simple/stats", timeout=30).json()
+        return int(stats["model_stats"][0]["execution_count"])
+
+    before = executions()
+    # Refused before the model runs: found after it, each cost a run, counted a success.
+    for parameters, error in [
+        ({"classification": "three"}, "classification must be a positive integer"),
+        ({"classification": -5}, "classification must be a positive integer"),
+        ({"shared_memory_region": "nope", "shared_memory_byte_size": 64}, "not registered"),
+    ]:
+        response = httpx.post(
+            f"{triton_server.url}/v2/models/simple/infer",
+            json={
+                "inputs": [
+                    {"name": n, "datatype": "INT32", "shape": [1, 16], "data": [0] * 16}
+                    for n in ("INPUT0", "INPUT1")
+                ],
+                "outputs": [{"name": "OUTPUT0", "parameters": parameters}],
+            },
+            timeout=30,
+        )
+        assert response.status_code == 400
+        assert error in response.json()["error"]
+    assert executions() == before
 
 
 def test_classification_is_bounded_by_the_entries_it_makes(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 
 from infergate.engine.inference import InferenceRequest
 from infergate.engine.scheduling.sequences import sequence_params
+from infergate.engine.triton.classification import check_classifications
+from infergate.engine.triton.shared_memory import SYSTEM_SHM, wants_shared_memory
 from infergate.errors import BadRequest, shown
 from infergate.server.codec import DecodedRequest
 
@@ -72,6 +74,8 @@ def api_key(headers: dict[bytes, bytes]) -> str | None:
 
 
 def inference_request(name: str, number: int | None, decoded: DecodedRequest) -> InferenceRequest:
+    if decoded.output_parameters:  # (rare) refused before the model runs, not after it
+        check_output_parameters(decoded.output_parameters)
     params = decoded.parameters
     if not params:  # most requests: no timeout, priority, session or sequence to read
         return InferenceRequest(name, decoded.inputs, number, decoded.outputs)
@@ -85,3 +89,13 @@ def inference_request(name: str, number: int | None, decoded: DecodedRequest) ->
         session=session_of(params),
         sequence=sequence_params(params),
     )
+
+
+def check_output_parameters(parameters: dict[str, dict[str, Any]]) -> None:
+    """400 for an output's parameters the answer could not honour (a classification's
+    count, a shared memory range), before the request is queued: found after the model
+    ran, such a request cost a run, and counted in the statistics as a success."""
+    check_classifications(parameters)
+    for name, params in parameters.items():
+        if wants_shared_memory(params):
+            SYSTEM_SHM.check_output(name, params)

@@ -53,6 +53,14 @@ def _read_labels(path: Path) -> list[str]:
     return data.decode("utf-8", errors="replace").splitlines()
 
 
+def check_classifications(parameters: dict[str, dict[str, Any]]) -> None:
+    """400 now, before the model runs, for an output asked for as a classification whose
+    count `classify` would refuse."""
+    for name, params in parameters.items():
+        if params.get("classification"):  # (as `classify_outputs` reads it)
+            _count(name, params["classification"])
+
+
 def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise BadRequest(

@@ -216,14 +216,25 @@ class SharedMemoryRegions:
         except ValueError as exc:
             raise BadRequest(f"{what} in shared memory region {shown(region.name)} {exc}") from None
 
+    def check_output(self, output_name: str, params: dict[str, Any]) -> None:
+        """400 now, before the model runs, for an output's shared memory parameters that
+        `write_output` would refuse whatever the output holds: an unregistered region,
+        a size or offset that is not one, a range past the region's end."""
+        self._output_range(output_name, params)
+
+    def _output_range(self, output_name: str, params: dict[str, Any]) -> tuple[Region, int, int]:
+        region = self.get(params.get("shared_memory_region"))
+        size = _non_negative(params.get("shared_memory_byte_size"), "shared_memory_byte_size")
+        offset = _non_negative(params.get("shared_memory_offset", 0), "shared_memory_offset")
+        region._start(offset, size, _Tensor("output", output_name))
+        return region, size, offset
+
     def write_output(self, output_name: str, array: Array, params: dict[str, Any]) -> None:
         """Write an output into the region its parameters name. Its entry in the response
         then has no parameters at all: Triton's C++ client reads any it finds as binary
         data that follows the JSON."""
-        region = self.get(params.get("shared_memory_region"))
+        region, size, offset = self._output_range(output_name, params)
         what = _Tensor("output", output_name)
-        size = _non_negative(params.get("shared_memory_byte_size"), "shared_memory_byte_size")
-        offset = _non_negative(params.get("shared_memory_offset", 0), "shared_memory_offset")
         blob = to_wire(array)
         if len(blob) > size:
             raise BadRequest(
