@@ -9,6 +9,10 @@ their one-line wording)."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -25,7 +29,12 @@ from infergate.client_address import (
     project_profile_unread,
     segment,
 )
-from infergate.client_codec import InferResponse, decode_infer_response, encode_infer_request
+from infergate.client_codec import (
+    MAX_ANSWER_MB,
+    InferResponse,
+    decode_infer_response,
+    encode_infer_request,
+)
 from infergate.client_errors import (
     MAX_ERROR_CHARS,
     MAX_SERVER_ERROR_CHARS,
@@ -40,7 +49,10 @@ if TYPE_CHECKING:
     from infergate.tensors import Array
 
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
     "DEFAULT_URL",
+    "MAX_ANSWER_MB",
+    "MAX_DOCUMENT_BYTES",
     "MAX_ERROR_CHARS",
     "MAX_SERVER_ERROR_CHARS",
     "PROJECT_PROFILE",
@@ -62,19 +74,107 @@ __all__ = [
 ]
 
 
+DEFAULT_TIMEOUT_S = 30.0  # for a whole request: connecting, sending, the answer, all of it
+# An answer that is not an inference's (the admin API's documents, metadata): far more
+# than any infergate sends, and parsed into Python objects at tens of times its size, so
+# well below an inference's MAX_ANSWER_MB.
+MAX_DOCUMENT_BYTES = 16 << 20
+MAX_ERROR_BODY_BYTES = 1 << 20  # of an error's body: its start says what went wrong
+MAX_DIMS = 32  # of an input's shape in a model's metadata (numpy's limit, before 2.0)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A server's answer, read whole (and within the limits)."""
+
+    status: int
+    headers: httpx.Headers
+    content: bytes
+
+
+class _Deadline:
+    """One limit on a whole request. httpx's timeouts are per read, so a server that sends
+    a byte every few seconds was waited for without end; at the deadline the request's
+    connection is shut down, which ends the read or write in progress at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self.answered = False  # the answer's head came
+        self.received = 0  # bytes of the answer's body
+        self._socket: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        self._timer.start()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace hook: the request's socket, as soon as it is connected (to the
+        server, or to a proxy: `connection.` or `socks.connect_tcp.complete`)."""
+        if event.endswith(".connect_tcp.complete") and info.get("return_value"):
+            sock = info["return_value"].get_extra_info("socket")
+            with self._lock:
+                self._socket = sock
+                if self.expired:
+                    self._shut_down()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            self._shut_down()
+
+    def _shut_down(self) -> None:
+        # socket.socket's shutdown, even for an SSLSocket: its own would drop the TLS
+        # state under the thread that is reading.
+        if isinstance(self._socket, socket.socket):
+            with contextlib.suppress(OSError):  # closed already
+                socket.socket.shutdown(self._socket, socket.SHUT_RDWR)
+
+
+def _read_up_to(response: httpx.Response, limit: int, deadline: _Deadline) -> tuple[bytes, bool]:
+    """At most `limit` bytes of the answer's body (decoded: a gzip answer counts as it
+    unpacks), and whether it held more; reading stops there."""
+    parts: list[bytes] = []
+    for chunk in response.iter_bytes():
+        parts.append(chunk)
+        deadline.received += len(chunk)
+        if deadline.received > limit:
+            return b"".join(parts)[:limit], True
+    return b"".join(parts), False
+
+
 class Client:
     def __init__(
-        self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout_s: float | None = None,
+        max_answer_mb: int = MAX_ANSWER_MB,
     ) -> None:
-        """UrlError for an address that is not one, or a token that cannot be sent."""
+        """UrlError for an address that is not one, or a token that cannot be sent.
+        `timeout_s` (DEFAULT_TIMEOUT_S) bounds each whole request; `max_answer_mb` the
+        answer to an inference (`infergate infer --max-answer-mb` raises it)."""
         headers = {}
         if token:  # the caller picks the token: a tenant's key or an admin key
             check_token(token)
             headers["Authorization"] = f"Bearer {token}"
         self.url = normalize_url(url) if url else default_url()
         self.auth_headers = headers
-        self.timeout_s = timeout_s
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        self.max_answer_mb = max_answer_mb
+        # A connection per request (a command makes one or two): the deadline's trace hook
+        # sees each connect, so it can shut down the socket of any request.
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=self.timeout_s,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -85,33 +185,86 @@ class Client:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        limit: int = MAX_DOCUMENT_BYTES,
+        patient: bool = False,
+        **kwargs: Any,
+    ) -> Answer:
+        """The answer, whole within `timeout_s` of sending (`patient`: of its head, for a
+        call that waits as long as the server works) and at most `limit` bytes; ClientError
+        for anything else: an error status, a redirect, no answer, one too slow or large."""
+        deadline = _Deadline(self.timeout_s)
+        if not patient:
+            deadline.start()
         try:
-            response = self._http.request(method, path, **kwargs)
+            with self._http.stream(
+                method, path, extensions={"trace": deadline.trace}, **kwargs
+            ) as response:
+                deadline.answered = True
+                if patient:
+                    deadline.start()
+                return self._answer(method, path, response, limit, deadline)
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
-            raise ClientError(0, self._unreachable(method, path, exc)) from None
-        if 300 <= response.status_code < 400:
+            raise ClientError(0, self._unreachable(method, path, exc, deadline)) from None
+        finally:
+            deadline.stop()
+
+    def _answer(
+        self, method: str, path: str, response: httpx.Response, limit: int, deadline: _Deadline
+    ) -> Answer:
+        status = response.status_code
+        if 300 <= status < 400:
             where = response.headers.get("location")
             raise ClientError(
-                response.status_code,
+                status,
                 f"{self.url} answered {method} {path} with a redirect"
                 + (f" to {one_line(where)}" if where else "")
                 + ", which infergate does not follow. Hint: give the server's own address "
                 "as --url or INFERGATE_URL",
             )
-        if response.status_code >= 400:
-            raise ClientError(
-                response.status_code, error_text(response.content, response.reason_phrase)
-            )
-        return response
+        if status >= 400:
+            said, _ = _read_up_to(response, MAX_ERROR_BODY_BYTES, deadline)
+            raise ClientError(status, error_text(said, response.reason_phrase))
+        declared = response.headers.get("content-length", "")
+        if (
+            declared.isdigit()
+            and int(declared) > limit
+            and not response.headers.get("content-encoding")
+        ):
+            why = f"its Content-Length says {int(declared)} bytes"
+            raise ClientError(status, self._too_large(method, path, limit, why))
+        body, more = _read_up_to(response, limit, deadline)
+        if more:
+            raise ClientError(status, self._too_large(method, path, limit, "it went on past that"))
+        return Answer(status, response.headers, body)
 
-    def _unreachable(self, method: str, path: str, exc: Exception) -> str:
+    def _too_large(self, method: str, path: str, limit: int, why: str) -> str:
+        hint = (
+            "Hint: if the model's outputs are that large, raise infergate infer's --max-answer-mb"
+            if path.endswith("/infer")
+            else "Hint: is it an infergate server (of this version)? Check --url or INFERGATE_URL"
+        )
+        return (
+            f"{self.url} answered {method} {path} with more than {limit / 2**20:g} MB "
+            f"({why}), which is not read. {hint}"
+        )
+
+    def _unreachable(self, method: str, path: str, exc: Exception, deadline: _Deadline) -> str:
         """Why a request got no answer, in one line: refused, timed out, cut off, TLS."""
         said = one_line(str(exc) or type(exc).__name__).rstrip(".")
-        if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        # (at the deadline the socket is shut down: the error is then a cut connection)
+        timed_out = deadline.expired or isinstance(exc, httpx.TimeoutException)
+        if timed_out and not isinstance(exc, httpx.ConnectTimeout):
+            if not deadline.answered:
+                return f"{self.url} did not answer {method} {path} within {self.timeout_s:g} s"
             return (
-                f"{self.url} did not answer {method} {path} within {self.timeout_s:g} s "
-                f"({type(exc).__name__})"
+                f"{self.url} did not finish its answer to {method} {path} within "
+                f"{self.timeout_s:g} s (it had sent {deadline.received} bytes of it). Hint: "
+                "is it an infergate server, and is anything in between (a proxy) stalling "
+                "answers?"
             )
         if isinstance(exc, httpx.RemoteProtocolError):
             return (
@@ -142,11 +295,11 @@ class Client:
                 if response.content.strip()
                 else "an empty body"
             )
-            raise ClientError(response.status_code, self._odd(method, path, what)) from None
+            raise ClientError(response.status, self._odd(method, path, what)) from None
         if expect is not None and not isinstance(doc, expect):
             wanted = "an object" if expect is dict else "an array"
             raise ClientError(
-                response.status_code,
+                response.status,
                 self._odd(method, path, f"{json_kind(doc)} where infergate sends {wanted}"),
             )
         return doc
@@ -166,17 +319,17 @@ class Client:
             )
         return doc
 
-    def live(self) -> bool:
+    def _healthy(self, path: str) -> bool:
         try:
-            return self._http.get("/v2/health/live").status_code == 200
-        except httpx.HTTPError:
+            return self._request("GET", path).status == 200
+        except ClientError:
             return False
 
+    def live(self) -> bool:
+        return self._healthy("/v2/health/live")
+
     def ready(self) -> bool:
-        try:
-            return self._http.get("/v2/health/ready").status_code == 200
-        except httpx.HTTPError:
-            return False
+        return self._healthy("/v2/health/ready")
 
     def server_metadata(self) -> dict[str, Any]:
         return self._json("GET", "/v2", dict)  # type: ignore[no-any-return]
@@ -190,7 +343,8 @@ class Client:
 
     def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
         """A model's V2 metadata, its `inputs` checked: each with a name, a known datatype
-        and a shape of integers (what `infer` and `bench` build requests from)."""
+        and a shape of at most MAX_DIMS integers (what `infer` and `bench` build requests
+        from)."""
         from infergate.tensors import V2_TO_NUMPY
 
         path = model_path(name, version)
@@ -199,14 +353,19 @@ class Client:
         for t in inputs:
             name_ok = isinstance(t.get("name"), str)
             shape = t.get("shape")
-            shape_ok = isinstance(shape, list) and all(
-                isinstance(d, int) and not isinstance(d, bool) for d in shape
+            shape_ok = (
+                isinstance(shape, list)
+                and len(shape) <= MAX_DIMS
+                and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
             )
             if not name_ok or t.get("datatype") not in V2_TO_NUMPY or not shape_ok:
                 raise ClientError(
                     200,
                     self._odd(
-                        "GET", path, f"an input that is not a name, a V2 datatype and a shape: {t}"
+                        "GET",
+                        path,
+                        "an input that is not a name, a V2 datatype and a shape (of at most "
+                        f"{MAX_DIMS} dimensions): {t}",
                     ),
                 )
         return doc
@@ -256,7 +415,8 @@ class Client:
 
     def _no_read_timeout(self) -> httpx.Timeout:
         """For a call that waits as long as the server works (a load): no limit on the
-        answer, but one on connecting, so that an address nothing answers at still fails."""
+        answer's head, but one on connecting, so that an address nothing answers at still
+        fails (and, as `patient`, the deadline from the head on)."""
         return httpx.Timeout(None, connect=self.timeout_s)
 
     def load_model(self, name: str) -> None:
@@ -264,6 +424,7 @@ class Client:
         self._request(
             "POST",
             f"/v2/repository/models/{segment(name)}/load",
+            patient=True,
             timeout=self._no_read_timeout(),
         )
 
@@ -272,6 +433,7 @@ class Client:
         self._request(
             "POST",
             f"/v2/repository/models/{segment(name)}/unload",
+            patient=True,
             timeout=self._no_read_timeout(),
         )
 
@@ -291,13 +453,14 @@ class Client:
         self, model: str, body: bytes, headers: dict[str, str], version: str | None = None
     ) -> InferResponse:
         path = model_path(model, version) + "/infer"
-        response = self._request("POST", path, content=body, headers=headers)
+        limit = self.max_answer_mb << 20
+        response = self._request("POST", path, limit, content=body, headers=headers)
         try:
             return decode_infer_response(
                 response.content, response.headers.get("inference-header-content-length")
             )
         except ValueError as exc:
             raise ClientError(
-                response.status_code,
+                response.status,
                 self._odd("POST", path, f"something that is not a V2 inference response ({exc})"),
             ) from None

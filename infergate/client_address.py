@@ -6,16 +6,10 @@ version (`a/b`, `..`, `x?y`) can address another endpoint."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 from infergate.client_errors import UrlError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -45,28 +39,64 @@ def normalize_url(text: str, what: str = "--url") -> str:
 PROJECT_PROFILE = Path("profiles") / "default.toml"
 
 
+def _read_project_profile(folder: Path | None) -> tuple[Path, bytes] | None:
+    """./profiles/default.toml in `folder` (else the working directory) and its bytes, read
+    as `serve` reads a profile (a regular file, not too large); None when there is none.
+    UrlError for one that is no regular file or cannot be read (a FIFO would block for
+    ever, /dev/zero never end): the server's address cannot be known from it."""
+    from infergate.errors import ConfigError
+    from infergate.settings.table import MAX_PROFILE_BYTES, read_toml
+
+    path = PROJECT_PROFILE if folder is None else folder / PROJECT_PROFILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        return path, read_toml(path, MAX_PROFILE_BYTES)
+    except ConfigError as exc:
+        raise UrlError(
+            f"{path}, read for the port of the server started here (--url or INFERGATE_URL "
+            f"skips it): {str(exc).removeprefix(f'{path}: ')}"
+        ) from None
+
+
 def project_port(folder: Path | None = None) -> int | None:
     """The port of profiles/default.toml in `folder` (the working directory), if any: run
-    in a project folder, the CLI finds the server that `infergate serve` started there."""
-    path = (folder or Path.cwd()) / PROJECT_PROFILE
-    try:
-        doc = tomllib.loads(path.read_text())
-    except (OSError, ValueError):
+    in a project folder, the CLI finds the server that `infergate serve` started there.
+    None when the file is absent or does not parse; UrlError when it cannot be read."""
+    from infergate.errors import ConfigError
+    from infergate.settings.table import parse_toml
+
+    found = _read_project_profile(folder)
+    if found is None:
         return None
-    port = doc.get("server", {}).get("port") if isinstance(doc.get("server"), dict) else None
+    try:
+        doc = parse_toml(*found)
+    except ConfigError:
+        return None
+    server = doc.get("server")
+    port = server.get("port") if isinstance(server, dict) else None
     return port if isinstance(port, int) and 0 < port < 65536 else None
 
 
 def project_profile_unread(folder: Path | None = None) -> str | None:
     """Why ./profiles/default.toml, present, gave no port (a broken edit): the server that
     started from it may listen elsewhere than the URL tried. None when it did, or is absent."""
-    path = (folder or Path.cwd()) / PROJECT_PROFILE
-    if os.environ.get("INFERGATE_URL", "").strip() or not path.is_file():
+    from infergate.errors import ConfigError
+    from infergate.settings.table import parse_toml
+
+    if os.environ.get("INFERGATE_URL", "").strip():
         return None
     try:
-        tomllib.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return f"{PROJECT_PROFILE} does not parse ({exc}), so its port was not used"
+        found = _read_project_profile(folder)
+    except UrlError:  # said when the client was made (unless --url skipped the file)
+        return None
+    if found is None:
+        return None
+    try:
+        parse_toml(*found)
+    except ConfigError as exc:
+        said = str(exc).removeprefix(f"{found[0]}: not valid TOML: ")
+        return f"{PROJECT_PROFILE} does not parse ({said}), so its port was not used"
     return None
 
 

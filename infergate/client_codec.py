@@ -14,6 +14,10 @@ from infergate.client_errors import json_kind
 if TYPE_CHECKING:
     from infergate.tensors import Array
 
+# The largest inference answer the client reads (a larger one is refused unread): the
+# gateway's own cap on an upstream's answer ([remote] max_answer_mb).
+MAX_ANSWER_MB = 256
+
 
 @dataclass(frozen=True)
 class InferResponse:

@@ -28,10 +28,32 @@ MAX_ERROR_CHARS = 300  # of a body's text: one line, not a whole HTML page
 MAX_SERVER_ERROR_CHARS = 2000  # of a JSON `error`: infergate's own can list many inputs
 
 
+# C0 controls, DEL and C1 controls: on a terminal, ESC and CSI (\x9b) start sequences that
+# retitle the window, clear the screen or recolour what follows, CR overwrites the line.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+_NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def escape_controls(text: str, keep_newlines: bool = False) -> str:
+    """`text` with each control character written out as an escape (`\\x1b`, `\\r`, `\\t`,
+    `\\n`), so that text a server sent (an error, a name, a reason, a tensor's strings)
+    prints as inert characters, never as terminal control sequences. `keep_newlines`:
+    line breaks stay (the CLI's own multi-line text; a server's is escaped before)."""
+
+    def escape(found: re.Match[str]) -> str:
+        char = found.group()
+        if keep_newlines and char == "\n":
+            return char
+        return _NAMED_ESCAPES.get(char) or f"\\x{ord(char):02x}"
+
+    return _CONTROLS.sub(escape, text)
+
+
 def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """`text` on one line (its whitespace runs as single spaces), at most `limit`
-    characters: an error from a server goes on one line of stderr or a status line."""
-    flat = " ".join(text.split())
+    """`text` on one line (its whitespace runs as single spaces, other control characters
+    escaped), at most `limit` characters: an error from a server goes on one line of
+    stderr or a status line."""
+    flat = escape_controls(" ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
@@ -55,8 +77,8 @@ def error_text(body: bytes, reason: str = "") -> str:
             doc = doc["error"]
         if not isinstance(doc, str):
             return one_line(orjson.dumps(doc).decode())
-        return one_line(doc, MAX_SERVER_ERROR_CHARS) or reason
-    return one_line(body.decode("utf-8", "replace")) or reason
+        return one_line(doc, MAX_SERVER_ERROR_CHARS) or one_line(reason)
+    return one_line(body.decode("utf-8", "replace")) or one_line(reason)
 
 
 def json_kind(value: Any) -> str:

@@ -111,9 +111,7 @@ def test_half_an_answer_and_no_answer_are_said_as_such(fake: FakeServer) -> None
     fake.routes["*"] = Route(mode="hang")
     with Client(fake.url, timeout_s=0.2) as c, pytest.raises(ClientError) as caught:
         c.models()
-    assert caught.value.message == (
-        f"{fake.url} did not answer GET /admin/models within 0.2 s (ReadTimeout)"
-    )
+    assert caught.value.message == f"{fake.url} did not answer GET /admin/models within 0.2 s"
 
 
 def test_an_https_url_to_a_plain_server_says_tls(fake: FakeServer) -> None:
@@ -397,9 +395,9 @@ def test_key_new_write_to_an_odd_profile_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "binary.toml").write_bytes(b"\xff\xfe[server]")
     cases = [
         ("folder.toml", "cannot read"),
-        ("bad.toml", "is not TOML"),
+        ("bad.toml", "not valid TOML"),
         ("string.toml", "server.admin_keys is not a list"),
-        ("binary.toml", "is not TOML"),
+        ("binary.toml", "not valid TOML: not UTF-8"),
         ("missing/x.toml", "cannot write"),
     ]
     for name, words in cases:

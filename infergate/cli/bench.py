@@ -141,6 +141,7 @@ def bench(
         check_name("model version", version, json)
     from infergate.client import ClientError, model_path
     from infergate.loadgen import Plan, Target, prepare, sample_inputs
+    from infergate.loadgen_inputs import InputsTooLarge
 
     try:
         with client(url, token, json) as c:
@@ -156,6 +157,10 @@ def bench(
     else:
         try:
             inputs = sample_inputs(metadata, batch, shapes=shapes)
+        except InputsTooLarge as exc:
+            if not exc.from_metadata:
+                fail(str(exc), EXIT_USAGE, json)
+            fail(_odd_metadata(base, model, version, str(exc)), EXIT_FAILURE, json)
         except ValueError as exc:
             fail(str(exc), EXIT_USAGE, json)
     csv_out = open_csv(csv_file, json)  # before the run: a bad path must not waste it
@@ -186,6 +191,17 @@ def bench(
         )
     if empty or any(r.failed for r in results) and not allow_errors:
         raise typer.Exit(EXIT_FAILURE)
+
+
+def _odd_metadata(base: str, model: str, version: str | None, what: str) -> str:
+    """A model's metadata bench cannot make inputs for, as the server's answer."""
+    from infergate.client import model_path
+
+    return (
+        f"{base} answered GET {model_path(model, version)} with metadata bench cannot make "
+        f"random inputs for: {what}. Hint: is the model's metadata right? --input-data FILE "
+        "sends inputs of any size"
+    )
 
 
 def _run_levels(

@@ -3,7 +3,9 @@
 Text from the server, the user or the disk (names, reasons, paths, error messages) is never
 parsed as Rich markup: it goes out as `Text` or with `markup=False`, so `dig[a-z]ts` and
 `pip install 'infergate[torch]'` print as written. Help is plain Click help for the same
-reason (typer's Rich help eats `[default: ...]`).
+reason (typer's Rich help eats `[default: ...]`). Nor does any of it reach the terminal as
+control characters: what prints (say, fail, emit_table, print_json) goes through
+`escape_controls`, so a server's ESC sequences, CRs and BELs show as `\\x1b`, `\\r`, `\\x07`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import orjson
 import typer
 
 from infergate.cli.helptext import CONTEXT
+from infergate.client_errors import escape_controls  # (re and orjson: nothing to wait for)
 
 if TYPE_CHECKING:  # the client (httpx, numpy) loads when a command talks to a server; rich
     # when one prints
@@ -99,13 +102,16 @@ def make_app(help: str) -> typer.Typer:
     )
 
 
-def client(url: str | None, token: str | None, as_json: bool = False) -> Client:
+def client(
+    url: str | None, token: str | None, as_json: bool = False, max_answer_mb: int | None = None
+) -> Client:
     """A client of the server at `url` (else INFERGATE_URL, the project's profile, the
-    default); an address or a token that cannot be used is a usage mistake (exit 2)."""
-    from infergate.client import Client, UrlError, default_url
+    default); an address or a token that cannot be used is a usage mistake (exit 2).
+    `max_answer_mb`: the largest inference answer read (the client's default if None)."""
+    from infergate.client import MAX_ANSWER_MB, Client, UrlError, default_url
 
     try:
-        return Client(url or default_url(), token)
+        return Client(url or default_url(), token, max_answer_mb=max_answer_mb or MAX_ANSWER_MB)
     except UrlError as exc:
         fail(str(exc), EXIT_USAGE, as_json)
 
@@ -190,24 +196,54 @@ def server_url(url: str | None, token: str | None, as_json: bool = False) -> str
         fail(str(exc), EXIT_USAGE, as_json)
 
 
+# DEL and the C1 controls, which JSON lets a string hold as they are (orjson writes C0 as
+# \u00XX already): as \u escapes, the same string, inert on a terminal.
+_JSON_RAW_CONTROLS = re.compile("[\x7f-\x9f]")
+
+
 def print_json(doc: Any) -> None:
-    sys.stdout.write(
-        orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
-    )
+    text = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
+    # Outside strings JSON is ASCII without controls: every match is inside a string.
+    text = _JSON_RAW_CONTROLS.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+    sys.stdout.write(text + "\n")
+
+
+def _escaped_text(text: Text, keep_newlines: bool = False) -> Text:
+    """A Rich `Text` with `escape_controls` applied piece by piece, its styles kept."""
+    from rich.text import Span, Text
+
+    if escape_controls(text.plain, keep_newlines) == text.plain:
+        return text
+    cuts = sorted({offset for span in text.spans for offset in (span.start, span.end)})
+    out = Text(style=text.style, end=text.end)
+    for piece in text.divide(cuts):  # each piece: one run of the same spans
+        escaped = escape_controls(piece.plain, keep_newlines)
+        out.append_text(Text(escaped, spans=[Span(0, len(escaped), s.style) for s in piece.spans]))
+    return out
+
+
+def _escaped(text: str | Text, keep_newlines: bool = False) -> str | Text:
+    if isinstance(text, str):
+        return escape_controls(text, keep_newlines)
+    return _escaped_text(text, keep_newlines)
 
 
 def say(text: str | Text, *, err: bool = False) -> None:
-    """Print text as written (no markup)."""
-    console(err).print(text, markup=False, highlight=False)
+    """Print text as written (no markup), its control characters escaped but for line
+    breaks: a server's text in it is escaped whole by the caller (`escape_controls`)."""
+    console(err).print(_escaped(text, keep_newlines=True), markup=False, highlight=False)
 
 
 def fail(message: str, code: int = EXIT_FAILURE, as_json: bool = False) -> NoReturn:
+    """The error as one line on stderr (its control characters, line breaks too, escaped),
+    or as {"error": ...} with --json; exit `code`."""
     if as_json:
         print_json({"error": message})
     else:
         from rich.text import Text
 
-        console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
+        line = Text.assemble(("error: ", "bold red"), escape_controls(message))
+        console(stderr=True).print(line)
     raise typer.Exit(code)
 
 
@@ -252,8 +288,10 @@ def emit_table(
     from rich.text import Text
 
     table = Table(*headers, title=title)
-    for row in rows:
-        table.add_row(*(c if isinstance(c, Text) else Text(c) for c in row))
+    for row in rows:  # newlines escaped too: a server's reason cannot fake rows
+        table.add_row(
+            *(_escaped_text(c) if isinstance(c, Text) else Text(escape_controls(c)) for c in row)
+        )
     out = console()
     if out.is_terminal:
         out.print(table, soft_wrap=False)
@@ -262,7 +300,9 @@ def emit_table(
 
 
 def _tsv(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+    """A TSV field: backslashes doubled, then tabs, newlines and every other control
+    character escaped (`\\t`, `\\n`, `\\r`, `\\x1b`): one field, one row, nothing raw."""
+    return escape_controls(value.replace("\\", "\\\\"))
 
 
 def request(url: str | None, token: str | None, as_json: bool, call: Callable[[Client], T]) -> T:

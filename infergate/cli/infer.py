@@ -27,6 +27,8 @@ from infergate.cli.common import (
     print_json,
     say,
 )
+from infergate.client_codec import MAX_ANSWER_MB
+from infergate.client_errors import escape_controls
 
 if TYPE_CHECKING:  # numpy and the client load when an inference runs
     import numpy as np
@@ -118,10 +120,45 @@ def _preview(array: Array, limit: int = 10) -> str:
     return f"[{text}{', …' if flat.size > limit else ''}]"
 
 
-def _save(response: InferResponse, folder: Path, json: bool) -> list[Path]:
-    """Each output to FOLDER/NAME.npy; the paths written."""
+MAX_FILE_NAME_BYTES = 255  # a file name's, on Linux and macOS filesystems
+
+
+def unsafe_file_name(name: str) -> str | None:
+    """Why an output's name, which the server's answer gives, cannot name NAME.npy in
+    --save DIR (None when it can): it must be one plain file there, nothing outside DIR
+    (`../x`, `/etc/x`), hidden (`.x`), or holding control characters."""
+    if not name:
+        return "it is empty"
+    if name.startswith("."):
+        return "it starts with '.', as a hidden file or a step up the path does"
+    if "/" in name or "\\" in name:
+        return "it holds a path separator"
+    if escape_controls(name) != name:
+        return "it holds control characters"
+    if len(f"{name}.npy".encode()) > MAX_FILE_NAME_BYTES:
+        return f"NAME.npy would be longer than the {MAX_FILE_NAME_BYTES} bytes of a file name"
+    return None
+
+
+def _check_names(response: InferResponse, server: str, folder: Path, json: bool) -> None:
+    """Every output's name, before any file is written: a server's answer names them."""
+    for name in response.outputs:
+        why = unsafe_file_name(name)
+        if why is not None:
+            fail(
+                f"{server} answered with an output named {name!r}, which --save cannot write "
+                f"as a file: {why}. Nothing was saved to {folder}. Hint: is it an infergate "
+                "server? Check --url or INFERGATE_URL, or leave out --save",
+                EXIT_FAILURE,
+                json,
+            )
+
+
+def _save(response: InferResponse, folder: Path, server: str, json: bool) -> list[Path]:
+    """Each output to FOLDER/NAME.npy, every NAME checked first; the paths written."""
     import numpy as np
 
+    _check_names(response, server, folder, json)
     paths = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -134,8 +171,8 @@ def _save(response: InferResponse, folder: Path, json: bool) -> list[Path]:
     return paths
 
 
-def _show(response: InferResponse, json: bool, save: Path | None) -> None:
-    saved = [] if save is None else _save(response, save, json)
+def _show(response: InferResponse, json: bool, save: Path | None, server: str) -> None:
+    saved = [] if save is None else _save(response, save, server, json)
     if json:
         doc = dict(response.raw)
         doc["outputs"] = [
@@ -154,7 +191,8 @@ def _show(response: InferResponse, json: bool, save: Path | None) -> None:
             doc["saved"] = [str(p) for p in saved]
         print_json(doc)
         return
-    say(Text.assemble((response.model, "bold"), f" version {response.version}"))
+    model, version = escape_controls(response.model), escape_controls(response.version)
+    say(Text.assemble((model, "bold"), f" version {version}"))
     emit_table(
         ["output", "datatype", "shape", "values"],
         [
@@ -200,6 +238,14 @@ def infer(
             show_default=False,
         ),
     ] = None,
+    max_answer_mb: Annotated[
+        int,
+        typer.Option(
+            "--max-answer-mb",
+            min=1,
+            help="The largest answer read, in MB; a larger one is refused unread",
+        ),
+    ] = MAX_ANSWER_MB,
     url: UrlOption = None,
     token: TokenOption = None,
     json: JsonOption = False,
@@ -232,12 +278,12 @@ def infer(
             json,
         )
     try:
-        with client(url, token, json) as c:
+        with client(url, token, json, max_answer_mb) as c:
             response = _run(c, model, items, version, output, binary is not False)
     except ClientError as exc:
         fail_client(exc, json)
     with answer_of(url, json):
-        _show(response, json, save)
+        _show(response, json, save, c.url)
 
 
 def _run(

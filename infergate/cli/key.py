@@ -68,13 +68,20 @@ def _add_hash(profile: Path, section: list[str], digest: str, as_json: bool) -> 
 
 
 def _read(profile: Path, as_json: bool) -> tomlkit.TOMLDocument:
-    """The profile to edit; one that cannot be read or is not TOML is one line, exit 2."""
+    """The profile to edit, read as `serve` reads one (a regular file of at most
+    MAX_PROFILE_BYTES: a FIFO would block for ever, /dev/zero never end) and checked to be
+    TOML; one that is not is one line, exit 2."""
+    from infergate.errors import ConfigError
+    from infergate.settings.table import MAX_PROFILE_BYTES, parse_toml, read_toml
+
     try:
-        return tomlkit.parse(profile.read_text())
-    except OSError as exc:
-        fail(f"cannot read {profile}: {exc.strerror or exc}", EXIT_USAGE, as_json)
-    except (UnicodeDecodeError, TOMLKitError) as exc:
-        fail(f"{profile} is not TOML: {' '.join(str(exc).split())}", EXIT_USAGE, as_json)
+        data = read_toml(profile, MAX_PROFILE_BYTES)
+        parse_toml(profile, data)  # its errors as `serve` says them, line and column
+        return tomlkit.parse(data.decode())
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE, as_json)
+    except TOMLKitError as exc:
+        fail(f"{profile}: not valid TOML: {' '.join(str(exc).split())}", EXIT_USAGE, as_json)
 
 
 def _has_tenant(profile: Path, name: str, as_json: bool) -> bool:

@@ -26,8 +26,11 @@ def __getattr__(name: str) -> Any:
 
 def usage_line(message: str, where: str) -> str:
     """Click's usage error as one line: its own full stop or question mark kept (not
-    doubled), without the "Value error, " that pydantic puts before a validator's words."""
-    text = " ".join(message.replace("Value error, ", "").split())
+    doubled), without the "Value error, " that pydantic puts before a validator's words,
+    control characters escaped (it can quote a server's names: a model's inputs)."""
+    from infergate.client_errors import escape_controls
+
+    text = escape_controls(" ".join(message.replace("Value error, ", "").split()))
     stop = "" if text.endswith((".", "?", "!")) else "."
     return f"error: {text}{stop} Hint: {where} -h"
 
@@ -37,7 +40,9 @@ TRACEBACKS = "INFERGATE_TRACEBACKS"  # =1: an unexpected error shows its traceba
 
 def unexpected_line(exc: BaseException) -> str:
     """An error no command expected (a bug, or a case not yet handled), in one line."""
-    said = " ".join(str(exc).split())
+    from infergate.client_errors import escape_controls
+
+    said = escape_controls(" ".join(str(exc).split()))
     return (
         f"error: unexpected {type(exc).__name__}{': ' + said if said else ''}. Hint: this is a "
         f"bug in infergate; {TRACEBACKS}=1 shows where, for a report"

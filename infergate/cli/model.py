@@ -29,6 +29,7 @@ from infergate.cli.common import (
     styled_state,
 )
 from infergate.cli.helptext import example
+from infergate.client_errors import escape_controls
 
 if TYPE_CHECKING:
     from infergate.client import Client
@@ -117,20 +118,23 @@ def status(
 
 
 def _show_status(model: dict[str, Any]) -> None:
-    head = Text.assemble((model["name"], "bold"), "  ", styled_state(model["state"]))
+    """The model as the server describes it: each of its values escaped (`escape_controls`)
+    before it goes into a line of the CLI's own."""
+    e = _escaped
+    head = Text.assemble((e(model["name"]), "bold"), "  ", styled_state(e(model["state"])))
     if model["default_version"]:
-        head.append(f"  default version {model['default_version']}")
+        head.append(f"  default version {e(model['default_version'])}")
     say(head)
     if model["reason"]:
-        say(f"  reason: {model['reason']}")
+        say(f"  reason: {e(model['reason'])}")
     for version, why in (model.get("failures") or {}).items():
-        say(Text.assemble("  ", (f"version {version} did not load:", "red"), f" {why}"))
+        say(Text.assemble("  ", (f"version {e(version)} did not load:", "red"), f" {e(why)}"))
     for v in model["versions"]:
         say(
             Text.assemble(
-                f"\n version {v['version']}  ",
-                styled_state(v["state"]),
-                f"  {v['platform']}  {v['path']}\n sha256 {v['sha256']}",
+                f"\n version {e(v['version'])}  ",
+                styled_state(e(v["state"])),
+                f"  {e(v['platform'])}  {e(v['path'])}\n sha256 {e(v['sha256'])}",
             )
         )
         emit_table(
@@ -161,8 +165,13 @@ def _show_status(model: dict[str, Any]) -> None:
         say("\n recent events")
         for event in model["events"]:
             stamp = time.strftime("%H:%M:%S", time.localtime(event["time"]))
-            version = f" v{event['version']}" if event["version"] else ""
-            say(f"  {stamp} {event['kind']}{version}: {event['message']}")
+            version = f" v{e(event['version'])}" if event["version"] else ""
+            say(f"  {stamp} {e(event['kind'])}{version}: {e(event['message'])}")
+
+
+def _escaped(value: Any) -> str:
+    """A value from the server's answer as inert text for a line of the CLI's own."""
+    return escape_controls(str(value))
 
 
 def _repository_call(
@@ -183,7 +192,8 @@ def _repository_call(
         return
     done = {"load": "loaded", "reload": "reloaded", "unload": "unloaded"}[action]
     default = model.get("default_version")
-    suffix = f", version {default} serving" if default and action != "unload" else ""
+    serving = f", version {escape_controls(str(default))} serving"
+    suffix = serving if default and action != "unload" else ""
     say(f"{name}: {done}{suffix}")
 
 

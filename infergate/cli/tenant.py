@@ -24,6 +24,7 @@ from infergate.cli.common import (
 )
 from infergate.cli.helptext import example
 from infergate.cli.settings import parse_settings, settings_text
+from infergate.client_errors import escape_controls
 
 app = make_app("List, add, change and remove tenants (persisted in the profile).")
 TokenOption = AdminTokenOption
@@ -67,7 +68,8 @@ def list_tenants(
     doc = request(url, token, fmt is Format.json, lambda c: c.tenants())
     tenants = [normalized(t) for t in doc["tenants"]]
     if doc.get("profile_error"):  # on stderr, so --json stays one array
-        say(f"warning: the profile's last edit was rejected: {doc['profile_error']}", err=True)
+        rejected = escape_controls(str(doc["profile_error"]))
+        say(f"warning: the profile's last edit was rejected: {rejected}", err=True)
     if fmt is Format.json:
         print_json(tenants)
         return
@@ -131,7 +133,7 @@ def add(
         if not isinstance(key, str):
             raise TypeError(f"api_key is {key!r}, not a string")
     say(f"tenant {name} added. API key (shown once, store it now):")
-    print(key)
+    print(escape_controls(key))
 
 
 @app.command("set", epilog=example("infergate tenant set acme rps=100 'models=[\"dig*\"]'"))
