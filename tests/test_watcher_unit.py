@@ -13,11 +13,13 @@ from watchdog.events import (
     FileModifiedEvent,
     FileMovedEvent,
     FileSystemEvent,
+    FileSystemEventHandler,
 )
+from watchdog.observers.inotify_c import InotifyConstants
 
 from infergate.clock import FakeClock
 from infergate.engine.repository.scan import model_name_for
-from infergate.engine.repository.watcher import Settler, _Handler, look, snapshot
+from infergate.engine.repository.watcher import Settler, _Handler, look, snapshot, watch_tree
 
 ROOT = Path("/models")
 
@@ -41,6 +43,43 @@ ROOT = Path("/models")
 )
 def test_model_name_for(path: str, name: str | None) -> None:
     assert model_name_for(ROOT, Path(path)) == name
+
+
+def test_a_file_in_the_models_folder_is_a_model_only_as_a_lone_model_file() -> None:
+    """A storm of stray files there (16,000 in 3 s) each made a model to look for."""
+    assert model_name_for(ROOT, Path("/models/junk1.txt"), folder=False) is None
+    assert model_name_for(ROOT, Path("/models/README"), folder=False) is None
+    assert model_name_for(ROOT, Path("/models/plain.onnx"), folder=False) == "plain"
+    assert model_name_for(ROOT, Path("/models/plain.onnx.sig"), folder=False) == "plain"
+    assert model_name_for(ROOT, Path("/models/v1.2"), folder=True) == "v1.2"
+    assert model_name_for(ROOT, Path("/models/m/notes.txt"), folder=False) == "m"
+
+
+def test_the_watch_asks_for_no_event_that_reading_makes(tmp_path: Path) -> None:
+    """Opening a file or folder, or closing it unwritten, changes no model; asked for,
+    those events came for every path the watcher itself read (its snapshots, watchdog's
+    walks), filled the kernel's queue in a storm of changes, and each overflow's walk made
+    more: the queue overflowed every 0.3 s with nothing changing, and a deploy was lost."""
+    observer = watch_tree(tmp_path, FileSystemEventHandler())
+    try:
+        [emitter] = list(observer.emitters)
+        mask = emitter.get_event_mask_from_filter()  # type: ignore[attr-defined]
+    finally:
+        observer.stop()
+        observer.join(5)
+    reading = InotifyConstants.IN_OPEN | InotifyConstants.IN_CLOSE_NOWRITE
+    assert mask & reading == 0
+    assert mask & InotifyConstants.IN_ACCESS == 0
+    changing = (
+        InotifyConstants.IN_CREATE,
+        InotifyConstants.IN_DELETE,
+        InotifyConstants.IN_MODIFY,
+        InotifyConstants.IN_ATTRIB,
+        InotifyConstants.IN_MOVED_FROM,
+        InotifyConstants.IN_MOVED_TO,
+        InotifyConstants.IN_CLOSE_WRITE,
+    )
+    assert all(mask & event for event in changing)
 
 
 def test_settles_only_after_files_stop_changing() -> None:

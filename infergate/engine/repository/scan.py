@@ -119,8 +119,11 @@ def model_names(root: Path) -> list[str]:
     return sorted(names)
 
 
-def model_name_for(root: Path, path: Path) -> str | None:
-    """Which model a changed path belongs to, or None for paths no model cares about."""
+def model_name_for(root: Path, path: Path, folder: bool = True) -> str | None:
+    """Which model a changed path belongs to, or None for paths no model cares about.
+    `folder`: whether `path` is (or was) a folder; a file in the models folder itself is a
+    model only as a lone model file (a stray README.md, or thousands of files written
+    there, are no models to look for)."""
     try:
         parts = path.relative_to(root).parts
     except ValueError:
@@ -133,6 +136,8 @@ def model_name_for(root: Path, path: Path) -> str | None:
         suffix = Path(stem).suffix
         if suffix in model_suffixes():
             return Path(stem).stem
+        if not folder:
+            return None
     return first if is_model_name(first) else None
 
 

@@ -28,7 +28,19 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirModifiedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
@@ -52,6 +64,22 @@ class _QuietStop(logging.Filter):
 
 logging.getLogger("watchdog.observers.inotify").addFilter(_QuietStop())
 Snapshot = tuple[tuple[str, int, int], ...]
+# What changes a model: not a file opened, or closed unwritten. Asked of inotify, those
+# came for every folder and file the watcher itself read (its snapshots, watchdog's walks
+# of the tree), filled the kernel's queue in a storm of changes, and each overflow's
+# walk made more of them: the queue overflowed every 0.3 s with nothing changing, and a
+# deploy was lost in it.
+_EVENTS = (
+    FileCreatedEvent,
+    DirCreatedEvent,
+    FileDeletedEvent,
+    DirDeletedEvent,
+    FileModifiedEvent,
+    DirModifiedEvent,
+    FileMovedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+)
 CHECK_S = 1.0  # how often the watch itself is checked
 GIVE_UP_AFTER = 3  # failed attempts to watch before it is reported as failed
 RETRY_MAX_S = 8.0
@@ -168,7 +196,10 @@ class _Handler(FileSystemEventHandler):
             if not raw:
                 continue
             path = Path(os.fsdecode(raw))
-            name = model_name_for(self._root, path)
+            # A file now in the models folder itself (not a link to a folder, which is a
+            # model's folder) is a model only as a lone model file.
+            stray = not event.is_directory and path.parent == self._root and path.is_file()
+            name = model_name_for(self._root, path, folder=not stray)
             if name is not None:
                 self._loop.call_soon_threadsafe(self._touched, name, appeared)
 
@@ -231,10 +262,10 @@ class RepositoryWatcher:
         due = self._settler.poll({name: snap for name, (snap, _) in looks.items()})
         self._remember_links({name: looks[name] for name in due})
         replaced = None
-        if self._renew_for.intersection(due):
+        if renew := self._renew_for.intersection(due):
             self._renew_for.difference_update(due)
             try:  # before the sync reads the files
-                replaced = await asyncio.to_thread(self._renew_watch)
+                replaced = await asyncio.to_thread(self._renew_watch_if_nested, renew)
             except Exception as exc:  # _check_watch watches afresh, with backoff
                 self._watched = None
                 self._watch_failed(exc)
@@ -343,6 +374,15 @@ class RepositoryWatcher:
         self._watched = identity
         self._context.metrics.watching.set(1)
 
+    def _renew_watch_if_nested(self, names: set[str]) -> BaseObserver | None:
+        """`_renew_watch` when one of the models that gained a folder now holds folders
+        of its own, which watchdog may have missed; a folder without any is watched as
+        its event came. (Each renewal walks the whole tree: a storm of empty folders
+        made one a pass.)"""
+        if any(_holds_folders(self._root / name) for name in names):
+            return self._renew_watch()
+        return None
+
     def _renew_watch(self) -> BaseObserver | None:
         """Watch the tree as it is now; the observer replaced is the caller's to stop."""
         observer = self._started_observer()
@@ -351,14 +391,7 @@ class RepositoryWatcher:
 
     def _started_observer(self) -> BaseObserver:
         assert self._handler is not None
-        observer = Observer()
-        try:
-            observer.schedule(self._handler, str(self._root), recursive=True)
-            observer.start()
-        except BaseException:
-            observer.stop()
-            raise
-        return observer
+        return watch_tree(self._root, self._handler)
 
     def _watch_failed(self, exc: Exception) -> None:
         self._failures += 1
@@ -388,6 +421,26 @@ class RepositoryWatcher:
             await asyncio.to_thread(observer.join, 5)
         for task in list(self._syncs):
             task.cancel()
+
+
+def watch_tree(root: Path, handler: FileSystemEventHandler) -> BaseObserver:
+    """A started observer of the tree under `root`, for the changes in _EVENTS."""
+    observer = Observer()
+    try:
+        observer.schedule(handler, str(root), recursive=True, event_filter=list(_EVENTS))
+        observer.start()
+    except BaseException:
+        observer.stop()
+        raise
+    return observer
+
+
+def _holds_folders(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return any(entry.is_dir(follow_symlinks=False) for entry in entries)
+    except OSError:  # gone, or not a folder: nothing in it to watch
+        return False
 
 
 def _stop(observer: BaseObserver | None) -> None:
