@@ -152,7 +152,9 @@ def test_a_request_whose_body_is_still_arriving_is_waited_for(
 def test_a_request_past_the_drain_time_gets_a_503_json(
     tmp_path: Path, fronts: int, padded: bool
 ) -> None:
-    server, gates = _start(tmp_path, 1, fronts)
+    # A drain time of half a second: the held request is in flight before the signal,
+    # and held for good, so it outlasts any drain time; 1 s waited half a second longer.
+    server, gates = _start(tmp_path, 0.5, fronts)
     try:
         assert server.process is not None
         thread, answers = _hold(server, padded)
