@@ -377,10 +377,15 @@ def pass_through_header(body: Body, header_length: str | None) -> dict[str, Any]
 def _header_length(header_length: str, body_length: int) -> int:
     # ASCII digits only, as Content-Length: int() also takes "+5", " 5", "5_0" and "٥",
     # which the body decoder, reading digits, took for no length and decoded on the loop.
-    if not (header_length.isascii() and header_length.isdigit()) or len(header_length) > 18:
+    if not (header_length.isascii() and header_length.isdigit()):
         raise BadRequest(
             "Inference-Header-Content-Length must be the JSON header's length in bytes, "
             f"in digits, got {shown(header_length)}"
+        )
+    if len(header_length) > 18:  # (int() of thousands of digits is itself a cost)
+        raise BadRequest(
+            f"Inference-Header-Content-Length has {len(header_length)} digits; a length "
+            "in bytes has at most 18"
         )
     json_len = int(header_length)
     if not 0 <= json_len <= body_length:
