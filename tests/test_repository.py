@@ -43,6 +43,8 @@ def test_a_name_with_a_newline_or_a_control_character_is_no_model(tmp_path: Path
     touch(tmp_path / "evil\n" / "1" / "model.onnx")
     touch(tmp_path / "lone\n.onnx")
     touch(tmp_path / "bell\x07" / "1" / "model.onnx")
+    touch(tmp_path / "m.\n" / "1" / "model.onnx")  # a folder's whole name, not its stem
+    touch(tmp_path / "a.b c" / "1" / "model.onnx")
     touch(tmp_path / "good" / "1" / "model.onnx")
     assert [e.name for e in scan_repository(tmp_path)] == ["good"]
     assert model_name_for(tmp_path, tmp_path / "evil\n" / "1" / "model.onnx") is None

@@ -10,6 +10,8 @@ import pytest
 from watchdog.events import (
     DirCreatedEvent,
     DirMovedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
     FileModifiedEvent,
     FileMovedEvent,
     FileSystemEvent,
@@ -86,15 +88,15 @@ def test_settles_only_after_files_stop_changing() -> None:
     clock = FakeClock()
     settler = Settler(clock, stable_s=1.0)
     settler.touched("m")
-    assert settler.poll({"m": (("a", 10, 1),)}) == []  # first look
+    assert settler.poll({"m": (("a", 10, 1, 7),)}) == []  # first look
     clock.advance(0.6)
-    assert settler.poll({"m": (("a", 20, 2),)}) == []  # still growing: the clock restarts
+    assert settler.poll({"m": (("a", 20, 2, 7),)}) == []  # still growing: the clock restarts
     clock.advance(0.6)
-    assert settler.poll({"m": (("a", 20, 2),)}) == []  # still only 0.6 s unchanged
+    assert settler.poll({"m": (("a", 20, 2, 7),)}) == []  # still only 0.6 s unchanged
     clock.advance(0.5)
-    assert settler.poll({"m": (("a", 20, 2),)}) == ["m"]
+    assert settler.poll({"m": (("a", 20, 2, 7),)}) == ["m"]
     assert settler.pending == []
-    assert settler.poll({"m": (("a", 20, 2),)}) == []  # acted on once
+    assert settler.poll({"m": (("a", 20, 2, 7),)}) == []  # acted on once
 
 
 def test_a_new_event_restarts_the_wait() -> None:
@@ -116,7 +118,7 @@ def test_snapshot_sees_size_and_ignores_temporaries(tmp_path: Path) -> None:
     (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"12345")
     (tmp_path / "m" / "1" / ".model.onnx.tmp").write_bytes(b"partial")
     (tmp_path / "lone.onnx").write_bytes(b"1")
-    [(path, size, _)] = snapshot(tmp_path, "m")
+    [(path, size, *_)] = snapshot(tmp_path, "m")
     assert (path, size) == ("m/1/model.onnx", 5)
     assert [row[:2] for row in snapshot(tmp_path, "lone")] == [("lone.onnx", 1)]
 
@@ -147,6 +149,27 @@ def test_look_says_whether_a_model_is_linked_and_follows_a_linked_version_folder
     snap, linked = look(models, "file")
     assert linked
     assert [row[:2] for row in snap] == [("file/1/model.onnx", 5)]
+    # Swapped to another file of the same size and mtime: another snapshot all the same.
+    (outside / "v3").mkdir()
+    twin = outside / "v3" / "model.onnx"
+    twin.write_bytes(b"54321")
+    stat = (outside / "v2" / "model.onnx").stat()
+    os.utime(twin, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(_link(models / "file" / "1" / ".swap", twin), models / "file" / "1" / "model.onnx")
+    assert look(models, "file")[0] != snap
+    # A linked folder whose target is gone is still linked (the volume may come back), and
+    # so is a model with a link deeper down.
+    os.symlink(outside / "gone", models / "dangling")
+    assert look(models, "dangling") == ((), True)
+    (models / "deep" / "1").mkdir(parents=True)
+    (models / "deep" / "1" / "model.onnx").write_bytes(b"1")
+    os.symlink(outside / "v2", models / "deep" / "1" / "assets")
+    assert look(models, "deep")[1] is True
+
+
+def _link(link: Path, target: Path) -> Path:
+    os.symlink(target, link)
+    return link
 
 
 @pytest.mark.parametrize(
@@ -164,7 +187,35 @@ async def test_a_folder_made_or_moved_in_asks_for_the_watch_to_be_renewed(
     event: FileSystemEvent, touched: list[tuple[str, bool]]
 ) -> None:
     seen: list[tuple[str, bool]] = []
-    handler = _Handler(ROOT, asyncio.get_running_loop(), lambda n, f: seen.append((n, f)))
+    handler = _Handler(ROOT, asyncio.get_running_loop(), lambda n, f, _: seen.append((n, f)))
     handler.dispatch(event)
     await asyncio.sleep(0)  # the handler hands over with call_soon_threadsafe
     assert seen == touched
+
+
+async def test_a_stray_file_in_the_models_folder_touches_no_model(tmp_path: Path) -> None:
+    """A storm of stray files made and deleted there (16,000 in 3 s) made as many models to
+    look for. A file there is a model only as a lone model file; a path gone, only for a
+    model already known (it may have been a link to that model's folder)."""
+    seen: list[tuple[str, bool]] = []
+    handler = _Handler(
+        tmp_path, asyncio.get_running_loop(), lambda n, _, known: seen.append((n, known))
+    )
+    (tmp_path / "junk1.txt").write_text("x")
+    (tmp_path / "plain.onnx").write_text("x")
+    os.symlink(tmp_path, tmp_path / "linked")  # a link to a folder: a model's folder
+    for event in (
+        FileCreatedEvent(str(tmp_path / "junk1.txt")),
+        FileCreatedEvent(str(tmp_path / "plain.onnx")),
+        FileCreatedEvent(str(tmp_path / "linked")),
+        FileDeletedEvent(str(tmp_path / "junk2.txt")),
+        FileDeletedEvent(str(tmp_path / "gone-link")),
+    ):
+        handler.dispatch(event)
+    await asyncio.sleep(0)  # the handler hands over with call_soon_threadsafe
+    assert seen == [
+        ("plain", False),
+        ("linked", False),
+        ("junk2.txt", True),  # only if a model of that name is known
+        ("gone-link", True),
+    ]

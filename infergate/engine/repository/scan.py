@@ -110,11 +110,12 @@ def model_names(root: Path) -> list[str]:
         raise ConfigError(f"models folder {root} does not exist; create it or pass --models DIR")
     names = set()
     for child in root.iterdir():
-        if is_ignored(child) or not is_model_name(child.stem):
+        if is_ignored(child):
             continue
         if child.is_dir():
-            names.add(child.name)
-        elif child.is_file() and runtime_for(child) is not None:
+            if is_model_name(child.name):
+                names.add(child.name)
+        elif child.is_file() and runtime_for(child) is not None and is_model_name(child.stem):
             names.add(child.stem)  # a folder of the same name wins in scan_model
     return sorted(names)
 

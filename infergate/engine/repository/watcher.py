@@ -15,8 +15,12 @@ watchdog watches a new folder's subfolders as it meets their creation events, un
 paths it knows then; a folder built quickly and renamed (the atomic deploy: build in
 `models/.staging-x`, then `mv` it to `models/x`) can leave subfolders it met only after the
 rename unwatched, so later edits in them would go unseen. So once a model that gained a
-folder (made or moved in) has settled, the watch is renewed: a fresh observer walks the
-tree as it is now, and only then is the old one stopped, so no event falls in between.
+folder (made or moved in) has settled, if it holds folders, the watch is renewed: a fresh
+observer walks the tree as it is now, and only then is the old one stopped, so no event
+falls in between.
+
+A model with a symlink among its paths may change behind the link, outside the models
+folder, where no event tells: it is looked at again every CHECK_S (`_check_links`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,7 +68,8 @@ class _QuietStop(logging.Filter):
 
 
 logging.getLogger("watchdog.observers.inotify").addFilter(_QuietStop())
-Snapshot = tuple[tuple[str, int, int], ...]
+Row = tuple[str, int, int, int]  # a file's path (from the models folder), size, mtime, inode
+Snapshot = tuple[Row, ...]
 # What changes a model: not a file opened, or closed unwritten. Asked of inotify, those
 # came for every folder and file the watcher itself read (its snapshots, watchdog's walks
 # of the tree), filled the kernel's queue in a storm of changes, and each overflow's
@@ -81,11 +87,12 @@ _EVENTS = (
     FileClosedEvent,
 )
 CHECK_S = 1.0  # how often the watch itself is checked
+LINKS_SHARE = 0.02  # of a core, at most, for looking at models with links (_check_links)
 GIVE_UP_AFTER = 3  # failed attempts to watch before it is reported as failed
 RETRY_MAX_S = 8.0
 
 
-def _stat_row(path: Path, name: str, rows: list[tuple[str, int, int]]) -> None:
+def _stat_row(path: Path, name: str, rows: list[Row]) -> None:
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -93,11 +100,13 @@ def _stat_row(path: Path, name: str, rows: list[tuple[str, int, int]]) -> None:
     except OSError as exc:  # a symlink loop, no permission: skip it, say so once per look
         log.warning("watcher: cannot look at %s (%s); skipped", path, exc.strerror or exc)
         return
-    rows.append((name, st.st_size, st.st_mtime_ns))
+    # The inode too: a link swapped to another file of the same size and mtime (weights
+    # unpacked by tar, `cp -a`, an image layer) is another file all the same.
+    rows.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
 
 
 def snapshot(root: Path, name: str) -> Snapshot:
-    """Size and mtime of every file that makes up model `name`."""
+    """Size, mtime and inode of every file that makes up model `name`."""
     return look(root, name)[0]
 
 
@@ -106,17 +115,18 @@ def look(root: Path, name: str) -> tuple[Snapshot, bool]:
     change outside the models folder, where no event tells (`RepositoryWatcher` looks at
     such a model again every CHECK_S). A version folder that is a link is looked into (one
     level: its files), as the scan reads it."""
-    rows: list[tuple[str, int, int]] = []
+    rows: list[Row] = []
     folder = root / name
-    linked = False
+    linked = folder.is_symlink()  # (a dangling one too: its target may come back)
     if folder.is_dir():
-        linked = folder.is_symlink()
         for dirpath, dirnames, filenames in os.walk(folder):
             dirnames[:] = [d for d in dirnames if not is_ignored(Path(d))]
             here = Path(dirpath)
-            if here == folder:  # os.walk does not follow the links among its folders
-                for linked_dir in [here / d for d in dirnames if (here / d).is_symlink()]:
-                    linked = True
+            # os.walk does not follow the links among its folders: a version folder's
+            # files are read through one, so they are in the snapshot (one level).
+            for linked_dir in [here / d for d in dirnames if (here / d).is_symlink()]:
+                linked = True
+                if here == folder:
                     _linked_folder_rows(root, linked_dir, rows)
             for filename in filenames:
                 if is_ignored(Path(filename)):
@@ -131,7 +141,7 @@ def look(root: Path, name: str) -> tuple[Snapshot, bool]:
     return tuple(sorted(rows)), linked
 
 
-def _linked_folder_rows(root: Path, folder: Path, rows: list[tuple[str, int, int]]) -> None:
+def _linked_folder_rows(root: Path, folder: Path, rows: list[Row]) -> None:
     try:
         entries = sorted(os.listdir(folder))
     except OSError as exc:  # a dangling link, a loop, no permission: skipped, as a file is
@@ -175,13 +185,15 @@ class Settler:
 
 
 class _Handler(FileSystemEventHandler):
-    """Hands each model a change touches to the loop: `touched(name, folder_appeared)`."""
+    """Hands each model a change touches to the loop: `touched(name, folder_appeared,
+    known_only)`, the last for a path gone from the models folder itself, which only a
+    model already known cares about."""
 
     def __init__(
         self,
         root: Path,
         loop: asyncio.AbstractEventLoop,
-        touched: Callable[[str, bool], None],
+        touched: Callable[[str, bool, bool], None],
     ) -> None:
         self._root = root
         self._loop = loop
@@ -196,12 +208,19 @@ class _Handler(FileSystemEventHandler):
             if not raw:
                 continue
             path = Path(os.fsdecode(raw))
-            # A file now in the models folder itself (not a link to a folder, which is a
-            # model's folder) is a model only as a lone model file.
-            stray = not event.is_directory and path.parent == self._root and path.is_file()
-            name = model_name_for(self._root, path, folder=not stray)
+            folder, known_only = True, False
+            if not event.is_directory and path.parent == self._root:
+                # In the models folder itself, a file is a model only as a lone model file
+                # (a link to a folder is a model's folder). A path gone may have been a
+                # link to a model's folder: looked at only for a model known, or a storm
+                # of stray files made and deleted made as many models to look for.
+                if path.is_file():
+                    folder = False
+                elif not path.exists():
+                    known_only = True
+            name = model_name_for(self._root, path, folder=folder)
             if name is not None:
-                self._loop.call_soon_threadsafe(self._touched, name, appeared)
+                self._loop.call_soon_threadsafe(self._touched, name, appeared, known_only)
 
 
 class RepositoryWatcher:
@@ -298,15 +317,20 @@ class RepositoryWatcher:
                 self._linked.pop(name, None)
 
     async def _check_links(self) -> None:
-        """Every CHECK_S, a model with a symlink among its paths whose files changed (size
-        or mtime, through its links) is touched, as an event would: it settles and syncs."""
+        """Every CHECK_S (or less often: LINKS_SHARE), a model with a symlink among its
+        paths whose files changed (through its links) is touched, as an event would: it
+        settles and syncs."""
         now = self._context.clock.now()
         if now < self._next_link_check or not self._linked:
             return
-        self._next_link_check = now + CHECK_S
         pending = set(self._settler.pending)  # (looked at until they settle already)
         names = [name for name in self._linked if name not in pending]
+        started = time.perf_counter()
         looks = await asyncio.to_thread(self._looks, names)
+        # Each CHECK_S, or less often when looking takes more than LINKS_SHARE of a core
+        # (400 models linked one by one, a ConfigMap's layout: 85 ms a look).
+        spent = time.perf_counter() - started
+        self._next_link_check = now + max(CHECK_S, spent / LINKS_SHARE)
         for name, (snap, _) in looks.items():
             if name in self._linked and snap != self._linked[name]:
                 self._settler.touched(name)
@@ -359,7 +383,9 @@ class RepositoryWatcher:
         except Exception:
             return []
 
-    def _touched(self, name: str, folder_appeared: bool) -> None:
+    def _touched(self, name: str, folder_appeared: bool, known_only: bool = False) -> None:
+        if known_only and not self._registry.has(name):
+            return
         self._settler.touched(name)
         if folder_appeared:
             self._renew_for.add(name)
