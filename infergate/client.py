@@ -115,8 +115,12 @@ class _Deadline:
 
     def trace(self, event: str, info: dict[str, Any]) -> None:
         """httpcore's trace hook: the request's socket, as soon as it is connected (to the
-        server, or to a proxy: `connection.` or `socks.connect_tcp.complete`)."""
-        if event.endswith(".connect_tcp.complete") and info.get("return_value"):
+        server, or to a proxy: `connection.` or `socks.connect_tcp.complete`), and again
+        once TLS wraps it (`.start_tls.complete`: the wrapping detaches the first socket
+        object, whose shutdown then fails with EBADF, and a TLS answer was not cut off)."""
+        if event.endswith((".connect_tcp.complete", ".start_tls.complete")) and info.get(
+            "return_value"
+        ):
             sock = info["return_value"].get_extra_info("socket")
             with self._lock:
                 self._socket = sock
@@ -258,13 +262,22 @@ class Client:
         # (at the deadline the socket is shut down: the error is then a cut connection)
         timed_out = deadline.expired or isinstance(exc, httpx.TimeoutException)
         if timed_out and not isinstance(exc, httpx.ConnectTimeout):
+            # An inference may take longer for good reasons: a slow model, a large answer.
+            longer = (
+                " Hint: a model that runs longer, or a large answer on a slow link, needs "
+                "infergate infer --timeout"
+                if path.endswith("/infer")
+                else " Hint: is it an infergate server, and is anything in between (a "
+                "proxy) stalling answers?"
+            )
             if not deadline.answered:
-                return f"{self.url} did not answer {method} {path} within {self.timeout_s:g} s"
+                return (
+                    f"{self.url} did not answer {method} {path} within {self.timeout_s:g} s."
+                    + longer
+                )
             return (
                 f"{self.url} did not finish its answer to {method} {path} within "
-                f"{self.timeout_s:g} s (it had sent {deadline.received} bytes of it). Hint: "
-                "is it an infergate server, and is anything in between (a proxy) stalling "
-                "answers?"
+                f"{self.timeout_s:g} s (it had sent {deadline.received} bytes of it)." + longer
             )
         if isinstance(exc, httpx.RemoteProtocolError):
             return (

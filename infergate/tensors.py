@@ -135,10 +135,10 @@ def from_wire(buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...])
         # 250,000 of them, built before the count was compared (0.1 s of the event loop).
         view = memoryview(buffer)
         items, offset = read_bytes_elements(view, 0, count)
-        if offset != len(view):
+        if offset != len(view):  # more elements, or bytes that are none
             raise ValueError(
-                f"holds more BYTES elements than shape {list(shape)} needs ({count}): "
-                f"{len(view) - offset} bytes left over after them"
+                f"has {len(view) - offset} bytes left over after the {count} BYTES elements "
+                f"shape {list(shape)} needs"
             )
         if len(items) != count:
             raise ValueError(

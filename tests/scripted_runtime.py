@@ -63,6 +63,8 @@ def _touch(mb: int) -> Array:
     resident in one system call: written one page at a time (np.ones), a fault each, 400
     MB took 3 to 4 s of system CPU on the 2-core VM the suite runs on, 0.2 s this way."""
     size = mb * 2**20
+    if size <= 0:  # (mmap takes no empty mapping)
+        return np.ones(0, dtype=np.uint8)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     memory = np.frombuffer(mmap.mmap(-1, size, flags=flags), dtype=np.uint8)
     memory.fill(1)  # ones, so every page is really resident wherever MAP_POPULATE is not

@@ -65,7 +65,7 @@ def test_bytes_past_what_the_shape_needs_are_refused_without_reading_them() -> N
     """A small body of zero-length elements holds hundreds of thousands: they were all
     built (0.1 s of the event loop for 1 MB) before their count met the shape's."""
     many = b"\x00\x00\x00\x00" * 250_000
-    with pytest.raises(ValueError, match=r"more BYTES elements than shape \[1, 2\] needs \(2\)"):
+    with pytest.raises(ValueError, match=r"left over after the 2 BYTES elements shape \[1, 2\]"):
         from_wire(many, "BYTES", (1, 2))
     header = orjson.dumps(
         {
@@ -79,7 +79,7 @@ def test_bytes_past_what_the_shape_needs_are_refused_without_reading_them() -> N
             ]
         }
     )
-    with pytest.raises(BadRequest, match="more BYTES elements"):
+    with pytest.raises(BadRequest, match="bytes left over after the 2 BYTES elements"):
         decode_request(header + many, str(len(header)))
 
 

@@ -228,12 +228,12 @@ def test_a_client_cannot_forge_a_text_log_line() -> None:
     line = TextFormatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert "\n" not in line
     assert line == (
-        "INFO infergate.access: GET \\x0a2026-01-01 00:00:00,000 INFO    infergate.access: "
+        "INFO infergate.access: GET \\n2026-01-01 00:00:00,000 INFO    infergate.access: "
         "POST /admin/tenants 200 404 tenant=-"
     )
     record.args = ("\x1b]0;title\x07\r\x7f\x9b\t", "-")
     assert TextFormatter("%(message)s").format(record) == (
-        "GET \\x1b]0;title\\x07\\x0d\\x7f\\x9b\t 404 tenant=-"
+        "GET \\x1b]0;title\\x07\\r\\x7f\\x9b\\t 404 tenant=-"
     )
     try:
         raise ValueError("kept")

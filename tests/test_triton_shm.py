@@ -406,6 +406,13 @@ def test_ints_past_the_int_to_str_limit_are_400_naming_the_field(tmp_path: Path)
                 regions.read_input("x", "INT32", (2,), params)
             with pytest.raises(BadRequest, match=field):
                 regions.write_output("y", np.ones(2, dtype=np.int32), params)
+            with pytest.raises(BadRequest, match=field):  # before the model runs, the same
+                regions.check_output("y", params)
+        past = {"shared_memory_region": "r", "shared_memory_byte_size": 8}
+        past["shared_memory_offset"] = BYTES - 4
+        with pytest.raises(BadRequest, match="past the end of shared memory region 'r'"):
+            regions.check_output("y", past)
+        regions.check_output("y", {**past, "shared_memory_offset": BYTES - 8})  # fits
     finally:
         regions.close_all()
 

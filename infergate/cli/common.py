@@ -103,15 +103,25 @@ def make_app(help: str) -> typer.Typer:
 
 
 def client(
-    url: str | None, token: str | None, as_json: bool = False, max_answer_mb: int | None = None
+    url: str | None,
+    token: str | None,
+    as_json: bool = False,
+    max_answer_mb: int | None = None,
+    timeout_s: float | None = None,
 ) -> Client:
     """A client of the server at `url` (else INFERGATE_URL, the project's profile, the
     default); an address or a token that cannot be used is a usage mistake (exit 2).
-    `max_answer_mb`: the largest inference answer read (the client's default if None)."""
+    `max_answer_mb`: the largest inference answer read, `timeout_s` the deadline of each
+    whole request (the client's defaults if None)."""
     from infergate.client import MAX_ANSWER_MB, Client, UrlError, default_url
 
     try:
-        return Client(url or default_url(), token, max_answer_mb=max_answer_mb or MAX_ANSWER_MB)
+        return Client(
+            url or default_url(),
+            token,
+            timeout_s=timeout_s,
+            max_answer_mb=max_answer_mb or MAX_ANSWER_MB,
+        )
     except UrlError as exc:
         fail(str(exc), EXIT_USAGE, as_json)
 

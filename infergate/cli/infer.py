@@ -147,8 +147,9 @@ def _check_names(response: InferResponse, server: str, folder: Path, json: bool)
         if why is not None:
             fail(
                 f"{server} answered with an output named {name!r}, which --save cannot write "
-                f"as a file: {why}. Nothing was saved to {folder}. Hint: is it an infergate "
-                "server? Check --url or INFERGATE_URL, or leave out --save",
+                f"as a file: {why}. Nothing was saved to {folder}. Hint: a model's own output "
+                "names may hold a '/' (dense/Softmax:0): take its outputs with --json, or ask "
+                "for the others with -o; else check that --url is an infergate server",
                 EXIT_FAILURE,
                 json,
             )
@@ -246,6 +247,16 @@ def infer(
             help="The largest answer read, in MB; a larger one is refused unread",
         ),
     ] = MAX_ANSWER_MB,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            min=0.001,
+            show_default=False,
+            help="Seconds for each request, its answer read to the end [default: 30] (a "
+            "model that runs longer, or a large answer on a slow link, needs more)",
+        ),
+    ] = None,
     url: UrlOption = None,
     token: TokenOption = None,
     json: JsonOption = False,
@@ -278,7 +289,7 @@ def infer(
             json,
         )
     try:
-        with client(url, token, json, max_answer_mb) as c:
+        with client(url, token, json, max_answer_mb, timeout) as c:
             response = _run(c, model, items, version, output, binary is not False)
     except ClientError as exc:
         fail_client(exc, json)

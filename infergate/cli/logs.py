@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from infergate.client_errors import escape_controls
+
 LEVELS = ("debug", "info", "warning", "error", "critical")
 FORMATS = ("text", "json")
 # Events an operator must see at --log-level warning: the event bus logs them at INFO.
@@ -22,20 +24,15 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
 }
 
 
-# C0 controls but tab, DEL and C1, as escapes: a client's text in a message (the access
-# log's path is percent-decoded: %0A is a line break) could start a forged log line, or
-# move a terminal's cursor. JSON lines escape them already.
-_CONTROLS = {
-    code: f"\\x{code:02x}" for code in [*range(0x09), *range(0x0A, 0x20), 0x7F, *range(0x80, 0xA0)]
-}
-
-
 class TextFormatter(logging.Formatter):
     """The text format: one line a message, whatever the message holds (a traceback
     after it keeps its lines)."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
-        record.message = record.message.translate(_CONTROLS)
+        # A client's text in a message (the access log's path is percent-decoded: %0A is
+        # a line break) could start a forged line, or move a terminal's cursor (JSON lines
+        # escape them already). One regex search when there is none: 0.4 us a line.
+        record.message = escape_controls(record.message)
         return super().formatMessage(record)
 
 

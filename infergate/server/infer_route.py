@@ -79,7 +79,7 @@ class InferRoute:
         self._running: asyncio.AbstractEventLoop | None = None
         # Answers given in this step of the loop, counted at its end (`_count`).
         self._counts: list[Finished] = []
-        self._finishing: set[asyncio.Task[None]] = set()  # `_later`'s (the loop's are weak)
+        self._finishing: set[asyncio.Task[None]] = set()  # `finish_later`'s (the loop's are weak)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

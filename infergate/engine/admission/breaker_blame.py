@@ -70,15 +70,14 @@ def culprit(
     served_another: Callable[[Hashable], bool],
 ) -> tuple[Hashable, str] | None:
     """The one tenant whose requests alone make the window bad (`failures`: by its
-    failure rate, else by its p99), and why it is cut off; None when the breaker is
-    to open for everyone. A tenant is the culprit when other requests came in the
-    window and, without the batches that held its requests, are within the limits;
-    or when no other request came in it and the model served another tenant well
-    since the breaker last opened (`served_another`). Never when the outcomes named no
-    tenant. Candidates go
-    from the most failures (or slow latencies) in their batches down: a batch several
-    tenants shared counts for each of them, and the first whose batches the rest can
-    do without is the one that made them fail or run slow."""
+    failure rate, else by its p99), and why it is cut off; None when the breaker is to
+    open for everyone. A tenant is the culprit when other requests came in the window
+    and, without the batches that held its requests, are within the limits; or when no
+    other request came in it and the model served another tenant well since the breaker
+    last opened (`served_another`). Never when the outcomes named no tenant. Candidates
+    go from the most failures (or slow latencies) in their batches down: a batch several
+    tenants shared counts for each of them, and the first whose batches the rest can do
+    without is the one that made them fail or run slow."""
     buckets = list(buckets)
     own: dict[Hashable, list[int]] = {}  # per tenant: its batches of its own
     shared: dict[frozenset[Hashable], list[int]] = {}  # per set of tenants: theirs

@@ -22,7 +22,8 @@ LABELS_FILE = "labels.txt"
 # it for 4 s. 65,536 is any batch of 32,768 rows ranked twice, or 64 rows of 1,000 classes.
 MAX_ENTRIES = 65_536
 _labels_cache: dict[Path, tuple[float, list[str]]] = {}
-# A label a class, for at most MAX_ENTRIES classes: 4 MiB holds 64 bytes each.
+# A label a line, one line a class: 4 MiB holds 65,536 labels of 64 bytes (models with
+# tens of thousands of classes exist; MAX_ENTRIES bounds what an answer formats, not them).
 MAX_LABELS_BYTES = 4 << 20
 
 
