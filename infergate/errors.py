@@ -53,9 +53,9 @@ Signals inside the infer route (server/large_answers.py: finished off the event 
   CompressLater        a body too large to compress on the loop: compressed on a thread
 
 Outside the server: `client.ClientError` (the HTTP client's), `client.UrlError` (a server
-address that is not one: a usage mistake), `tui.source.SourceError`
-(the dashboard's data source) and `server.http_protocol._Refused` (a connection refused
-before it reaches the app).
+address that is not one: a usage mistake), `loadgen_inputs.InputsTooLarge` (bench's random
+inputs past their cap), `tui.source.SourceError` (the dashboard's data source) and
+`server.http_protocol._Refused` (a connection refused before it reaches the app).
 
 `reason` is a short, stable code for metrics labels: code reads it, never the message.
 `model_fault` says whether the model itself is to blame, so a breaker counts it; load,

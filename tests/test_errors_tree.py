@@ -13,7 +13,7 @@ import infergate
 from infergate import errors
 
 # Client-side or private to one module, and named as such in errors.py's docstring.
-OUTSIDE = {"ClientError", "UrlError", "SourceError", "_Refused"}
+OUTSIDE = {"ClientError", "UrlError", "InputsTooLarge", "SourceError", "_Refused"}
 
 
 def _exceptions_defined_in_infergate() -> dict[str, str]:
