@@ -10,7 +10,11 @@ is a failure, not a zero latency.
 
 Requests are prepared once (binary or JSON tensors) and sent over keep-alive connections
 with the minimal client in rawhttp, so that on a small machine the generator costs little
-next to the server it measures.
+next to the server it measures. Answers are read within limits (a head of 64 KiB, a body of
+Plan.max_answer_mb of which only the start is kept): a server cannot grow the generator,
+and an answer past them is a failure that says so. Nothing the server does holds a level
+past its windows and DRAIN_S: requests still out are cancelled, the statistics read for
+the server's split waits SPLIT_TIMEOUT_S at most.
 
 This module drives the load and measures it; beside it, loadgen_inputs makes the requests
 and loadgen_results counts the answers (their names importable from here as before).
@@ -26,6 +30,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from infergate.client_codec import MAX_ANSWER_MB
 from infergate.client_errors import error_text
 from infergate.loadgen_inputs import input_shape, prepare, sample_inputs
 from infergate.loadgen_results import (
@@ -41,12 +46,13 @@ from infergate.loadgen_results import (
     latency_of,
     merge,
 )
-from infergate.rawhttp import RawConnection, RawResponse
+from infergate.rawhttp import AnswerLimits, RawConnection, RawResponse, Refusal
 from infergate.server_split import Totals, with_split
 
 __all__ = [
     "DRAIN_S",
     "PERCENTILES",
+    "SPLIT_TIMEOUT_S",
     "Distribution",
     "Failure",
     "FailureKind",
@@ -69,7 +75,14 @@ __all__ = [
 
 T = TypeVar("T")
 Distribution = Literal["constant", "poisson"]
+SplitReader = Callable[[], Coroutine[Any, Any, "Totals | None"]]
 DRAIN_S = 5.0  # after the last window, how long in-flight requests may take to finish
+# How long a read of the model's statistics (the server's split) may take: a server that
+# stops answering it must not hold the run (a read that runs out ends the level's split).
+SPLIT_TIMEOUT_S = 5.0
+# Of an answer's body, the start kept: an error's text is read from it, a success's body
+# is not read at all (so a large answer costs no memory, however many are out).
+KEPT_BODY_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,7 @@ class Plan:
     max_connections: int = 512  # open loop: past this many outstanding, sends fail
     distribution: Distribution = "constant"
     seed: int = 0
+    max_answer_mb: int = MAX_ANSWER_MB  # an answer whose Content-Length says more fails
 
 
 @dataclass(frozen=True)
@@ -133,12 +147,24 @@ def _unreadable(response: RawResponse) -> str | None:
     """Why an answer cannot be counted, or None. The client reads answers by their
     Content-Length: one without it (chunked, or ended by closing) would leave its body to
     be misread as the next answer's head."""
-    if b"\r\ncontent-length:" not in response.head.lower():
+    if response.length is None:
         return (
             f"unreadable answer (HTTP {response.status} without a Content-Length: a chunked "
             "or close-delimited body, which bench does not read)"
         )
     return None
+
+
+_REFUSED_HINTS = {
+    "head": "Hint: is --url an infergate server?",
+    "unasked": "Hint: is --url an infergate server?",
+    "body": "Hint: if the model's outputs are that large, raise bench's --max-answer-mb",
+}
+
+
+def _refused(refusal: Refusal) -> str:
+    """An answer past the limits, said with what to check."""
+    return f"{refusal.message}. {_REFUSED_HINTS[refusal.part]}"
 
 
 async def _send(collector: Collector, conn: RawConnection, prepared: bytes, since: float) -> bool:
@@ -154,6 +180,9 @@ async def _send(collector: Collector, conn: RawConnection, prepared: bytes, sinc
     except Exception as exc:  # an answer rawhttp could not parse (not HTTP, a bad length)
         collector.fail("no_answer", None, f"unreadable answer: {type(exc).__name__}: {exc}")
         return False
+    if response.refused is not None:  # (its connection is closed: the rest is not read)
+        collector.fail("no_answer", None, _refused(response.refused))
+        return False
     unreadable = _unreadable(response)
     if unreadable is not None:
         collector.fail("no_answer", None, unreadable)
@@ -165,13 +194,14 @@ async def _send(collector: Collector, conn: RawConnection, prepared: bytes, sinc
     return True
 
 
-async def _connect(target: Target) -> tuple[RawConnection, bytes]:
-    conn = await RawConnection.open(target.url)
+async def _connect(target: Target, plan: Plan) -> tuple[RawConnection, bytes]:
+    limits = AnswerLimits(body_bytes=plan.max_answer_mb << 20, kept_bytes=KEPT_BODY_BYTES)
+    conn = await RawConnection.open(target.url, limits)
     return conn, conn.request_bytes("POST", target.path, target.body, target.headers)
 
 
 async def _closed_loop(
-    target: Target, concurrency: int, collector: Collector, stop: asyncio.Event
+    target: Target, concurrency: int, plan: Plan, collector: Collector, stop: asyncio.Event
 ) -> None:
     async def client() -> None:
         link: tuple[RawConnection, bytes] | None = None
@@ -179,7 +209,7 @@ async def _closed_loop(
             while not stop.is_set():
                 if link is None:
                     try:
-                        link = await _connect(target)
+                        link = await _connect(target, plan)
                     except OSError as exc:
                         collector.fail("no_answer", None, f"cannot connect: {exc}")
                         await asyncio.sleep(0.1)  # back off: the server is not listening
@@ -209,7 +239,7 @@ async def _open_loop(
             link = idle.pop()
         else:
             try:
-                link = await _connect(target)
+                link = await _connect(target, plan)
             except OSError as exc:
                 collector.fail("no_answer", None, f"cannot connect: {exc}")
                 return
@@ -256,7 +286,7 @@ async def run_level(
     level: float,
     plan: Plan,
     on_progress: OnProgress | None = None,
-    server_split: Callable[[], Coroutine[Any, Any, Totals | None]] | None = None,
+    server_split: SplitReader | None = None,
 ) -> LoadResult:
     """Drive one level of load and measure it in windows: a fixed number, or until the last
     three agree (at most `plan.max_windows`); the result merges the windows it reports."""
@@ -266,11 +296,31 @@ async def run_level(
     handler = loop.get_exception_handler()
     loop.set_exception_handler(_quiet_connection_errors(handler))
     try:
-        return await _run_level(
-            target, mode, level, plan, collector, stop, on_progress, server_split
-        )
+        bounded = _bounded_split(server_split) if server_split else None
+        return await _run_level(target, mode, level, plan, collector, stop, on_progress, bounded)
     finally:
         loop.set_exception_handler(handler)
+
+
+def _bounded_split(read: SplitReader) -> SplitReader:
+    """`read` within SPLIT_TIMEOUT_S, None for an answer it cannot read; after one read
+    that ran out (a server that stopped answering), None at once: a stalled statistics
+    endpoint costs the level its split and SPLIT_TIMEOUT_S, not a wait per window."""
+    stalled = False
+
+    async def bounded() -> Totals | None:
+        nonlocal stalled
+        if stalled:
+            return None
+        try:
+            return await asyncio.wait_for(read(), SPLIT_TIMEOUT_S)
+        except TimeoutError:
+            stalled = True
+            return None
+        except ValueError:  # an answer that is not HTTP (one past the limits is no 200)
+            return None
+
+    return bounded
 
 
 ExceptionHandler = Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object]
@@ -300,10 +350,10 @@ async def _run_level(
     collector: Collector,
     stop: asyncio.Event,
     on_progress: OnProgress | None,
-    server_split: Callable[[], Coroutine[Any, Any, Totals | None]] | None,
+    server_split: SplitReader | None,
 ) -> LoadResult:
     if mode == "concurrency":
-        load = asyncio.create_task(_closed_loop(target, int(level), collector, stop))
+        load = asyncio.create_task(_closed_loop(target, int(level), plan, collector, stop))
     else:
         load = asyncio.create_task(_open_loop(target, level, plan, collector, stop))
     started = time.perf_counter()

@@ -35,6 +35,7 @@ from infergate.cli.common import (
     fail_client,
     say,
 )
+from infergate.client_codec import MAX_ANSWER_MB
 
 if TYPE_CHECKING:  # numpy, the client and the load generator load when a bench runs
     from infergate.loadgen import LoadResult, Mode, Plan, Progress, Target
@@ -99,6 +100,15 @@ def bench(
     max_connections: Annotated[
         int, typer.Option(help="Open loop: connections at most; a send past them fails")
     ] = 512,
+    max_answer_mb: Annotated[
+        int,
+        typer.Option(
+            "--max-answer-mb",
+            min=1,
+            help="The largest answer, in MB, by its Content-Length; a larger one is a failed "
+            "request, unread",
+        ),
+    ] = MAX_ANSWER_MB,
     allow_errors: Annotated[
         bool, typer.Option("--allow-errors", help="Exit 0 even when some requests failed")
     ] = False,
@@ -176,6 +186,7 @@ def bench(
         max_windows=max_windows,
         max_connections=max_connections,
         distribution="poisson" if distribution == "poisson" else "constant",
+        max_answer_mb=max_answer_mb,
     )
     show = sys.stderr.isatty() if progress is None else progress
     results = _run_levels(Target(base, path, body, headers, model), mode, levels, plan, show)

@@ -3,10 +3,12 @@ throughput and p99 over the last minutes, and the event log. Keys: q quit, r res
 selected model's breaker, l/u load or unload it (each after a confirmation that defaults to
 No), t the per-tenant view, ? help. The models table has the focus from the start.
 
-It polls /admin/stats once a second in a worker; when the server goes away it says so
-(a refused token is said as such), keeps the last picture, and reconnects by itself. Every
-field is read with a default, so a server that lacks one is shown, not crashed on. Names,
-reasons and events are shown as written: nothing from the server is parsed as markup.
+It polls /admin/stats once a second in a worker (not while a poll is still out: a slow
+server gets the source's whole deadline, and is said to be slow); when the server goes away
+it says so (a refused token is said as such), keeps the last picture, and reconnects by
+itself. Every field is read with a default, so a server that lacks one is shown, not
+crashed on. Everything from the server is shown as written, never parsed as markup (every
+table cell is a Text), with its control characters escaped (fields.shown and fields.cell).
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 from textual.widgets import Button, DataTable, Footer, Header, Label, RichLog, Sparkline, Static
+from textual.worker import Worker
 
+from infergate.client_errors import escape_controls
 from infergate.tui.fields import (
+    cell,
     clock_time,
     mapping,
     number,
     plot_value,
     records,
+    shown,
     text,
 )
 from infergate.tui.fields import (
@@ -143,6 +149,7 @@ class Dashboard(App[None]):
         self.stats: dict[str, Any] = {}
         self._seen_events: set[tuple[str, float]] = set()  # (id, time): ids restart with the server
         self._poller: Timer | None = None
+        self._polling: Worker[None] | None = None  # the poll out now, if one is
         self.tenant_latency = TenantLatency()
 
     # What acts on the models table (and opens a view over it): only while it is shown.
@@ -193,8 +200,14 @@ class Dashboard(App[None]):
         )
         tenants.can_focus = False  # the arrow keys belong to the models table
         models.focus()
-        self.poll()
-        self._poller = self.set_interval(self.interval_s, self.poll)
+        self._tick()
+        self._poller = self.set_interval(self.interval_s, self._tick)
+
+    def _tick(self) -> None:
+        """The timer's poll, unless one is still out: the next would cancel it (the poll is
+        exclusive), and a server slower than a tick would never be said to be slow."""
+        if self._polling is None or self._polling.is_finished:
+            self._polling = self.poll()
 
     async def on_unmount(self) -> None:
         # No poll may use the client once it is closed: stop the timer, end a poll in
@@ -225,7 +238,8 @@ class Dashboard(App[None]):
         self.stats = stats
         status = self.query_one("#status", Static)
         status.remove_class("down")
-        status.update(f"connected to {self.source.label} · updated {self._clock()} · ? for help")
+        label = escape_controls(self.source.label)
+        status.update(f"connected to {label} · updated {self._clock()} · ? for help")
         self._show(stats)
 
     def _disconnected(self, error: SourceError) -> None:
@@ -240,7 +254,7 @@ class Dashboard(App[None]):
             line = str(error)
         else:
             line = f"{error}; retrying every {self.interval_s:g} s"
-        line = " ".join(line.split())  # a server's error text may hold newlines
+        line = escape_controls(" ".join(line.split()))  # a server's text may hold newlines
         width = status.content_region.width or 80
         status.update(line if len(line) <= width else line[: width - 1].rstrip() + "…")
 
@@ -278,7 +292,7 @@ class Dashboard(App[None]):
         for d in devices:
             total, used = number(d.get("memory_total_mb")), number(d.get("memory_used_mb"))
             lines.append(
-                f"{text(d.get('name'), '?')}  util {_num(d.get('utilization'), '{:.0f}')}%"
+                f"{shown(d.get('name'), '?')}  util {_num(d.get('utilization'), '{:.0f}')}%"
             )
             lines.append(
                 f"  mem {_bar(used, total)} {_num(used / 1024, '{:.1f}')}/"
@@ -286,8 +300,8 @@ class Dashboard(App[None]):
             )
         for w in workers:
             lines.append(
-                f"  {w.get('model', '?')} v{w.get('version', '?')}#"
-                f"{w.get('instance', 0)} pid {w.get('pid') or '-'} "
+                f"  {shown(w.get('model'), '?')} v{shown(w.get('version'), '?')}#"
+                f"{shown(w.get('instance'), '0')} pid {shown(w.get('pid') or '-')} "
                 f"{_num(w.get('memory_mb'), '{:.0f}')} MiB"
             )
         self.query_one("#devices", Static).update("\n".join(lines) or "no devices reported")
@@ -306,18 +320,19 @@ class Dashboard(App[None]):
             queue = mapping(m.get("queue"))
             queued = " ".join(f"{k[:2]}:{v}" for k, v in sorted(queue.items())) or "0"
             versions = m.get("versions")
-            table.add_row(
-                Text(name),
-                ",".join(map(str, versions)) if isinstance(versions, list) and versions else "-",
-                Text(state, style=STATE_STYLE.get(state, "")),
-                f"{m.get('instances_ready', 0)}/{m.get('instances', 0)}",
-                Text(breaker, style=BREAKER_STYLE.get(breaker, "")),
-                queued,
-                _num(m.get("rps")),
-                _num(m.get("p50_ms"), "{:.2f}"),
-                _num(m.get("p99_ms"), "{:.2f}"),
-                str(m.get("errors", 0)),
-                Text(text(m.get("reason"))[:60]),
+            listed = ",".join(map(str, versions)) if isinstance(versions, list) else ""
+            table.add_row(  # every cell a Text (cell): a str cell is read as markup
+                cell(name),
+                cell(listed or "-"),
+                cell(state, STATE_STYLE.get(state, "")),
+                cell(f"{m.get('instances_ready', 0)}/{m.get('instances', 0)}"),
+                cell(breaker, BREAKER_STYLE.get(breaker, "")),
+                cell(queued),
+                cell(_num(m.get("rps"))),
+                cell(_num(m.get("p50_ms"), "{:.2f}")),
+                cell(_num(m.get("p99_ms"), "{:.2f}")),
+                cell(m.get("errors", 0)),
+                cell(shown(m.get("reason"))[:60]),
                 key=key,
             )
         if selected is not None and selected in keys:
@@ -327,14 +342,17 @@ class Dashboard(App[None]):
         table = self.query_one("#tenants", DataTable)
         table.clear()
         for t in tenants:
+            memory = (
+                f"{_num(t.get('reserved_mb'), '{:.0f}')} / {_num(t.get('memory_mb'), '{:.0f}')}"
+            )
             table.add_row(
-                Text(text(t.get("name"), "?")),
-                Text(text(t.get("class"), "-")),
-                f"{_num(t.get('rps'))} / {_num(t.get('rps_limit'), '{:g}')}",
-                f"{t.get('in_flight', 0)}/{_num(t.get('max_concurrency'), '{}')}",
-                f"{_num(t.get('reserved_mb'), '{:.0f}')} / {_num(t.get('memory_mb'), '{:.0f}')}",
-                str(t.get("admitted", 0)),
-                str(t.get("rejected", 0)),
+                cell(text(t.get("name"), "?")),
+                cell(text(t.get("class"), "-")),
+                cell(f"{_num(t.get('rps'))} / {_num(t.get('rps_limit'), '{:g}')}"),
+                cell(f"{t.get('in_flight', 0)}/{_num(t.get('max_concurrency'), '{}')}"),
+                cell(memory),
+                cell(t.get("admitted", 0)),
+                cell(t.get("rejected", 0)),
             )
 
     def _show_events(self, events: list[dict[str, Any]]) -> None:
@@ -350,12 +368,8 @@ class Dashboard(App[None]):
             version = f" v{e['version']}" if e.get("version") else ""
             kind = text(e.get("kind"), "?")
             style = "red" if ("fail" in kind or "open" in kind or "reject" in kind) else ""
-            log.write(
-                Text(
-                    f"{stamp} {kind} {text(e.get('model'))}{version}: {text(e.get('message'))}",
-                    style=style,
-                )
-            )
+            line = f"{stamp} {kind} {text(e.get('model'))}{version}: {text(e.get('message'))}"
+            log.write(Text(escape_controls(line), style=style))
         if len(self._seen_events) > 5000:  # the server sends its last 30; forget old ones
             self._seen_events = {_event_key(e) for e in events}
 
@@ -378,10 +392,11 @@ class Dashboard(App[None]):
             else:
                 await self.source.unload(model)
         except SourceError as exc:
-            self.notify(f"{what} {model} failed: {exc}", severity="error", markup=False)
+            said = escape_controls(f"{what} {model} failed: {exc}")
+            self.notify(said, severity="error", markup=False)
             return
-        self.notify(f"{what} {model}: done", markup=False)
-        self.poll()
+        self.notify(escape_controls(f"{what} {model}: done"), markup=False)
+        self._polling = self.poll()
 
     @work(group="actions")
     async def action_reset_breaker(self) -> None:
@@ -390,7 +405,7 @@ class Dashboard(App[None]):
             await self._act("reset", model)
 
     async def _confirm(self, question: str) -> bool:
-        screen: Screen[Any] = ConfirmScreen(question)
+        screen: Screen[Any] = ConfirmScreen(escape_controls(question))  # (it names a model)
         return bool(await self.push_screen_wait(screen))
 
     @work(group="actions")

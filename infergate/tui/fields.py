@@ -1,12 +1,17 @@
 """Reading the fields of a server's statistics whatever they hold: the dashboard shows a
 server that sends a field of another kind (a list where objects go, a string where a
-number goes, null) as best it can, and never crashes on one."""
+number goes, null) as best it can, and never crashes on one; and showing them: as written
+(never read as markup), control characters escaped."""
 
 from __future__ import annotations
 
 import math
 import time
 from typing import Any
+
+from rich.text import Text
+
+from infergate.client_errors import escape_controls
 
 PLOT_CEILING = 1e15  # larger values are no reading; summing them overflowed to NaN
 
@@ -22,6 +27,18 @@ def mapping(value: Any) -> dict[str, Any]:
 
 def text(value: Any, default: str = "") -> str:
     return default if value is None else str(value)
+
+
+def shown(value: Any, default: str = "") -> str:
+    """A server's value as text to show (`default` for none), its control characters
+    escaped (`\\x1b`, `\\n`): a name cannot retitle or clear the terminal, nor fake a row."""
+    return escape_controls(text(value, default))
+
+
+def cell(value: Any, style: str = "") -> Text:
+    """A table cell of a server's value, shown as written: a DataTable reads a str cell as
+    markup (a version named `[/b]` failed the render, and the dashboard with it)."""
+    return Text(shown(value), style=style)
 
 
 def number(value: Any) -> float:

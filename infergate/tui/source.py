@@ -2,19 +2,30 @@
 
 Besides /admin/stats, the HTTP source reads /admin/tenants (rejections by reason) and the
 request duration histogram on /metrics (each tenant's latency), and puts them in the
-document as `tenant_details` and `tenant_latency`."""
+document as `tenant_details` and `tenant_latency`.
+
+Each request has one deadline for the whole of it (httpx's timeouts are per read: a server
+that sends a byte now and then was waited on without end), and its answer is read up to
+the CLI's cap on a document (MAX_DOCUMENT_BYTES), refused past it. The CLI's client is
+synchronous, its deadline a timer that shuts a socket down; here a poll is a coroutine,
+which a deadline cancels."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
 import orjson
 
-from infergate.client import error_text
+from infergate.client import MAX_DOCUMENT_BYTES, MAX_ERROR_BODY_BYTES, error_text
 
 REQUEST_SECONDS = "infergate_request_duration_seconds_bucket"
+# Of a whole request: a poll comes every second, and a server slower than this is said
+# to be so (it was the per-read timeout, which a dripping answer never ran into).
+POLL_TIMEOUT_S = 5.0
+_LENGTH_DIGITS = 18  # a longer Content-Length is past any cap (and int() of it is slow)
 
 
 class StatsSource(Protocol):
@@ -57,40 +68,83 @@ def tenant_buckets(metrics_text: str) -> dict[str, dict[float, float]]:
 
 
 class HttpSource:
-    def __init__(self, url: str, token: str | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout_s: float = POLL_TIMEOUT_S,
+        max_answer_bytes: int = MAX_DOCUMENT_BYTES,
+    ) -> None:
+        """`timeout_s` bounds each whole request (a load or unload: from its answer's
+        head on), `max_answer_bytes` each answer's body."""
         self.label = url
+        self.timeout_s = timeout_s
+        self.max_answer_bytes = max_answer_bytes
         self._sends_token = bool(token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=5.0)
+        # (connecting has its own limit, as in the CLI, for a load that waits: see _read)
+        timeout = httpx.Timeout(None, connect=timeout_s)
+        self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout)
 
-    async def _call(self, method: str, path: str, timeout: float | None = 5.0) -> Any:
-        response = await self._raw(method, path, timeout)
-        if not response.content:
+    async def _call(self, method: str, path: str, patient: bool = False) -> Any:
+        content = await self._read(method, path, patient)
+        if not content:
             return None
         try:
-            return orjson.loads(response.content)
+            return orjson.loads(content)
         except orjson.JSONDecodeError:
-            raise SourceError(
-                f"not JSON at {path}: not an infergate server?",
-                response.status_code,
-            ) from None
+            raise SourceError(f"not JSON at {path}: not an infergate server?") from None
 
-    async def _raw(self, method: str, path: str, timeout: float | None = 5.0) -> httpx.Response:
+    async def _read(self, method: str, path: str, patient: bool = False) -> bytes:
+        """The body of a 2xx answer, whole within `timeout_s` of sending (`patient`: of
+        its head, for a call that waits as long as the server works) and at most
+        `max_answer_bytes`; SourceError for anything else, in a line for the status."""
+        loop = asyncio.get_running_loop()
+        answered = False
         try:
-            response = await self._http.request(method, path, timeout=timeout)
+            async with asyncio.timeout(None if patient else self.timeout_s) as deadline:
+                async with self._http.stream(method, path) as response:
+                    answered = True
+                    if patient:
+                        deadline.reschedule(loop.time() + self.timeout_s)
+                    self._check_status(response)
+                    return await self._body(response, path, self.max_answer_bytes)
+        except TimeoutError:
+            raise SourceError(self._too_slow(path, answered)) from None
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise SourceError(f"cannot reach {self.label} ({type(exc).__name__})") from None
-        if response.status_code in (401, 403):
-            raise SourceError(self._refused(response.status_code), response.status_code)
-        if 300 <= response.status_code < 400:
-            raise SourceError(
-                f"{response.status_code}: a redirect; give the server's own address",
-                response.status_code,
-            )
-        if response.status_code >= 400:
-            message = error_text(response.content, response.reason_phrase)
-            raise SourceError(f"{response.status_code}: {message}", response.status_code)
-        return response
+
+    def _too_slow(self, path: str, answered: bool) -> str:
+        if not answered:
+            return f"no answer at {path} within {self.timeout_s:g} s"
+        return f"no whole answer at {path} within {self.timeout_s:g} s: a stalled server or proxy?"
+
+    def _check_status(self, response: httpx.Response) -> None:
+        """SourceError for a status that is no answer: a refusal, a redirect, an error."""
+        status = response.status_code
+        if status in (401, 403):
+            raise SourceError(self._refused(status), status)
+        if 300 <= status < 400:
+            raise SourceError(f"{status}: a redirect; give the server's own address", status)
+
+    async def _body(self, response: httpx.Response, path: str, limit: int) -> bytes:
+        """At most `limit` bytes of the body (as it unpacks: gzip counts unpacked), an
+        error status's start as its SourceError; SourceError past the limit."""
+        status = response.status_code
+        if status >= 400:
+            said = await _read_up_to(response, MAX_ERROR_BODY_BYTES)
+            raise SourceError(f"{status}: {error_text(said, response.reason_phrase)}", status)
+        declared = response.headers.get("content-length", "")
+        too_large = SourceError(
+            f"more than {limit / 2**20:g} MB at {path}: not an infergate server?", status
+        )
+        unpacked = bool(response.headers.get("content-encoding"))  # (its length is packed)
+        if declared.isdigit() and not unpacked and _past(declared, limit):
+            raise too_large
+        body = await _read_up_to(response, limit + 1)
+        if len(body) > limit:
+            raise too_large
+        return body
 
     def _refused(self, status: int) -> str:
         """Short enough for an 80-column status line, and true whether a token was sent
@@ -106,8 +160,8 @@ class HttpSource:
         try:  # extras: a server without them still shows everything else
             tenants = await self._call("GET", "/admin/tenants")
             doc["tenant_details"] = tenants.get("tenants", []) if isinstance(tenants, dict) else []
-            metrics = await self._raw("GET", "/metrics")
-            doc["tenant_latency"] = tenant_buckets(metrics.text)
+            metrics = await self._read("GET", "/metrics")
+            doc["tenant_latency"] = tenant_buckets(metrics.decode("utf-8", "replace"))
         except (SourceError, ValueError, TypeError, KeyError, IndexError, AttributeError):
             pass  # (what prometheus_client's parser raises on a page it cannot read)
         return doc
@@ -116,16 +170,32 @@ class HttpSource:
         await self._call("POST", f"/admin/breakers/{quote(model, safe='')}/reset")
 
     async def load(self, model: str) -> None:
-        await self._call(
-            "POST", f"/v2/repository/models/{quote(model, safe='')}/load", timeout=None
-        )
+        path = f"/v2/repository/models/{quote(model, safe='')}/load"
+        await self._call("POST", path, patient=True)
 
     async def unload(self, model: str) -> None:
         path = f"/v2/repository/models/{quote(model, safe='')}/unload"
-        await self._call("POST", path, timeout=None)
+        await self._call("POST", path, patient=True)
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+def _past(declared: str, limit: int) -> bool:
+    """Whether a Content-Length of digits says more than `limit` bytes."""
+    return len(declared) > _LENGTH_DIGITS or int(declared) > limit
+
+
+async def _read_up_to(response: httpx.Response, limit: int) -> bytes:
+    """The body's first `limit` bytes (as it unpacks); reading stops there."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]
 
 
 class FixedSource:

@@ -9,14 +9,13 @@ import math
 from collections import deque
 from typing import Any
 
-from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
-from infergate.tui.fields import records, text
+from infergate.tui.fields import cell, records, text
 from infergate.tui.fields import shown_number as _num
 
 Buckets = dict[float, float]  # le (seconds) -> cumulative count
@@ -126,4 +125,4 @@ class TenantScreen(ModalScreen[None]):
         table = self.query_one("#tenant-view", DataTable)
         table.clear()
         for row in rows:
-            table.add_row(*(Text(c) for c in row), key=row[0])  # as written, no markup
+            table.add_row(*(cell(c) for c in row), key=row[0])  # as written, no markup
