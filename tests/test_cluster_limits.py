@@ -173,10 +173,13 @@ def test_eight_leases_across_replicas_and_a_dead_replica_frees_its_own(
     os.killpg(dead.process.pid, signal.SIGKILL)
     dead.process.wait()
     killed_at = redis_server.now()
-    # Every lease expires at most one TTL after its last renewal.
+    # Every lease expires at most one TTL after its last renewal, which came before this
+    # read (a live replica may renew one between the kill's clock and the read: by 21 us
+    # once, past a bound read at the kill).
     held = cast(list[tuple[bytes, float]], leases.zrange(key, 0, -1, withscores=True))
+    read_at = redis_server.now()
     scores = [score for _, score in held]
-    assert max(scores) <= (killed_at + TTL) * 1e6
+    assert max(scores) <= (read_at + TTL) * 1e6
 
     # Refused, an admission ran before some dead lease expired (Redis's clock, as the
     # script reads it), so each refused attempt was asked before the last dead expiry:
