@@ -452,3 +452,22 @@ def test_the_regions_a_gateway_holds_are_bounded(tmp_path: Path) -> None:
         regions.register("one more", "/r", 0, BYTES)
     finally:
         regions.close_all()
+
+
+def test_the_gateways_own_segments_and_long_names_are_not_registered(tmp_path: Path) -> None:
+    """The body decoder's segments hold other tenants' request bodies in flight; its
+    worker arenas are multiprocessing's. And each region's name is in every status answer:
+    128 names of 60 KB made one of 7.5 MB."""
+    for key in ("psm_abc", "infergate-decode-42-abcdef"):
+        (tmp_path / key).write_bytes(bytes(64))
+    (tmp_path / "mine").write_bytes(bytes(64))
+    regions = SharedMemoryRegions(tmp_path)
+    try:
+        for key in ("/psm_abc", "infergate-decode-42-abcdef"):
+            with pytest.raises(BadRequest, match="one of the gateway's own segments"):
+                regions.register("r", key, 0, 64)
+        with pytest.raises(BadRequest, match="at most 256 characters, got 257"):
+            regions.register("n" * 257, "/mine", 0, 64)
+        regions.register("n" * 256, "/mine", 0, 64)
+    finally:
+        regions.close_all()

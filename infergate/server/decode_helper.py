@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from infergate.engine.triton.shared_memory import DECODE_SEGMENT_PREFIX
 from infergate.engine.workers.shm import MappedArena
 from infergate.errors import InfergateError
 from infergate.server.body import anonymous_mapping
@@ -84,7 +85,7 @@ def _write_tensors(inputs: dict[str, Array]) -> tuple[str, tuple[_Tensor, ...]]:
             data = np.ascontiguousarray(array)
             raw = data.data.cast("B") if data.size else b""  # (cast refuses empty shapes)
             blobs.append((name, data.dtype.str, data.shape, raw))
-    segment = f"infergate-decode-{os.getpid()}-{secrets.token_hex(6)}"
+    segment = f"{DECODE_SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
     total = max(1, sum(len(blob) for *_, blob in blobs))
     fd = os.open(f"/dev/shm/{segment}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:

@@ -27,8 +27,12 @@ from infergate.tensors import Array, from_wire, to_wire
 SHM_ROOT = Path("/dev/shm")
 # What shm_open takes: one optional leading slash, then a name without slashes.
 _KEY = re.compile(r"^/?[^/\x00]{1,250}$")
-# multiprocessing's own names, which the gateway's worker arenas use: never a client's.
-_PRIVATE = "psm_"
+# What the body decoder's segments are named by (server/decode_helper.py).
+DECODE_SEGMENT_PREFIX = "infergate-decode-"
+# The gateway's own segments, never a client's: multiprocessing's names (the workers'
+# arenas), and the body decoder's (server/decode_helper.py: other tenants' request bodies).
+_PRIVATE = ("psm_", DECODE_SEGMENT_PREFIX)
+MAX_NAME_CHARS = 256  # a region's name: each is listed in every status answer
 # Each region holds a descriptor open: bounded, so that clients cannot take the ones the
 # gateway keeps for its own work (cli/serve.py's reserve of 256).
 MAX_REGIONS = 128
@@ -125,6 +129,11 @@ class SharedMemoryRegions:
         self.max_input_bytes: int | None = None
 
     def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        if len(name) > MAX_NAME_CHARS:
+            raise BadRequest(
+                f"a shared memory region's name has at most {MAX_NAME_CHARS} characters, "
+                f"got {len(name)}. Hint: name it shortly"
+            )
         if name in self._regions:
             raise BadRequest(
                 f"shared memory region {shown(name)} is already registered. Hint: unregister "
@@ -253,7 +262,8 @@ def _key(key: Any) -> str:
     if key.lstrip("/").startswith(_PRIVATE):
         raise BadRequest(
             f"{shown(key)} names one of the gateway's own segments (Python's psm_ names, "
-            "which its worker arenas use); register a region you created"
+            "which its worker arenas use, or the body decoder's infergate-decode- ones); "
+            "register a region you created"
         )
     return key
 
