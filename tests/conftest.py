@@ -20,6 +20,7 @@ from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
 if TYPE_CHECKING:
+    from tests.fake_servers import FakeServer
     from tests.fronts_parity import Pair
 
 REPO = Path(__file__).resolve().parent.parent
@@ -341,3 +342,19 @@ def pytest_terminal_summary(
         terminalreporter.write_line(
             "tests marked serial were left out of this parallel run: run `pytest -m serial`"
         )
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeServer]:
+    """The hostile-server tests' fake server (tests/fake_servers.py), answering nothing
+    until a test sets its routes."""
+    from tests.fake_servers import FakeServer
+
+    with FakeServer() as server:
+        yield server
+
+
+@pytest.fixture
+def model_server(fake: FakeServer) -> FakeServer:
+    """`fake` serving model `m` as infergate would (its metadata, its inferences)."""
+    return fake.serve_model()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,6 @@ from infergate import loadgen
 from infergate.cli.bench_args import parse_range
 from infergate.loadgen import Plan, Target, run_level
 from tests.fake_servers import HTML_500, FakeServer, Route, one_error_line, run
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeServer]:
-    with FakeServer() as server:
-        yield server
-
-
-@pytest.fixture
-def model_server(fake: FakeServer) -> FakeServer:
-    return fake.serve_model()
 
 
 def test_bench_absurd_flags_are_usage_errors(model_server: FakeServer, tmp_path: Path) -> None:

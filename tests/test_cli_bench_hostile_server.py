@@ -5,8 +5,8 @@ that also declares a length, a statistics endpoint that stops answering mid-run.
 a failed request of its level with one line saying why, read within bounds (never the
 gigabytes a server sends), and the run ends on time: never a hang or a traceback.
 
-The server: LoadServer here, HTTP/1.1 with keep-alive on a loopback port, whose handlers
-write what they like, as long as they like."""
+The server: LoadServer here (on tests/raw_servers.py's LoopbackServer), HTTP/1.1 with
+keep-alive on a loopback port, whose handlers write what they like, as long as they like."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from infergate.rawhttp import RawConnection, Refusal
 from infergate.server_split import server_split_reader
 from tests.fake_servers import ANSWER, METADATA, run
 from tests.polling import eventually
+from tests.raw_servers import LoopbackServer
 
 # Writes an answer on the connection; returns whether the connection serves another.
 Handler = Callable[[socket.socket, threading.Event], bool]
@@ -63,30 +64,17 @@ def send_for_long(conn: socket.socket, stop: threading.Event, start: bytes, piec
     hold(conn, stop)
 
 
-class LoadServer:
-    """HTTP/1.1 on a loopback port, a thread per connection, keep-alive: each request (its
-    head and Content-Length body read) goes to the handler of its "METHOD /path" (404
-    without one); `requests` counts them by that key."""
+class LoadServer(LoopbackServer):
+    """HTTP/1.1 with keep-alive: each request (its head and Content-Length body read) goes
+    to the handler of its "METHOD /path" (404 without one); `requests` counts them by that
+    key."""
 
     def __init__(self, handlers: dict[str, Handler]) -> None:
         self.handlers = handlers
         self.requests: dict[str, int] = {}
-        self.stop = threading.Event()
-        self._conns: list[socket.socket] = []
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:  # closed
-                return
-            self._conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def serve(self, conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):  # (a client gone: its own business)
             pending = b""
             while not self.stop.is_set():
@@ -99,13 +87,6 @@ class LoadServer:
                     reply(conn, b'{"error": "no such path"}', "404 Not Found")
                 elif not handler(conn, self.stop):
                     return
-
-    def close(self) -> None:
-        self.stop.set()
-        for conn in [self._listener, *self._conns]:  # wakes an accept or a recv
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
 
 
 def _read_request(conn: socket.socket, pending: bytes) -> tuple[str, bytes]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,6 @@ import pytest
 
 from infergate.client import Client, ClientError, normalize_url
 from tests.fake_servers import HTML_500, FakeServer, Route, one_error_line, run
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeServer]:
-    with FakeServer() as server:
-        yield server
-
 
 ADMIN_COMMANDS = [
     ["model", "list"],
@@ -290,11 +282,6 @@ def test_the_client_escapes_every_name_it_puts_in_a_path(fake: FakeServer) -> No
         "GET /admin/models/%2E%2E",
         "POST /v2/models/%2E%2E/versions/%2E/infer",
     ]
-
-
-@pytest.fixture
-def model_server(fake: FakeServer) -> FakeServer:
-    return fake.serve_model()
 
 
 def test_infer_odd_input_files_are_usage_errors(model_server: FakeServer, tmp_path: Path) -> None:

@@ -5,25 +5,23 @@ shapes no machine could hold; and the profile files the CLI reads (a FIFO, /dev/
 Each is one line and an exit code: never a file outside the folder, a raw escape sequence,
 a hang or gigabytes of memory.
 
-The servers: tests/fake_servers.py's FakeServer where an answer is bytes sent at once, and
-RawServer here for answers sent over time (a byte at a time, or without end)."""
+The servers: tests/fake_servers.py's FakeServer (conftest's `fake`) where an answer is
+bytes sent at once, and tests/raw_servers.py's RawServer for answers sent over time (a
+byte at a time, or without end)."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import gzip
 import ipaddress
 import json
 import os
-import re
 import socket
 import ssl
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +30,10 @@ import pytest
 
 from tests.conftest import REPO
 from tests.fake_servers import METADATA, FakeServer, Route, one_error_line, run
+from tests.raw_servers import HOSTILE, HOSTILE_ESCAPED, assert_inert, raw_server
 
-# What a terminal acts on: C0 controls but tab and newline (TSV's and every line's), DEL
-# and C1. None may reach stdout or stderr from a server.
-RAW_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-# A window title, a cleared screen, a CR that overwrites the line, CSI in its 8-bit form.
-HOSTILE = "sad \x1b]0;PWNED\x07\x1b[2J\rFAKE: all good \x9b31m\x7f\x00 end"
-HOSTILE_ESCAPED = "sad \\x1b]0;PWNED\\x07\\x1b[2J\\rFAKE: all good \\x9b31m\\x7f\\x00 end"
 # An error is one line: its whitespace runs (the CR) as one space.
 HOSTILE_ONE_LINE = HOSTILE_ESCAPED.replace("\\r", " ")
-
-
-def assert_inert(text: str) -> None:
-    found = RAW_CONTROLS.findall(text)
-    assert not found, f"raw control characters {found} in {text!r}"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeServer]:
-    with FakeServer() as server:
-        yield server
-
-
-@pytest.fixture
-def model_server(fake: FakeServer) -> FakeServer:
-    return fake.serve_model()
 
 
 # --- infer --save: the server names the files ---------------------------------------
@@ -191,65 +168,6 @@ def test_bench_escapes_the_servers_error_text_in_its_failures(model_server: Fake
 
 
 # --- answers sent over time: one deadline for the whole request ---------------------
-
-
-class RawServer:
-    """Loopback HTTP whose `answer(conn, request_line, stop)` writes what it likes when it
-    likes, in a thread per connection, once the request's head is read. `stop` is set at
-    close: an answer that drips waits on it between two writes. `tls`: HTTPS with it."""
-
-    def __init__(
-        self,
-        answer: Callable[[socket.socket, str, threading.Event], None],
-        tls: ssl.SSLContext | None = None,
-    ) -> None:
-        self.stop = threading.Event()
-        self._answer = answer
-        self._tls = tls
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        scheme = "https" if tls else "http"
-        self.url = f"{scheme}://127.0.0.1:{self._listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:  # closed
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with contextlib.suppress(OSError):  # (a client gone: its own business)
-            if self._tls is not None:
-                conn = self._tls.wrap_socket(conn, server_side=True)
-        with conn, contextlib.suppress(OSError):
-            head = b""
-            while b"\r\n\r\n" not in head:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                head += chunk
-            request = head.partition(b"\r\n\r\n")[0].decode("latin-1")  # (a body may follow)
-            self._answer(conn, " ".join(request.split()[:2]), self.stop)
-
-    def close(self) -> None:
-        self.stop.set()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
-        self._listener.close()
-
-
-@contextlib.contextmanager
-def raw_server(
-    answer: Callable[[socket.socket, str, threading.Event], None],
-    tls: ssl.SSLContext | None = None,
-) -> Iterator[str]:
-    server = RawServer(answer, tls)
-    try:
-        yield server.url
-    finally:
-        server.close()
 
 
 DRIP_S = 0.05  # between two bytes: each read gets one long before any per-read timeout

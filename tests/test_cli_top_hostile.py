@@ -12,7 +12,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,14 +24,7 @@ from infergate.tui.source import FixedSource, HttpSource
 from infergate.tui.tenants import TenantScreen
 from tests.fake_servers import HTML_500, FakeServer, Route
 from tests.polling import eventually
-from tests.test_cli_hostile_server import HOSTILE, HOSTILE_ESCAPED, assert_inert, raw_server
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeServer]:
-    with FakeServer() as server:
-        yield server
-
+from tests.raw_servers import HOSTILE, HOSTILE_ESCAPED, assert_inert, raw_server
 
 ODD_STATS: list[dict[str, Any]] = [
     {"models": ["a", "b"], "devices": "cpu", "workers": [1], "tenants": "t", "events": ["x"]},
