@@ -31,6 +31,8 @@ from infergate.client_address import (
 )
 from infergate.client_codec import (
     MAX_ANSWER_MB,
+    MAX_DOCUMENT_BYTES,
+    MAX_ERROR_BODY_BYTES,
     InferResponse,
     decode_infer_response,
     encode_infer_request,
@@ -75,11 +77,6 @@ __all__ = [
 
 
 DEFAULT_TIMEOUT_S = 30.0  # for a whole request: connecting, sending, the answer, all of it
-# An answer that is not an inference's (the admin API's documents, metadata): far more
-# than any infergate sends, and parsed into Python objects at tens of times its size, so
-# well below an inference's MAX_ANSWER_MB.
-MAX_DOCUMENT_BYTES = 16 << 20
-MAX_ERROR_BODY_BYTES = 1 << 20  # of an error's body: its start says what went wrong
 MAX_DIMS = 32  # of an input's shape in a model's metadata (numpy's limit, before 2.0)
 
 

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
 # The largest inference answer the client reads (a larger one is refused unread): the
 # gateway's own cap on an upstream's answer ([remote] max_answer_mb).
 MAX_ANSWER_MB = 256
+# An answer that is not an inference's (the admin API's documents, metadata, statistics):
+# far more than any infergate sends, and parsed into Python objects at tens of times its
+# size, so well below an inference's MAX_ANSWER_MB. The CLI's, top's and bench's cap.
+MAX_DOCUMENT_BYTES = 16 << 20
+MAX_ERROR_BODY_BYTES = 1 << 20  # of an error's body: its start says what went wrong
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Literal, cast
 from urllib.parse import urlsplit
 
+from infergate.client_codec import MAX_DOCUMENT_BYTES
+
 MAX_HEAD_BYTES = 64 << 10  # an answer's status line and headers; infergate's are < 1 KiB
-# A body kept whole by default: a document (statistics, metadata), as the CLI's
-# MAX_DOCUMENT_BYTES; a load generator passes the inference cap and keeps only a prefix.
-MAX_DOCUMENT_BYTES = 16 << 20
+# A body is kept whole by default, up to MAX_DOCUMENT_BYTES (a document: statistics,
+# metadata); a load generator passes the inference cap and keeps only a prefix.
 _CONTENT_LENGTH_DIGITS = 18  # more is no length any server means
 _NO_SUCH_LENGTH = 10**_CONTENT_LENGTH_DIGITS  # what a longer one reads as: past any cap
 

@@ -19,7 +19,8 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from infergate.client import MAX_DOCUMENT_BYTES, MAX_ERROR_BODY_BYTES, error_text
+from infergate.client_codec import MAX_DOCUMENT_BYTES, MAX_ERROR_BODY_BYTES
+from infergate.client_errors import error_text
 
 REQUEST_SECONDS = "infergate_request_duration_seconds_bucket"
 # Of a whole request: a poll comes every second, and a server slower than this is said
