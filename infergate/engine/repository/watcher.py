@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -92,17 +93,24 @@ GIVE_UP_AFTER = 3  # failed attempts to watch before it is reported as failed
 RETRY_MAX_S = 8.0
 
 
-def _stat_row(path: Path, name: str, rows: list[Row]) -> None:
+def _stat_row(path: Path, name: str, rows: list[Row]) -> bool:
+    """Add `path`'s row (through a link) to `rows`; whether `path` is a link. One lstat for
+    a path that is not there (most of the lone files looked for) or is no link."""
+    linked = False
     try:
-        st = path.stat()
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            linked = True  # (a dangling one too: its target may come back)
+            st = os.stat(path)
     except FileNotFoundError:
-        return
+        return linked
     except OSError as exc:  # a symlink loop, no permission: skip it, say so once per look
         log.warning("watcher: cannot look at %s (%s); skipped", path, exc.strerror or exc)
-        return
+        return linked
     # The inode too: a link swapped to another file of the same size and mtime (weights
     # unpacked by tar, `cp -a`, an image layer) is another file all the same.
     rows.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return linked
 
 
 def snapshot(root: Path, name: str) -> Snapshot:
@@ -132,12 +140,10 @@ def look(root: Path, name: str) -> tuple[Snapshot, bool]:
                 if is_ignored(Path(filename)):
                     continue
                 path = here / filename
-                linked = linked or path.is_symlink()
-                _stat_row(path, str(path.relative_to(root)), rows)
+                linked = _stat_row(path, str(path.relative_to(root)), rows) or linked
     for suffix in model_suffixes():
         for path in (root / f"{name}{suffix}", root / f"{name}{suffix}.sig"):
-            linked = linked or path.is_symlink()
-            _stat_row(path, path.name, rows)
+            linked = _stat_row(path, path.name, rows) or linked
     return tuple(sorted(rows)), linked
 
 
