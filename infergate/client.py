@@ -28,6 +28,7 @@ from infergate.client_address import (
     project_port,
     project_profile_unread,
     segment,
+    tls_verify_for,
 )
 from infergate.client_codec import (
     MAX_ANSWER_MB,
@@ -175,6 +176,7 @@ class Client:
             headers=headers,
             timeout=self.timeout_s,
             limits=httpx.Limits(max_keepalive_connections=0),
+            verify=tls_verify_for(self.url),
         )
 
     def close(self) -> None:

@@ -45,26 +45,32 @@ _cache_bytecode()
 os.environ[PLUGINS_ENV] = "tests.scripted_runtime"
 
 
-def _share_one_tls_context() -> None:
-    """httpx.get() and friends build a client per call, and each client loads certifi's CA
-    bundle into a new SSL context: 25 ms of CPU, for URLs that are all plain http here. The
-    tests make thousands of such calls (polling a starting server took more CPU than the
-    server itself), so they all get one context, made once; an SSLContext may be shared."""
+def _share_tls_contexts() -> None:
+    """httpx.get() and friends build a client per call, and each client loads a CA bundle
+    (certifi's, or the one SSL_CERT_FILE names: this machine sets it to the system's) into a
+    new SSL context: 25-42 ms of CPU, for URLs that are all plain http here. The tests make
+    thousands of such calls (polling a starting server took more CPU than the server
+    itself), so clients that trust the same bundle share one context, made once; an
+    SSLContext may be shared. A test that trusts a CA of its own names it in SSL_CERT_FILE,
+    as a user would, and gets a context of its own. (Keyed on SSL_CERT_FILE's absence
+    alone, the sharing stopped wherever it is set: 7 of test_cli_hostile.py's 17 s.)"""
     from httpx._transports import default
 
     make = default.create_ssl_context  # type: ignore[attr-defined]
-    shared = make()
+    shared: dict[tuple[str | None, str | None], Any] = {}
 
     def create(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
-        # (A test that trusts a CA of its own names it in SSL_CERT_FILE, as a user would.)
-        if verify is True and cert is None and trust_env and not os.environ.get("SSL_CERT_FILE"):
-            return shared
-        return make(verify=verify, cert=cert, trust_env=trust_env)
+        if verify is not True or cert is not None or not trust_env:
+            return make(verify=verify, cert=cert, trust_env=trust_env)
+        trusted = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+        if trusted not in shared:
+            shared[trusted] = make()
+        return shared[trusted]
 
     default.create_ssl_context = create  # type: ignore[attr-defined]
 
 
-_share_one_tls_context()
+_share_tls_contexts()
 
 
 def write_profile(folder: Path, text: str = "") -> Path:

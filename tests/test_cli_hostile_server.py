@@ -271,6 +271,27 @@ def test_an_answer_that_drips_over_tls_ends_at_the_deadline(
     assert took < DRIP_FOR_S, took
 
 
+@pytest.mark.parametrize("stale", ["gone.pem", "no-certificate.pem"])
+def test_certificates_that_cannot_load_stop_only_https_and_are_named(
+    fake: FakeServer, tmp_path: Path, stale: str
+) -> None:
+    """A stale SSL_CERT_FILE (a file gone, or one with no certificate in it) crashed every
+    command, plain http ones too, as "unexpected FileNotFoundError ... a bug in infergate".
+    Only an https server needs it, and there it is a usage mistake that names it."""
+    (tmp_path / "no-certificate.pem").write_text("not a certificate\n")
+    env = {"SSL_CERT_FILE": str(tmp_path / stale)}
+    fake.json("/admin/models", [])
+    r = run("model", "list", "--url", fake.url, "--json", env=env)
+    assert (r.code, json.loads(r.stdout)) == (0, []), r
+    for command in (["model", "list"], ["top"]):
+        r = run(*command, "--url", "https://127.0.0.1:9", env=env)
+        line = one_error_line(r)
+        assert r.code == 2, r
+        assert line.startswith("error: https://127.0.0.1:9: cannot load the certificates "), line
+        assert f"(SSL_CERT_FILE={str(tmp_path / stale)!r})" in line, line
+        assert line.endswith("Hint: point SSL_CERT_FILE at PEM certificates, or unset it"), line
+
+
 def _self_signed(folder: Path) -> tuple[ssl.SSLContext, Path]:
     """A server context for 127.0.0.1 with a certificate of its own, and that certificate."""
     from cryptography import x509

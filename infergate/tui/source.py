@@ -19,6 +19,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
+from infergate.client_address import tls_verify_for
 from infergate.client_codec import MAX_DOCUMENT_BYTES, MAX_ERROR_BODY_BYTES
 from infergate.client_errors import error_text
 
@@ -85,7 +86,10 @@ class HttpSource:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # (connecting has its own limit, as in the CLI, for a load that waits: see _read)
         timeout = httpx.Timeout(None, connect=timeout_s)
-        self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout)
+        verify = tls_verify_for(url)  # UrlError for https whose trust store cannot load
+        self._http = httpx.AsyncClient(
+            base_url=url, headers=headers, timeout=timeout, verify=verify
+        )
 
     async def _call(self, method: str, path: str, patient: bool = False) -> Any:
         content = await self._read(method, path, patient)
