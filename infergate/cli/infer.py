@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -155,17 +158,36 @@ def _check_names(response: InferResponse, server: str, folder: Path, json: bool)
             )
 
 
-def _save(response: InferResponse, folder: Path, server: str, json: bool) -> list[Path]:
-    """Each output to FOLDER/NAME.npy, every NAME checked first; the paths written."""
+def _write_whole(path: Path, array: Any) -> None:
+    """`array` as PATH (.npy), whole or not at all: written to a new file beside it, then
+    renamed over it. So a symlink or a FIFO already at that name is replaced, never
+    followed or opened (a link in DIR could point anywhere; a FIFO would block the
+    command), and a disk that fills mid-write leaves no half file behind."""
     import numpy as np
 
+    fd, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        mask = os.umask(0)  # (read it back: mkstemp's file is 0600, np.save's 0666 & umask)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)
+        with os.fdopen(fd, "wb") as file:
+            np.save(file, array, allow_pickle=array.dtype.kind == "O")
+        os.replace(part, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise
+
+
+def _save(response: InferResponse, folder: Path, server: str, json: bool) -> list[Path]:
+    """Each output to FOLDER/NAME.npy, every NAME checked first; the paths written."""
     _check_names(response, server, folder, json)
     paths = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, array in response.outputs.items():
             path = folder / f"{name}.npy"
-            np.save(path, array, allow_pickle=array.dtype.kind == "O")
+            _write_whole(path, array)
             paths.append(path)
     except OSError as exc:
         fail(f"cannot save the outputs to {folder}: {exc.strerror or exc}", EXIT_FAILURE, json)
