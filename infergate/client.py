@@ -14,6 +14,7 @@ import socket
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -44,6 +45,7 @@ from infergate.client_errors import (
     ClientError,
     UrlError,
     error_text,
+    is_infergate_error,
     json_kind,
     one_line,
 )
@@ -230,7 +232,14 @@ class Client:
             )
         if status >= 400:
             said, _ = _read_up_to(response, MAX_ERROR_BODY_BYTES, deadline)
-            raise ClientError(status, error_text(said, response.reason_phrase))
+            text = error_text(said, response.reason_phrase)
+            if not is_infergate_error(said):  # a proxy's page, another server at that URL
+                text = (
+                    f"{self.url} answered {method} {path} with an error that is not "
+                    f"infergate's: {text}. Hint: is --url (or INFERGATE_URL) an infergate "
+                    "server, or a proxy in front of one?"
+                )
+            raise ClientError(status, text)
         declared = response.headers.get("content-length", "")
         if (
             declared.isdigit()
@@ -290,6 +299,9 @@ class Client:
                 "is in front"
             )
         unread = project_profile_unread() if self.url == DEFAULT_URL else None
+        if urlsplit(self.url).port is None:  # `--url 127.0.0.1`: port 80, not serve's
+            default = 443 if self.url.startswith("https:") else 80
+            unread = f"it names no port, so port {default}; `infergate serve` listens on 8000"
         return (
             f"cannot reach infergate at {self.url}: {said}. Hint: is `infergate serve` "
             "running? Set --url or INFERGATE_URL" + (f" ({unread})" if unread else "")

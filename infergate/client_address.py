@@ -34,17 +34,25 @@ def normalize_url(text: str, what: str = "--url") -> str:
         raise UrlError(f"{what} {given!r}: the port is not a number from 0 to 65535") from None
     if parts.query or parts.fragment:
         raise UrlError(f"{what} {given!r}: a server address has no ?query or #fragment")
+    if parts.path.lower().endswith(("/v2", "/admin", "/metrics")):  # (a path it adds itself)
+        base = url[: url.rfind("/")]
+        raise UrlError(
+            f"{what} {given!r}: give the server's own address ({base}): the commands add "
+            "/v2/..., /admin/... and /metrics to it"
+        )
     return url
 
 
 def tls_verify_for(url: str) -> ssl.SSLContext:
     """What a client of `url` checks TLS with. For https: httpx's own choice, the CA bundle
-    (or SSL_CERT_FILE's, SSL_CERT_DIR's), loaded now, so that one that cannot be read is a
-    UrlError naming it, not a crash mid-command. For http: a context that trusts nobody,
-    made in 0.3 ms where loading a bundle costs 35-42 ms of CPU (a tenth of a command's),
-    for a client that never opens TLS (its requests all go to `url`, it follows no
-    redirect); were it ever to meet TLS, it would refuse every certificate. Nor does a
-    stale SSL_CERT_FILE then stop a command to a plain http server."""
+    (or SSL_CERT_FILE's), loaded now, so that a file that cannot be read is a UrlError
+    naming it, not a crash mid-command. For http: a context that trusts nobody, made in
+    0.3 ms where loading a bundle costs 35-42 ms of CPU (a tenth of a command's), for a
+    client that never speaks TLS to its server (its requests all go to `url`, it follows
+    no redirect; a TLS proxy, HTTPS_PROXY, is checked by httpx's own context); were it
+    ever to, it would refuse every certificate. Nor does a stale SSL_CERT_FILE then stop
+    a command to a plain http server. (A missing SSL_CERT_DIR raises nothing here: its
+    certificates are looked up per handshake, which then fails to verify.)"""
     if urlsplit(url).scheme != "https":
         return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     import httpx
@@ -53,12 +61,12 @@ def tls_verify_for(url: str) -> ssl.SSLContext:
         return httpx.create_ssl_context()
     except OSError as exc:  # a file not there or unreadable; ssl.SSLError: no PEM in it
         # (httpx reads SSL_CERT_FILE if set, else SSL_CERT_DIR, else certifi's bundle)
-        name = next((n for n in ("SSL_CERT_FILE", "SSL_CERT_DIR") if os.environ.get(n)), "")
-        where = f" ({name}={os.environ[name]!r})" if name else ""
+        named = os.environ.get("SSL_CERT_FILE")
+        where = f" (SSL_CERT_FILE={named!r})" if named else ""
         cause = exc.strerror or str(exc)
         raise UrlError(
             f"{url}: cannot load the certificates to check its TLS with{where}: {cause}. "
-            f"Hint: point {name or 'SSL_CERT_FILE'} at PEM certificates, or unset it"
+            "Hint: point SSL_CERT_FILE at PEM certificates, or unset it"
         ) from None
 
 

@@ -81,6 +81,16 @@ def error_text(body: bytes, reason: str = "") -> str:
     return one_line(body.decode("utf-8", "replace")) or one_line(reason)
 
 
+def is_infergate_error(body: bytes) -> bool:
+    """Whether an error's body is one infergate sends: `{"error": "..."}`. Any other (an
+    HTML page, text, JSON of another shape) came from something else at that address."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("error"), str)
+
+
 def json_kind(value: Any) -> str:
     """A JSON value's kind, for saying what came instead of what was expected."""
     if isinstance(value, dict):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -70,21 +71,34 @@ def test_json_of_another_shape_is_one_line_and_exit_1(fake: FakeServer, body: st
 
 
 def test_error_pages_and_odd_error_bodies_are_one_line(fake: FakeServer) -> None:
+    """Each on one line; an error body that is not infergate's `{"error": "..."}` (a
+    proxy's page, another server's) names the URL and the request, as a redirect does:
+    an HTML page was only "an HTML page: Error response (HTTP 404)"."""
     cases: list[tuple[Route, str]] = [
         (Route(500, HTML_500, {"Content-Type": "text/html"}), "an HTML page: 500 Internal"),
         (Route(400, json.dumps({"error": "one\ntwo\nthree"}).encode()), "one two three"),
-        (Route(400, b"[1, 2]"), "[1,2] (HTTP 400)"),
-        (Route(400, b'"just words"'), "just words (HTTP 400)"),
+        (Route(400, b"[1, 2]"), "[1,2]."),
+        (Route(400, b'"just words"'), "just words."),
         (Route(400, b'{"error": null, "detail": "x"}'), '{"error":null,"detail":"x"}'),
-        (Route(409, b'{"error": {"code": 5}}'), '{"code":5} (HTTP 409)'),
-        (Route(502, b"x" * 5000 + b"\n" * 50, {}), "… (HTTP 502)"),
+        (Route(409, b'{"error": {"code": 5}}'), '{"code":5}.'),
+        (Route(502, b"x" * 5000 + b"\n" * 50, {}), "…."),
     ]
     for route, words in cases:
         fake.routes["*"] = route
-        for command in (["model", "list"], ["tenant", "remove", "t"]):
+        for command, request in (
+            (["model", "list"], "GET /admin/models"),
+            (["tenant", "remove", "t"], "DELETE /admin/tenants/t"),
+        ):
             line = one_error_line(run(*command, "--url", fake.url))
             assert words in line, line
-            assert len(line) < 400, line
+            assert line.endswith(f"(HTTP {route.status})"), line
+            assert len(line) < 600, line
+            theirs = f"error: {fake.url} answered {request} with an error that is not infergate's: "
+            if words == "one two three":  # infergate's own: the server's words alone
+                assert line == f"error: {words} (HTTP 400)", line
+            else:
+                assert line.startswith(theirs), line
+                assert "Hint: is --url (or INFERGATE_URL) an infergate server" in line, line
 
 
 def test_a_redirect_is_said_not_followed_nor_read_as_data(fake: FakeServer) -> None:
@@ -124,6 +138,8 @@ def test_an_https_url_to_a_plain_server_says_tls(fake: FakeServer) -> None:
         ("ftp://127.0.0.1:21", "not an http:// or https:// address"),
         ("http://gw example", "an address holds no spaces"),
         ("http://gw:8000/?a=1", "no ?query or #fragment"),
+        ("http://gw:8000/v2", "give the server's own address (http://gw:8000): "),
+        ("gw:8000/proxy/ADMIN/", "give the server's own address (http://gw:8000/proxy): "),
     ],
 )
 def test_an_address_that_is_not_one_is_a_usage_error(url: str, words: str) -> None:
@@ -136,6 +152,17 @@ def test_an_address_that_is_not_one_is_a_usage_error(url: str, words: str) -> No
     assert one_error_line(r).startswith(f"error: INFERGATE_URL {url!r}: ")
     r = run("top", "--url", url)
     assert (r.code, words in one_error_line(r)) == (2, True)
+
+
+def test_an_address_without_a_port_says_which_port_it_meant() -> None:
+    """`--url 127.0.0.1` means port 80, not serve's 8000: the error said only "cannot reach
+    infergate at http://127.0.0.1"."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 80)) == 0:  # a web server here: it answers
+            pytest.fail("this test needs nothing listening on 127.0.0.1:80")
+    line = one_error_line(run("model", "list", "--url", "127.0.0.1"))
+    assert line.startswith("error: cannot reach infergate at http://127.0.0.1: "), line
+    assert line.endswith("(it names no port, so port 80; `infergate serve` listens on 8000)")
 
 
 def test_a_token_no_header_can_carry_is_a_usage_error(fake: FakeServer) -> None:

@@ -72,38 +72,44 @@ def test_save_refuses_an_output_name_that_is_no_plain_file_name(
 
 
 @pytest.mark.timeout(20)  # (a FIFO that is opened blocks: fail, not hang for 120 s)
-@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory", "private file", "long name"])
 def test_save_replaces_what_is_at_a_name_and_never_writes_through_it(
     model_server: FakeServer, tmp_path: Path, kind: str
 ) -> None:
     """NAME.npy was opened as it stood: a symlink in DIR was written through (outside
     DIR), a FIFO blocked the command for ever. Each output is now written beside its
-    name and renamed over it: a link or FIFO is replaced, and a directory there is a
-    one-line error that leaves no file behind."""
-    model_server.json("/v2/models/m/infer", _answer_with_outputs("y"))
+    name and renamed over it: a link or FIFO is replaced, a regular file keeps its mode,
+    a directory there is a one-line error that leaves no file behind, and a name as long
+    as a file name may be still saves (the file beside it has a name of its own length)."""
+    name = "n" * 251 if kind == "long name" else "y"  # NAME.npy: 255 bytes, the most
+    model_server.json("/v2/models/m/infer", _answer_with_outputs(name))
     folder, outside = tmp_path / "out", tmp_path / "outside.txt"
     folder.mkdir()
     outside.write_text("precious\n")
-    at = folder / "y.npy"
+    at = folder / f"{name}.npy"
+    mode = 0o666 & ~_umask()
     if kind == "symlink":
         at.symlink_to(outside)
     elif kind == "fifo":
         os.mkfifo(at)
-    else:
+    elif kind == "directory":
         at.mkdir()
+    elif kind == "private file":
+        at.write_text("an older answer")
+        at.chmod(mode := 0o600)
     r = run("infer", "m", "x=[[1, 2]]", "--save", str(folder), "--url", model_server.url)
     assert outside.read_text() == "precious\n"
     if kind == "directory":
         assert r.code == 1, r
         assert one_error_line(r).startswith(f"error: cannot save the outputs to {folder}: ")
-        assert sorted(p.name for p in folder.iterdir()) == ["y.npy"]  # no .part left
+        assert [p.name for p in folder.iterdir()] == [at.name]  # no file left beside it
         return
     assert r.code == 0, r
     assert not at.is_symlink()
     assert at.is_file()
     assert np.load(at).tolist() == [[1.0, 2.0]]
-    assert sorted(p.name for p in folder.iterdir()) == ["y.npy"]
-    assert at.stat().st_mode & 0o777 == 0o666 & ~_umask()
+    assert [p.name for p in folder.iterdir()] == [at.name]
+    assert at.stat().st_mode & 0o777 == mode
 
 
 def _umask() -> int:

@@ -52,13 +52,21 @@ def test_torch_absent_marks_torchscript_unavailable(torchless_server: ServerProc
     encoder = torchless_server.model("encoder")
     assert encoder["state"] == "unavailable"
     assert "needs torch, which is not installed" in encoder["reason"]
-    assert "./install.sh --torch" in encoder["reason"]
+    # The hint names the model to load after the install (it said NAME), once.
+    hint = (
+        "Hint: ./install.sh --torch (or .venv/bin/pip install 'infergate[torch]'), then "
+        "infergate model load encoder"
+    )
+    assert encoder["reason"].endswith(hint), encoder["reason"]
     # Its instances never start: they say so, not "loading" for good.
     assert [i["state"] for v in encoder["versions"] for i in v["instances"]] == ["unavailable"]
     response = httpx.post(f"{torchless_server.url}/v2/models/encoder/infer", json={"inputs": []})
     assert response.status_code == 424  # only installing torch fixes it: no Retry-After
     assert "retry-after" not in response.headers
-    assert "not installed" in response.json()["error"]
+    said = response.json()["error"]
+    assert "not installed" in said
+    assert said.endswith(hint), said  # one hint, not a second "(... model load ... retries)"
+    assert said.count("model load encoder") == 1, said
     ok = httpx.post(
         f"{torchless_server.url}/v2/models/mlp/infer",
         json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]},

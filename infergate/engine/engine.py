@@ -378,8 +378,9 @@ def _no_version_error(record: ModelRecord) -> InfergateError:
             f"Request for unknown model: {name!r} is not found: it was unloaded. "
             f"Hint: infergate model load {name}"
         )
-    hint = "" if "Hint:" in why else ". Hint: fix it and reload it"  # one hint, not two
+    if "Hint:" in why:  # its own (install X, then model load NAME): one hint, not two
+        return ModelFailed(f"model {name!r} failed to load: {why}")
     return ModelFailed(
-        f"model {name!r} failed to load: {why}{hint} (infergate model status {name} shows "
-        f"why, infergate model load {name} retries)"
+        f"model {name!r} failed to load: {why}. Hint: fix it and reload it (infergate model "
+        f"status {name} shows why, infergate model load {name} retries)"
     )

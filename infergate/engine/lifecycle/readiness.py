@@ -36,8 +36,9 @@ def not_ready_error(name: str, version: int, state: str, reason: str | None) -> 
         return ModelNotReady(
             f"model {name!r} version {version} is {state}{why}. Hint: retry shortly"
         )
-    hint = "" if reason and "Hint:" in reason else ". Hint: fix the model and reload it"
+    if reason and "Hint:" in reason:  # its own (install X, then model load NAME): one hint
+        return ModelFailed(f"model {name!r} version {version} is {state}{why}")
     return ModelFailed(
-        f"model {name!r} version {version} is {state}{why}{hint} (infergate model status "
-        f"{name} shows why, infergate model load {name} retries)"
+        f"model {name!r} version {version} is {state}{why}. Hint: fix the model and reload "
+        f"it (infergate model status {name} shows why, infergate model load {name} retries)"
     )

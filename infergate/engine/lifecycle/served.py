@@ -70,7 +70,7 @@ class ServedVersion:
         self.stored_path = stored_path  # the verified copy workers load (VerifiedStore)
         self.config: ModelConfig = entry.config
         self.platform = runtime_kind(file.runtime).platform
-        self.unavailable = unavailable_reason(file.runtime)
+        self.unavailable = unavailable_reason(file.runtime, entry.name)
         self.refused: str | None = None  # placement said no: the reason
         self._context = context
         self.requests = InFlight()

@@ -52,7 +52,7 @@ BUILT_IN = (
         (".onnx",),
         "onnxruntime_onnx",
         "onnxruntime",
-        "./install.sh   (or .venv/bin/pip install onnxruntime), then infergate model load NAME",
+        "./install.sh (or .venv/bin/pip install onnxruntime), then infergate model load NAME",
         "infergate.engine.runtimes.onnx:open_onnx",
     ),
     RuntimeKind(
@@ -60,7 +60,7 @@ BUILT_IN = (
         (".pt", ".pth", ".torchscript"),
         "pytorch_libtorch",
         "torch",
-        "./install.sh --torch   (or .venv/bin/pip install 'infergate[torch]'), then infergate "
+        "./install.sh --torch (or .venv/bin/pip install 'infergate[torch]'), then infergate "
         "model load NAME",
         "infergate.engine.runtimes.torchscript:open_torchscript",
         needs_declared_tensors=True,
@@ -70,7 +70,7 @@ BUILT_IN = (
         (),
         "remote",
         "httpx",
-        "./install.sh   (or .venv/bin/pip install httpx), then infergate model load NAME",
+        "./install.sh (or .venv/bin/pip install httpx), then infergate model load NAME",
         "",  # never opened in a worker: infergate.engine.remote.served
         in_gateway=True,
     ),
@@ -131,8 +131,9 @@ def runtime_for(path: Path) -> str | None:
     return None
 
 
-def unavailable_reason(runtime: str) -> str | None:
-    """Why `runtime` cannot run here, with the install command; None when it can.
+def unavailable_reason(runtime: str, model: str = "NAME") -> str | None:
+    """Why `runtime` cannot run here, with the install command and the load that follows
+    it (of `model`, when one is asking); None when it can.
 
     Only looks for the package, so the gateway can ask without importing torch.
     """
@@ -144,7 +145,7 @@ def unavailable_reason(runtime: str) -> str | None:
     if not found:
         return (
             f"the {runtime} runtime needs {kind.package}, which is not installed. "
-            f"Hint: {kind.install_hint}"
+            f"Hint: {kind.install_hint.replace(' NAME', f' {model}')}"
         )
     return None
 
