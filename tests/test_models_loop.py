@@ -127,6 +127,10 @@ def test_health_answers_fast_with_two_hundred_models_loading(tmp_path: Path) -> 
                     time.sleep(0.05)
                 latencies = durations(prober.stop())
             assert client.get(f"{server.url}/v2/health/ready").status_code == 503
+            # A 404 names the first 20 models and counts the rest, not 200 names.
+            unknown = client.get(f"{server.url}/v2/models/m2000").json()["error"]
+            twenty = ", ".join(f"m{i:03}" for i in range(20))
+            assert f"served models: {twenty} and 180 more. Hint:" in unknown, unknown
     finally:
         started = time.monotonic()
         server.stop()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,8 +137,7 @@ class Registry:
         try:
             return self._records[name]
         except KeyError:
-            names = sorted(n for n in self._records if visible is None or visible(n))
-            known = ", ".join(names) or "none"
+            known = _listed(n for n in self._records if visible is None or visible(n))
             raise ModelNotFound(
                 f"Request for unknown model: '{name}' is not found; served models: {known}. "
                 "Hint: infergate model list"
@@ -186,7 +185,10 @@ class Registry:
                 del self._records[name]
                 self._context.events.publish("model_removed", name, "files removed")
             elif explicit:
-                raise ModelNotFound(f"no model {name!r} in {self.root}")
+                raise ModelNotFound(
+                    f"no model {name!r} in {self.root}; models there: {_listed(self._records)}"
+                    ". Hint: infergate model list"
+                )
             return None
         if record is None:
             record = self._records[name] = ModelRecord(name)
@@ -378,3 +380,16 @@ class Registry:
         await asyncio.gather(*self._retiring, return_exceptions=True)
         await self._off_loop(self.store.close)
         self._disk.shutdown(wait=False)
+
+
+MAX_NAMES_LISTED = 20  # in an error: a repository of thousands is not one line's business
+
+
+def _listed(names: Iterable[str]) -> str:
+    """Model names for an error, sorted: the first MAX_NAMES_LISTED and how many more."""
+    ordered = sorted(names)
+    if not ordered:
+        return "none"
+    shown = ", ".join(ordered[:MAX_NAMES_LISTED])
+    more = len(ordered) - MAX_NAMES_LISTED
+    return f"{shown} and {more} more" if more > 0 else shown
