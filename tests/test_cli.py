@@ -162,6 +162,18 @@ def test_infer_binary_with_a_request_on_stdin_is_a_usage_error(
     assert json.loads(out)["outputs"][0]["shape"] == [1, 3]
 
 
+def test_infer_without_inputs_says_how_to_give_them() -> None:
+    """It said only "give the inputs (NAME=FILE.npy ...)": now the forms, the one-input
+    shortcut and where the model's input names are, checked before any request."""
+    result = runner.invoke(app, ["infer", "digits", "--url", "127.0.0.1:9"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: give the inputs: NAME=FILE.npy or NAME='[[1, 2]]' each (FILE.npy alone for "
+        "a one-input model; infergate model status digits names them), or - to read a V2 "
+        "request on stdin\n"
+    )
+
+
 def test_infer_help_examples_run_as_written(
     server: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -306,8 +306,11 @@ def infer(
 
     items = inputs or []
     if not items:
+        check_model_name(model, json)  # (first: the hint below names it)
         fail(
-            "give the inputs (NAME=FILE.npy ...) or - to read a V2 request on stdin",
+            "give the inputs: NAME=FILE.npy or NAME='[[1, 2]]' each (FILE.npy alone for a "
+            f"one-input model; infergate model status {model} names them), or - to read a "
+            "V2 request on stdin",
             EXIT_USAGE,
             json,
         )
