@@ -37,7 +37,8 @@ class LoopbackServer:
         self._conns: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"{scheme}://127.0.0.1:{self._listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     def serve(self, conn: socket.socket) -> None:
         raise NotImplementedError
@@ -52,11 +53,19 @@ class LoopbackServer:
             threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
 
     def close(self) -> None:
+        """The listener's fd is closed only once its accept thread has returned: closed
+        under a thread blocked in accept(), the fd's number went to the next test's
+        listener, and this server (its `stop` set) answered that one's connections. Seen
+        under py-spy: a POST answered by the server before, a drip answer cut short."""
         self.stop.set()
-        for conn in [self._listener, *self._conns]:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (EINVAL)
+        self._acceptor.join(timeout=10)
+        assert not self._acceptor.is_alive(), "the accept thread did not stop"
+        self._listener.close()
+        for conn in list(self._conns):
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
 
 
 Answer = Callable[[socket.socket, str, threading.Event], None]
