@@ -265,6 +265,18 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
         400,
         "element 0 is [[[[...]]]]",
     ),
+    # False == 0 and 0.0 == 0 in Python: both passed as Triton's 0 (the default level).
+    *[
+        (
+            f"a priority of {shown}",
+            "/v2/models/mlp/infer",
+            _with(**{"parameters.priority": value}),
+            JSON,
+            400,
+            f"parameters.priority must be a class name or integer, got {shown}",
+        )
+        for value, shown in ((False, "False"), (0.0, "0.0"))
+    ],  # fmt: skip
     # A version of digits str.isdigit() takes and int() does not, or too many for int().
     ("a superscript version", "/v2/models/mlp/versions/%C2%B2/infer", b"{}", JSON, 400, "positive"),
     (

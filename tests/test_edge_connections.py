@@ -246,6 +246,22 @@ def test_one_client_past_its_connection_cap_leaves_room_for_others(
         assert answer.status == 200
         held.pop().close()
         wait_until(partial(_served, server.port), 15, "the closed connection's slot back")
+        held.pop().close()
+        # An upgrade (WebSocket) is answered as any other request, its Upgrade ignored, and
+        # its connection closes: uvicorn switched it to WebSocket (a 403 from one process,
+        # a 500 and an ERROR line from fronts), and it was never counted off its client:
+        # three upgrades locked this address out for good.
+        upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}  # fmt: skip
+        for _ in range(3):
+            with connect(server.port) as upgrading:
+                upgrading.sendall(head("GET", "/v2/health/live", server.port, upgrade))
+                reply = read_reply(upgrading)
+                assert reply is not None
+                assert (reply.status, reply.headers.get("connection")) == (200, "close")
+                assert closed_by_server(upgrading, 15)[0]
+        wait_until(partial(_served, server.port), 15, "the slots back after three upgrades")
+        assert "upgrade" not in server.log.read_text().lower()  # no warning, no error line
     finally:
         for sock in held:
             sock.close()

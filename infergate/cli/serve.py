@@ -169,6 +169,7 @@ def serve(
         log_level=log_level,
         log_config=None,  # our handler and format (text or JSON) for uvicorn's loggers too
         http=GatewayHttpProtocol.with_limits(limits, lane),
+        ws="none",  # no WebSockets: an Upgrade is ignored (server/http_protocol.py)
         proxy_headers=False,  # no proxy in front by default; saves work on every request
         server_header=False,  # one header less to check and send on every response
         access_log=False,  # server/access_log.py writes a richer line

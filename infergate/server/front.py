@@ -427,6 +427,7 @@ def main(config_json: str) -> None:
         http=GatewayHttpProtocol.with_limits(
             limits, InferLane(ForwardRoute(engine, max_body), drain)
         ),
+        ws="none",  # no WebSockets: an Upgrade is ignored (server/http_protocol.py)
         log_level=settings["log_level"],
         log_config=None,
         lifespan="off",  # the engine's

@@ -336,10 +336,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            # No protocol is switched to (KServe V2 is plain HTTP: uvicorn runs with
+            # ws="none"): the request was taken as any other, its Upgrade ignored (RFC 9110
+            # 7.8 lets a server), and the connection ends with its answer, since what
+            # follows would be in the other protocol. Switched to WebSocket, a connection
+            # was never counted off its client (max_connections_per_client): three
+            # upgrades locked that address out for good; each also logged two warnings.
+            self._end_with_answers_owed()
             return
         except httptools.HttpParserError as exc:
             if self._refusal is None:
@@ -446,6 +449,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         last.transport = _ThenLinger(self)  # type: ignore[assignment]  # ...by half-closing
         self._refusal = b""
         raise _Refused
+
+    def _end_with_answers_owed(self) -> None:
+        """Read nothing more; close once the requests taken are answered (at once if they
+        are), the last answer saying Connection: close."""
+        self._refusal = b""
+        newest = self.pipeline[0][0] if self.pipeline else self.cycle
+        if newest is None or newest.response_complete:
+            self._linger()
+            return
+        newest.keep_alive = False
+        newest.transport = _ThenLinger(self)  # type: ignore[assignment]
 
     def _linger(self) -> None:
         """Close after the last answer without losing it (RFC 9112 9.6, nginx's lingering

@@ -44,12 +44,12 @@ class ClassTable:
 
     def resolve(self, requested: Any, cap: PriorityClass) -> PriorityClass:
         """The class a request runs in: what it asked for, but never above `cap`."""
-        if requested is None or requested == 0:
-            return cap
-        if isinstance(requested, bool):
+        if isinstance(requested, bool):  # (before == 0: False == 0, and so does 0.0)
             raise BadRequest(
                 f"parameters.priority must be a class name or integer, got {requested}"
             )
+        if requested is None or (isinstance(requested, int) and requested == 0):
+            return cap  # Triton's 0: the model's default level
         if isinstance(requested, int):
             if requested < 0:
                 raise BadRequest(f"parameters.priority must be >= 0, got {requested}")
