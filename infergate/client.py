@@ -233,7 +233,10 @@ class Client:
         if status >= 400:
             said, _ = _read_up_to(response, MAX_ERROR_BODY_BYTES, deadline)
             text = error_text(said, response.reason_phrase)
-            if not is_infergate_error(said):  # a proxy's page, another server at that URL
+            # A proxy's page, another server at that URL; not a bare 500 (uvicorn's own,
+            # should infergate's app ever fail without its JSON)
+            bare = status >= 500 and text == response.reason_phrase
+            if not is_infergate_error(said) and not bare:
                 text = (
                     f"{self.url} answered {method} {path} with an error that is not "
                     f"infergate's: {text}. Hint: is --url (or INFERGATE_URL) an infergate "

@@ -34,11 +34,13 @@ def normalize_url(text: str, what: str = "--url") -> str:
         raise UrlError(f"{what} {given!r}: the port is not a number from 0 to 65535") from None
     if parts.query or parts.fragment:
         raise UrlError(f"{what} {given!r}: a server address has no ?query or #fragment")
-    if parts.path.lower().endswith(("/v2", "/admin", "/metrics")):  # (a path it adds itself)
-        base = url[: url.rfind("/")]
+    # An endpoint's URL pasted whole (http://h:8000/v2, .../v2/health/ready): the paths
+    # the commands add begin so. (A proxy's prefix, /ml or /api/v2, stays the address's.)
+    if parts.path.lstrip("/").split("/", 1)[0].lower() in ("v2", "admin", "metrics"):
         raise UrlError(
-            f"{what} {given!r}: give the server's own address ({base}): the commands add "
-            "/v2/..., /admin/... and /metrics to it"
+            f"{what} {given!r}: give the server's own address "
+            f"({parts.scheme}://{parts.netloc}): the commands add /v2/..., /admin/... and "
+            "/metrics to it"
         )
     return url
 

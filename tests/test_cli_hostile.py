@@ -82,6 +82,7 @@ def test_error_pages_and_odd_error_bodies_are_one_line(fake: FakeServer) -> None
         (Route(400, b'{"error": null, "detail": "x"}'), '{"error":null,"detail":"x"}'),
         (Route(409, b'{"error": {"code": 5}}'), '{"code":5}.'),
         (Route(502, b"x" * 5000 + b"\n" * 50, {}), "…."),
+        (Route(500, b"Internal Server Error", {}), "Internal Server Error"),
     ]
     for route, words in cases:
         fake.routes["*"] = route
@@ -96,6 +97,8 @@ def test_error_pages_and_odd_error_bodies_are_one_line(fake: FakeServer) -> None
             theirs = f"error: {fake.url} answered {request} with an error that is not infergate's: "
             if words == "one two three":  # infergate's own: the server's words alone
                 assert line == f"error: {words} (HTTP 400)", line
+            elif route.body == b"Internal Server Error":  # uvicorn's, should the app fail
+                assert line == "error: Internal Server Error (HTTP 500)", line
             else:
                 assert line.startswith(theirs), line
                 assert "Hint: is --url (or INFERGATE_URL) an infergate server" in line, line
@@ -139,7 +142,8 @@ def test_an_https_url_to_a_plain_server_says_tls(fake: FakeServer) -> None:
         ("http://gw example", "an address holds no spaces"),
         ("http://gw:8000/?a=1", "no ?query or #fragment"),
         ("http://gw:8000/v2", "give the server's own address (http://gw:8000): "),
-        ("gw:8000/proxy/ADMIN/", "give the server's own address (http://gw:8000/proxy): "),
+        ("gw:8000/v2/health/ready", "give the server's own address (http://gw:8000): "),
+        ("https://gw/ADMIN/models", "give the server's own address (https://gw): "),
     ],
 )
 def test_an_address_that_is_not_one_is_a_usage_error(url: str, words: str) -> None:
@@ -152,6 +156,14 @@ def test_an_address_that_is_not_one_is_a_usage_error(url: str, words: str) -> No
     assert one_error_line(r).startswith(f"error: INFERGATE_URL {url!r}: ")
     r = run("top", "--url", url)
     assert (r.code, words in one_error_line(r)) == (2, True)
+
+
+def test_an_address_with_a_proxys_prefix_is_one() -> None:
+    """A prefix a proxy serves the gateway under is part of the address, even one named
+    like an endpoint (/ml/admin, /api/v2): only an endpoint's URL pasted whole is refused."""
+    for url in ("http://127.0.0.1:9/ml/admin", "http://127.0.0.1:9/api/v2"):
+        line = one_error_line(run("model", "list", "--url", url))
+        assert line.startswith(f"error: cannot reach infergate at {url}: "), line
 
 
 def test_an_address_without_a_port_says_which_port_it_meant() -> None:

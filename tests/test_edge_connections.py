@@ -61,6 +61,38 @@ def test_an_oversized_head_gets_431(tight: ServerProcess) -> None:
     assert "over 4096 bytes" in str(reply.json()["error"])
 
 
+@pytest.mark.parametrize("expect", [False, True], ids=["plain", "expect-100-continue"])
+def test_a_body_with_an_upgrade_and_connect_are_refused_in_words(
+    tight: ServerProcess, expect: bool
+) -> None:
+    """httptools reads no body after an Upgrade head: `curl --http2` on http:// (Upgrade:
+    h2c) got "the body has 0 bytes but Content-Length says 13", after a 100 Continue that
+    invited the body. CONNECT got "malformed HTTP request: User callback error"."""
+    body = b'{"inputs":[]}'
+    headers = {
+        "Connection": "Upgrade, HTTP2-Settings",
+        "Upgrade": "h2c",
+        "HTTP2-Settings": "AAMAAABkAAQAoAAAAAIAAAAA",
+        "Content-Length": str(len(body)),
+    }
+    if expect:
+        headers["Expect"] = "100-continue"
+    with connect(tight.port) as sock:
+        sock.sendall(head("POST", "/v2/models/mlp/infer", tight.port, headers))
+        reply = read_reply(sock)
+        assert reply is not None
+        assert (reply.status, reply.headers["connection"]) == (400, "close")  # no 100 first
+        assert str(reply.json()["error"]).startswith(
+            "a request with an Upgrade header cannot carry a body here: "
+        )
+    with connect(tight.port) as sock:
+        sock.sendall(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+        reply = read_reply(sock)
+        assert reply is not None
+        assert reply.status == 400
+        assert str(reply.json()["error"]).startswith("CONNECT is not served: ")
+
+
 def test_a_100_mb_header_is_cut_off_quickly(tight: ServerProcess) -> None:
     """The gateway stops reading after a few kilobytes: the sender runs into a closed
     connection long before its 100 MB are out."""

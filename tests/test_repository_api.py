@@ -57,8 +57,10 @@ def test_tritonclient_load_unload_index(explicit_server: ServerProcess) -> None:
     assert index["present"]["state"] == "READY"  # loaded at start
     client.load_model(spare)
     assert client.is_model_ready(spare)
-    # The models that are there are named (a typo's error said only what was not).
-    there = r"no model 'nothere' in .*; models there: .*present, .*spare-index.*model list"
+    # The models that are there are named (a typo's error said only what was not), those
+    # on disk and not loaded too (explicit mode loads none by itself).
+    make_mlp(explicit_server.models / "on-disk" / "1" / "model.onnx")
+    there = r"no model 'nothere' in .*; models there: .*on-disk, .*present, .*spare-index"
     with pytest.raises(InferenceServerException, match=there):
         client.load_model("nothere")
 

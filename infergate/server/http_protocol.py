@@ -160,6 +160,14 @@ _FRAMING_SLACK = 256
 _TIMER_SLACK_S = 0.001
 
 
+def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a head (its names lowercased) says a body follows."""
+    for name, value in headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" 0")):
+            return True
+    return False
+
+
 class _Refused(Exception):
     """Raised inside a parser callback to stop parsing; the answer is already chosen."""
 
@@ -380,6 +388,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._set_deadline(self.limits.header_timeout_s, "the request head (line and headers)")
 
     def on_url(self, url: bytes) -> None:
+        if self.parser.get_method() == b"CONNECT":  # (uvicorn cannot read its host:port)
+            self._refusal = error_message(
+                400,
+                "CONNECT is not served: infergate is not a proxy. Hint: send the "
+                "request itself (POST /v2/models/NAME/infer) to the gateway's address",
+            )
+            raise _Refused
         self._count(len(url))
         self.url += url  # uvicorn's
 
@@ -396,6 +411,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self.parser.should_upgrade() and _declares_body(self.headers):
+            # httptools reads no body after an Upgrade head: the request would see none
+            # (curl --http2 on http:// sends Upgrade: h2c; a 100 Continue invited the body)
+            self._refusal = error_message(
+                400,
+                "a request with an Upgrade header cannot carry a body here: infergate "
+                "speaks HTTP/1.1 and upgrades to nothing. Hint: drop the Upgrade header "
+                "(curl: --http1.1 instead of --http2)",
+            )
+            raise _Refused
         self._set_deadline(self.limits.body_timeout_s, "the request body")
         cycle = self.cycle
         if cycle is None or cycle.response_complete:  # else: pipelined, behind an answer

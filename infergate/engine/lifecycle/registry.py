@@ -185,9 +185,12 @@ class Registry:
                 del self._records[name]
                 self._context.events.publish("model_removed", name, "files removed")
             elif explicit:
+                # (the folders, not the models loaded: in explicit mode a model on disk
+                # is not one until loaded, and a typo's fix may be one of those)
+                there = _listed(await self._off_loop(model_names, self.root))
                 raise ModelNotFound(
-                    f"no model {name!r} in {self.root}; models there: {_listed(self._records)}"
-                    ". Hint: infergate model list"
+                    f"no model {name!r} in {self.root}; models there: {there}. "
+                    "Hint: infergate model list"
                 )
             return None
         if record is None:
