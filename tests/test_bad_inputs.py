@@ -334,6 +334,15 @@ def test_bad_request(
     assert message in response.json()["error"]
 
 
+def test_an_unknown_models_name_is_not_echoed_whole(server: ServerProcess) -> None:
+    """A 4,000-character name came back whole in the 404 (an attacker's 60 KB one too)."""
+    r = httpx.get(f"{server.url}/v2/models/{'n' * 4000}")
+    assert r.status_code == 404, r.text
+    said = r.json()["error"]
+    assert said.startswith("Request for unknown model: 'nnnnnnnnnnnnnnnnnnnnnnnn"), said
+    assert "n" * 100 not in said, said  # shown short, as every client value is
+
+
 @pytest.mark.parametrize("version", ["%C2%B2", "1" * 5000])
 @pytest.mark.parametrize("route", ["", "/ready", "/config", "/stats"])
 def test_a_bad_version_is_a_400_on_every_route(

@@ -23,7 +23,7 @@ from infergate.engine.repository.config_override import ConfigOverrides
 from infergate.engine.repository.scan import model_names, scan_model
 from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersionFile
 from infergate.engine.repository.verify import Digests, VerificationFailed, VerifiedStore
-from infergate.errors import ModelNotFound
+from infergate.errors import ModelNotFound, shown
 
 if TYPE_CHECKING:  # snapshots read the registry's records
     from infergate.engine.snapshots import WorkerView
@@ -139,7 +139,8 @@ class Registry:
         except KeyError:
             known = _listed(n for n in self._records if visible is None or visible(n))
             raise ModelNotFound(
-                f"Request for unknown model: '{name}' is not found; served models: {known}. "
+                f"Request for unknown model: {shown(name)} is not found; served models: "
+                f"{known}. "
                 "Hint: infergate model list"
             ) from None
 
