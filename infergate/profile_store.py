@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import os
 import stat
-import tempfile
 from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from tomlkit import TOMLDocument
 from infergate.engine.cluster.settings import ClusterSettings
 from infergate.engine.engine import Engine
 from infergate.errors import BadRequest, ConfigError, NoProfileFile
+from infergate.file_swap import swapped_in
 from infergate.profile import DeviceSettings, Profile, ServerSettings, load_profile
 from infergate.settings.table import MAX_PROFILE_BYTES, parse_toml, read_toml
 
@@ -229,23 +229,16 @@ class ProfileStore:
         parse_toml(path, data)  # (nested too deeply, not UTF-8: ConfigError, as a reload's)
         document = tomlkit.parse(data.decode())
         change(document)
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        # mkstemp answers an absolute name; the check reads the file by `path`'s form, as
-        # the watcher does, so a relative `models` resolves alike in both (no false change).
-        tmp = path.parent / Path(name).name
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(tomlkit.dumps(document))
-                f.flush()
-                os.fchmod(f.fileno(), mode)
-                os.fsync(f.fileno())
+        # (The check reads the new file by `path`'s form, as the watcher does, so a
+        # relative `models` resolves alike in both: no false change.)
+        with swapped_in(path, mode) as (f, tmp):
+            f.write(tomlkit.dumps(document).encode())
+            f.flush()
+            os.fsync(f.fileno())
             try:
                 profile = load_profile(tmp)
             except ConfigError as exc:
                 raise BadRequest(str(exc).replace(str(tmp), str(path))) from None
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
         folder = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(folder)  # the rename itself survives a power cut

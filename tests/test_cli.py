@@ -162,6 +162,22 @@ def test_infer_binary_with_a_request_on_stdin_is_a_usage_error(
     assert json.loads(out)["outputs"][0]["shape"] == [1, 3]
 
 
+def test_key_new_write_keeps_the_profiles_mode_and_leaves_nothing_beside(
+    tmp_path: Path,
+) -> None:
+    """The profile holds admin key hashes: one kept private (0600) stays so once a key is
+    added (its new copy took the umask's 0644), and no temporary file is left beside it."""
+    profile = tmp_path / "profile.toml"
+    profile.write_text("[server]\nport = 8123\n")
+    profile.chmod(0o600)
+    code, out = run("key", "new", "--admin", "--write", "--profile", str(profile), "--json")
+    assert code == 0, out
+    assert profile.stat().st_mode & 0o777 == 0o600
+    assert "port = 8123" in profile.read_text()
+    assert json.loads(out)["sha256"] in profile.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.toml"]
+
+
 def test_infer_without_inputs_says_how_to_give_them() -> None:
     """It said only "give the inputs (NAME=FILE.npy ...)": now the forms, the one-input
     shortcut and where the model's input names are, checked before any request."""

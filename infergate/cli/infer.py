@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import secrets
-import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -159,53 +155,22 @@ def _check_names(response: InferResponse, server: str, folder: Path, json: bool)
             )
 
 
-def _write_whole(path: Path, array: Any) -> None:
-    """`array` as PATH (.npy), whole or not at all: written to a new file beside it, then
-    renamed over it. So a symlink or a FIFO already at that name is replaced, never
-    followed or opened (a link in DIR could point anywhere; a FIFO would block the
-    command), and a write that fails (a full disk) leaves no half file behind. The new
-    file's mode is np.save's (0666 less the umask), or that of the regular file it
-    replaces; DIR must be writable, not just NAME.npy."""
-    import numpy as np
-
-    fd, part = _new_file_beside(path)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            with contextlib.suppress(FileNotFoundError):
-                kept = os.lstat(path)
-                if stat.S_ISREG(kept.st_mode):
-                    with contextlib.suppress(OSError):  # (a filesystem without modes)
-                        os.fchmod(file.fileno(), kept.st_mode & 0o777)
-            np.save(file, array, allow_pickle=array.dtype.kind == "O")
-        os.replace(part, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(part)
-        raise
-
-
-def _new_file_beside(path: Path) -> tuple[int, Path]:
-    """A new file in PATH's folder (its fd and path), of a name whatever PATH's length:
-    created, not opened (O_EXCL, O_NOFOLLOW), with the mode a plain open would give."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(100):
-        part = path.parent / f".infergate-{secrets.token_hex(8)}.part"
-        try:
-            return os.open(part, flags, 0o666), part
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name in {path.parent}")
-
-
 def _save(response: InferResponse, folder: Path, server: str, json: bool) -> list[Path]:
     """Each output to FOLDER/NAME.npy, every NAME checked first; the paths written."""
+    import numpy as np
+
+    from infergate.file_swap import swapped_in
+
     _check_names(response, server, folder, json)
     paths = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, array in response.outputs.items():
             path = folder / f"{name}.npy"
-            _write_whole(path, array)
+            # Whole or absent, and a link or FIFO already at that name replaced, never
+            # written through (outside DIR) or opened (blocking for ever).
+            with swapped_in(path) as (file, _):
+                np.save(file, array, allow_pickle=array.dtype.kind == "O")
             paths.append(path)
     except OSError as exc:
         fail(f"cannot save the outputs to {folder}: {exc.strerror or exc}", EXIT_FAILURE, json)

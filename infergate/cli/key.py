@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -34,6 +32,7 @@ def _add_hash(profile: Path, section: list[str], digest: str, as_json: bool) -> 
     (a temp file and a rename, as the server does), checked as a profile first; the
     profile as written."""
     from infergate.errors import ConfigError
+    from infergate.file_swap import swapped_in
     from infergate.profile import load_profile
 
     document = _read(profile, as_json) if profile.exists() else tomlkit.document()
@@ -51,19 +50,16 @@ def _add_hash(profile: Path, section: list[str], digest: str, as_json: bool) -> 
         fail(f"{profile}: {'.'.join(section)} is not a list", EXIT_USAGE, as_json)
     keys.append(digest)
     node[field] = keys
-    tmp = profile.with_name(f".{profile.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(tomlkit.dumps(document))
-        try:
-            written = load_profile(tmp)
-        except ConfigError as exc:
-            fail(str(exc).replace(str(tmp), str(profile)), EXIT_USAGE, as_json)
-        os.replace(tmp, profile)
+        with swapped_in(profile) as (file, tmp):
+            file.write(tomlkit.dumps(document).encode())
+            file.flush()
+            try:
+                written = load_profile(tmp)
+            except ConfigError as exc:
+                fail(str(exc).replace(str(tmp), str(profile)), EXIT_USAGE, as_json)
     except OSError as exc:
         fail(f"cannot write {profile}: {exc.strerror or exc}", EXIT_USAGE, as_json)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
     return written
 
 
