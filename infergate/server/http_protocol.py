@@ -388,7 +388,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._set_deadline(self.limits.header_timeout_s, "the request head (line and headers)")
 
     def on_url(self, url: bytes) -> None:
-        if self.parser.get_method() == b"CONNECT":  # (uvicorn cannot read its host:port)
+        # (uvicorn cannot read CONNECT's host:port; a path's "/" spares the call)
+        if url[0] != 0x2F and self.parser.get_method() == b"CONNECT":
             self._refusal = error_message(
                 400,
                 "CONNECT is not served: infergate is not a proxy. Hint: send the "
