@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,10 @@ def _spec(arg: Any) -> TensorSpec:
 
 
 def choose_providers(device: str, memory_mb: int | None = None) -> tuple[list[Any], str]:
-    """Providers for `device` ("auto", "cpu", "cuda", "cuda:N") and the device actually used."""
+    """Providers for `device` ("auto", "cpu", "cuda", "cuda:N") and the device asked of them."""
     available = ort.get_available_providers()
     if device != "cpu" and "CUDAExecutionProvider" in available:
+        _preload_cuda_libraries()
         index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
         options: dict[str, Any] = {"device_id": index}
         if memory_mb:
@@ -58,6 +60,43 @@ def choose_providers(device: str, memory_mb: int | None = None) -> tuple[list[An
             "'infergate[gpu]')"
         )
     return ["CPUExecutionProvider"], "cpu"
+
+
+_preloaded = False
+
+
+def _preload_cuda_libraries() -> None:
+    """Load CUDA and cuDNN before the CUDA provider needs them: a pip-installed CUDA (torch's,
+    or the nvidia-* wheels) is on no library path, and without this onnxruntime falls back to
+    the CPU with no more than an error line (onnxruntime-gpu >= 1.21 has preload_dlls)."""
+    global _preloaded
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None or _preloaded:
+        return
+    _preloaded = True
+    # A library missing here shows up after, as the CUDA provider not in use.
+    with contextlib.suppress(Exception):
+        preload()
+
+
+def device_in_use(asked_device: str, planned: str, providers_in_use: list[str]) -> str:
+    """Where the session really runs. onnxruntime drops a GPU provider that fails to start
+    (a CUDA or cuDNN library missing, a driver too old) and carries on, on the CPU: "auto"
+    may do that too, but a model placed on a GPU by name must not run on the CPU unseen."""
+    if not planned.startswith("cuda") or {
+        "CUDAExecutionProvider",
+        "TensorrtExecutionProvider",
+    } & set(providers_in_use):
+        return planned
+    if asked_device == "auto":
+        return "cpu"
+    raise RuntimeError(
+        f"device {asked_device} asked for, but onnxruntime's CUDA provider did not start "
+        f"(providers in use: {', '.join(providers_in_use)}); the worker's log says why, "
+        "often a CUDA or cuDNN library that is not found. Hint: install the CUDA 12/13 "
+        "libraries onnxruntime-gpu was built for (the nvidia-* wheels, or torch with CUDA), or "
+        'set device = "auto" to run on the CPU when the GPU is not usable'
+    )
 
 
 def open_onnx(
@@ -85,8 +124,9 @@ class OnnxRuntime:
         # waiting for work steal the CPU the gateway needs to feed them (about 10% of
         # throughput on two cores).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        providers, self._device = choose_providers(device, memory_mb)
+        providers, asked = choose_providers(device, memory_mb)
         self._session = ort.InferenceSession(str(path), options, providers=providers)
+        self._device = device_in_use(device, asked, self._session.get_providers())
         self._inputs = tuple(_spec(a) for a in self._session.get_inputs())
         self._outputs = tuple(_spec(a) for a in self._session.get_outputs())
         self._strings = {s.name for s in self._inputs if s.datatype == "BYTES"}
