@@ -30,7 +30,7 @@ def test_a_gpu_named_that_fell_back_to_the_cpu_is_refused_with_a_hint() -> None:
     message = str(caught.value)
     assert "CUDA provider did not start" in message
     assert "providers in use: CPUExecutionProvider" in message
-    assert 'device = "auto"' in message
+    assert 'device = "cpu" in model.toml' in message
 
 
 def test_the_cpu_is_the_cpu() -> None:

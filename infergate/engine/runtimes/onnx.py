@@ -82,7 +82,8 @@ def _preload_cuda_libraries() -> None:
 def device_in_use(asked_device: str, planned: str, providers_in_use: list[str]) -> str:
     """Where the session really runs. onnxruntime drops a GPU provider that fails to start
     (a CUDA or cuDNN library missing, a driver too old) and carries on, on the CPU: "auto"
-    may do that too, but a model placed on a GPU by name must not run on the CPU unseen."""
+    may do that too, but a model placed on a GPU (the gateway asks for "cuda:0" then) must not
+    run on the CPU unseen, holding a GPU's reservation."""
     if not planned.startswith("cuda") or {
         "CUDAExecutionProvider",
         "TensorrtExecutionProvider",
@@ -95,7 +96,7 @@ def device_in_use(asked_device: str, planned: str, providers_in_use: list[str]) 
         f"(providers in use: {', '.join(providers_in_use)}); the worker's log says why, "
         "often a CUDA or cuDNN library that is not found. Hint: install the CUDA 12/13 "
         "libraries onnxruntime-gpu was built for (the nvidia-* wheels, or torch with CUDA), or "
-        'set device = "auto" to run on the CPU when the GPU is not usable'
+        'set device = "cpu" in model.toml'
     )
 
 
