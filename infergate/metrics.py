@@ -235,6 +235,17 @@ class Metrics:
             "Attempts to watch the models folder that failed (each is retried)",
             registry=self.registry,
         )
+        # [server] max_bodies_mb (server/body_budget.py), at scrape time.
+        self.bodies_held = Gauge(
+            "infergate_request_bodies_bytes",
+            "Bytes of request bodies over 64 KB held now, against [server] max_bodies_mb",
+            registry=self.registry,
+        )
+        self.bodies_waiting = Gauge(
+            "infergate_request_bodies_waiting",
+            "Requests whose body waits, unread, for room in [server] max_bodies_mb",
+            registry=self.registry,
+        )
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
         self._done: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 

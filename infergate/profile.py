@@ -47,6 +47,7 @@ class ServerSettings:
     port: int = _SERVER.port
     models: Path = Path(_SERVER.models)
     max_request_mb: float = _SERVER.max_request_mb
+    max_bodies_mb: float = _SERVER.max_bodies_mb
     load_timeout_s: float = _SERVER.load_timeout_s
     model_control: str = _SERVER.model_control
     file_stable_s: float = _SERVER.file_stable_s

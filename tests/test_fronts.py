@@ -261,7 +261,7 @@ class _FakeEngine:
     def close_stream(self, rid: int) -> None:
         pass
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: tuple[Any, ...], size: int = 0) -> None:
         self.sent.append(message)
 
     async def drained(self) -> None:
@@ -401,7 +401,7 @@ def test_an_answer_its_client_does_not_read_breaks_off_at_a_bounded_backlog() ->
         def __init__(self) -> None:
             self.sent: list[tuple[Any, ...]] = []
 
-        def send(self, message: tuple[Any, ...]) -> None:
+        def send(self, message: tuple[Any, ...], size: int = 0) -> None:
             self.sent.append(message)
 
     async def scenario() -> tuple[int, tuple[Any, ...], list[tuple[Any, ...]]]:

@@ -24,6 +24,7 @@ from infergate.profile import Profile
 from infergate.profile_store import ProfileStore
 from infergate.server.access_log import AccessLog
 from infergate.server.admin import admin_guard, admin_routes, check_model_name
+from infergate.server.body_budget import BodyBudget
 from infergate.server.codec import strings_limit
 from infergate.server.decoding import BodyDecoder
 from infergate.server.drain import Drain
@@ -176,6 +177,8 @@ def create_app(
     @routes.get("/metrics")
     async def metrics(_: Request) -> Response:
         refresh_gauges(engine, await device_sample(engine))
+        engine.context.metrics.bodies_held.set(bodies.held)
+        engine.context.metrics.bodies_waiting.set(bodies.waiting)
         return Response(
             generate_latest(engine.context.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
@@ -183,5 +186,6 @@ def create_app(
     routes.include(admin_routes(engine, store, guard))
     app = Starlette(routes=routes.routes, exception_handlers=error_handlers(), lifespan=lifespan)
     inner: ASGIApp = PrivateModels(engine, app) if store.profile.server.private_models else app
-    route = InferRoute(engine, inner, max_request_bytes, decoder)
+    bodies = BodyBudget(int(store.profile.server.max_bodies_mb * 2**20))
+    route = InferRoute(engine, inner, max_request_bytes, decoder, bodies)
     return AccessLog(route if drain is None else drain.wrap(route)), route

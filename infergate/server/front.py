@@ -47,6 +47,7 @@ from infergate.server.infer_lane import InferLane
 from infergate.server.infer_request import api_key
 from infergate.server.link import LinkProtocol, Message
 from infergate.server.predecode import encode_answer, pack
+from infergate.server.read_gate import ReadGate
 from infergate.server.reply import Reply, internal_error
 
 log = logging.getLogger("infergate.server")
@@ -62,21 +63,32 @@ STREAM_BACKLOG = 1000
 class EngineLink:
     """The front's end of the link: requests out, each answer to whoever waits for it."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_gate: ReadGate | None = None) -> None:
         self._ids = itertools.count(1)
         self._replies: dict[int, asyncio.Future[Message]] = {}
         self._streams: dict[int, asyncio.Queue[Message]] = {}
         self.link: LinkProtocol | None = None
+        # Held while the engine falls behind reading what this front sends (read_gate.py).
+        self.read_gate = read_gate
 
     async def connect(self, path: str, on_lost: Callable[[], None]) -> None:
         loop = asyncio.get_running_loop()
         _, self.link = await loop.create_unix_connection(
-            lambda: LinkProtocol(self._on_message, on_lost), path
+            lambda: LinkProtocol(self._on_message, on_lost, on_writable=self._writable), path
         )
 
-    def send(self, message: Message) -> None:
+    def _writable(self, writable: bool) -> None:
+        gate = self.read_gate
+        if gate is not None:
+            if writable:
+                gate.release()
+            else:
+                gate.hold()
+
+    def send(self, message: Message, size: int = 0) -> None:
+        """`size`: the bytes of a body `message` carries (see `LinkProtocol.send`)."""
         assert self.link is not None
-        self.link.send(message)
+        self.link.send(message, size)
 
     async def drained(self) -> None:
         assert self.link is not None
@@ -118,6 +130,7 @@ class EngineLink:
         self,
         message: Callable[[int], Message],
         answered: Callable[[asyncio.Future[Message]], None],
+        size: int = 0,
     ) -> asyncio.Future[Message]:
         """`ask` without a coroutine: `answered` gets the future the engine's reply settles
         (or that is cancelled instead), which is returned."""
@@ -130,7 +143,7 @@ class EngineLink:
             answered(settled)
 
         waiter.add_done_callback(done)
-        self.send(message(rid))
+        self.send(message(rid), size)
         return waiter
 
     def open_stream(self) -> tuple[int, asyncio.Queue[Message]]:
@@ -234,6 +247,7 @@ class ForwardRoute:
         return self._engine.ask_soon(
             lambda rid: ("infer", rid, name, version, raw_headers, whole, arrived, packed),
             answered,
+            len(whole),
         )
 
     def _decodes(self, path: InferPath, now: float) -> bool:
@@ -358,7 +372,7 @@ class ForwardApp:
             body = message.get("body", b"")
             more = bool(message.get("more_body", False))
             sent += len(body)
-            self._engine.send(("body", rid, body, more))
+            self._engine.send(("body", rid, body, more), len(body))
             if sent > self._max_body:  # the engine answers 413 as it reads it
                 await asyncio.get_running_loop().create_future()  # the answer cancels this
             await self._engine.drained()
@@ -420,12 +434,13 @@ def main(config_json: str) -> None:
     configure(settings["log_level"], settings["log_format"], settings["access_log"])
     drain = Drain()
     limits = ConnectionLimits(**settings["limits"])
-    engine = EngineLink()
+    gate = ReadGate()
+    engine = EngineLink(gate)
     max_body = int(settings["max_request_bytes"])
     config = uvicorn.Config(
         ForwardApp(engine, drain, max_body),
         http=GatewayHttpProtocol.with_limits(
-            limits, InferLane(ForwardRoute(engine, max_body), drain)
+            limits, InferLane(ForwardRoute(engine, max_body), drain), gate
         ),
         ws="none",  # no WebSockets: an Upgrade is ignored (server/http_protocol.py)
         log_level=settings["log_level"],
@@ -438,6 +453,7 @@ def main(config_json: str) -> None:
         timeout_graceful_shutdown=1,
     )
     server = _FrontServer(config, drain, settings, engine)
+    gate.connections = server.server_state.connections
     sock = listening_socket(settings["host"], settings["port"])
     server.run(sockets=[sock])
 

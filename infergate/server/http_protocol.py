@@ -66,6 +66,8 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from infergate.server.read_gate import GatedFlowControl, ReadGate
+
 if TYPE_CHECKING:  # (at run time the lane comes with its class: no engine import here)
     from infergate.server.infer_lane import InferLane
 
@@ -195,6 +197,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     lane: ClassVar[InferLane | None] = None
     # Head and body in one write; False only to measure its gain (benchmarks/http_protocol.py).
     one_write: ClassVar[bool] = True
+    # A front's: every connection stops reading while its link to the engine is backed up.
+    read_gate: ClassVar[ReadGate | None] = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -220,12 +224,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     @classmethod
     def with_limits(
-        cls, limits: ConnectionLimits, lane: InferLane | None = None
+        cls,
+        limits: ConnectionLimits,
+        lane: InferLane | None = None,
+        read_gate: ReadGate | None = None,
     ) -> type[GatewayHttpProtocol]:
         # Each server's class counts its clients' connections apart.
         per_client: Counter[str] = Counter()
         return type(
-            cls.__name__, (cls,), {"limits": limits, "lane": lane, "per_client": per_client}
+            cls.__name__,
+            (cls,),
+            {"limits": limits, "lane": lane, "per_client": per_client, "read_gate": read_gate},
         )
 
     # Open connections by client address, when max_connections_per_client is set.
@@ -236,6 +245,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.one_write:
             transport = _HeadWithBody(transport, asyncio.get_running_loop())  # type: ignore[assignment]
         super().connection_made(transport)
+        gate = self.read_gate
+        if gate is not None:
+            self.flow = GatedFlowControl(self.transport, gate)
+            if gate.held:
+                self.transport.pause_reading()
         if len(self.connections) > self.limits.max_connections:
             self._answer_and_close(
                 error_message(

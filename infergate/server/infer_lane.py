@@ -29,6 +29,7 @@ from starlette.types import Message, Receive
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from infergate.server.access_log import log, log_request, request_id
+from infergate.server.body_budget import SMALL_BODY
 from infergate.server.drain import NEW_REQUEST, OUT_OF_TIME, Drain, shutting_down
 from infergate.server.http_protocol import JOIN_AT_MOST
 from infergate.server.infer_route import INFER_PATH
@@ -37,8 +38,9 @@ from infergate.server.reply import Reply, internal_error
 if TYPE_CHECKING:
     from infergate.server.http_protocol import GatewayHttpProtocol
 
-# uvicorn's HIGH_WATER_LIMIT: a body up to this size never pauses the connection's reading.
-LANE_MAX_BODY = 64 * 1024
+# uvicorn's HIGH_WATER_LIMIT: a body up to this size never pauses the connection's reading
+# (nor takes any of the body budget).
+LANE_MAX_BODY = SMALL_BODY
 _LENGTH_DIGITS = 8  # more (zeros first) cannot be a length the lane takes
 _CLOSE = b"connection: close\r\n"
 _CLOSE_HEADER = (b"connection", b"close")

@@ -29,6 +29,7 @@ from infergate.errors import BadRequest, CompressLater, InfergateError, LargeAns
 from infergate.metrics import Finished
 from infergate.server.access_log import TENANT_KEY
 from infergate.server.body import read_body
+from infergate.server.body_budget import DEFAULT_MAX_BODIES_BYTES, SMALL_BODY, BodyBudget
 from infergate.server.codec import Body, DecodedRequest, decode_request, strings_limit
 from infergate.server.compression import (
     MIN_BYTES,
@@ -71,11 +72,13 @@ class InferRoute:
         fallback: ASGIApp,
         max_request_bytes: int,
         decoder: BodyDecoder | None = None,
+        bodies: BodyBudget | None = None,
     ) -> None:
         self._engine = engine
         self._fallback = fallback
         self._limit = max_request_bytes
         self._decoder = decoder or BodyDecoder(max_strings=strings_limit(max_request_bytes))
+        self._bodies = bodies or BodyBudget(DEFAULT_MAX_BODIES_BYTES)
         self._running: asyncio.AbstractEventLoop | None = None
         # Answers given in this step of the loop, counted at its end (`_count`).
         self._counts: list[Finished] = []
@@ -402,11 +405,16 @@ class InferRoute:
         ticket = await self._engine.admit_shared(tenant, name) if shared else None
         if ticket is None:
             self._engine.admit(tenant, name)
+        budgeted = 0  # bytes of the body budget this request holds (body_budget.py)
         try:
             body: Body
             if whole is not None and self._as_read(whole, headers):
                 body = whole
             else:
+                share = self._budget_share(headers)
+                if share:
+                    await self._bodies.take(tenant.tenant.name, share)
+                    budgeted = share
                 body = await read_body(headers, receive, self._limit)
             length = header_text(headers, HEADER_LENGTH)
             if isinstance(served, RemoteServedVersion):
@@ -429,17 +437,41 @@ class InferRoute:
                     )
             if self._decoder.inline(body):  # most bodies: decoded here, no coroutine
                 decoded = decode_request(body, length, max_strings=self._decoder.max_strings)
+                if length is None:
+                    # All JSON: its tensors are copies, so the body is let go of while the
+                    # request waits for its batch. Held, a flood of large bodies whose
+                    # clients had left held a megabyte each in the engine (fronts: 1.5 GB).
+                    body = whole = b""
             else:
                 decoded = await self._decoder.decode(body, length, keeper, tenant.tenant.name)
             result = await self._engine.infer_admitted(
                 inference_request(name, number, decoded), tenant
             )
         finally:
+            if budgeted:
+                self._bodies.give(budgeted)
             if ticket is None:
                 self._engine.leave(tenant)
             else:
                 await self._engine.leave_shared(ticket)
         return self._encoded(result, decoded, served)
+
+    def _budget_share(self, headers: dict[bytes, bytes]) -> int:
+        """What a body yet to be read takes of the body budget: its length, or the most it
+        may come to (compressed, or of no stated length); 0 for one the lane's size or
+        smaller, which the connection limits bound already."""
+        length = headers.get(b"content-length")
+        # (a length of thousands of digits is read_body's 400: int() refuses it here)
+        if (
+            b"content-encoding" in headers
+            or length is None
+            or not length.isdigit()
+            or len(length) > 18
+        ):
+            size = self._limit
+        else:
+            size = min(int(length), self._limit)  # a longer one is a 413 as it is read
+        return self._bodies.share(size) if size > SMALL_BODY else 0
 
     def _as_read(self, whole: bytes, headers: dict[bytes, bytes]) -> bool:
         """Whether a whole body, here already, is what `read_body` would read: nothing

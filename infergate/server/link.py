@@ -21,6 +21,12 @@ from typing import Any, cast
 log = logging.getLogger("infergate.server")
 
 _LENGTH = struct.Struct("<Q")
+# Queued messages carrying this many bytes of bodies go out as a frame at once.
+FRAME_BYTES = 1 << 20
+# The write buffer past which the peer is taken to fall behind (asyncio's default, 64 KiB,
+# is crossed now and then by a burst of small requests' frames, and each crossing would
+# hold a front's clients for nothing).
+WRITE_HIGH_WATER = 4 << 20
 Message = tuple[Any, ...]
 
 
@@ -32,18 +38,24 @@ class LinkProtocol(asyncio.Protocol):
         on_message: Callable[[Message], None],
         on_lost: Callable[[], None] | None = None,
         instead: Callable[[Message], Message | None] | None = None,
+        on_writable: Callable[[bool], None] | None = None,
     ) -> None:
         self._on_message = on_message
         self._on_lost = on_lost
         # What to send in place of a message marshal cannot carry (None: nothing).
         self._instead = instead
+        # Told False when the peer falls behind (the write buffer past its high-water
+        # mark), True when it has caught up: a front holds its clients' reading meanwhile.
+        self._on_writable = on_writable
         self._buf = bytearray()
         self._pending: list[Message] = []
+        self._pending_bytes = 0  # the large bytes among them, as their senders said
         self.transport: asyncio.Transport | None = None
         self._writable: asyncio.Event | None = None  # set while the peer keeps up
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's: not a subclass
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -55,10 +67,14 @@ class LinkProtocol(asyncio.Protocol):
         if self._writable is None:
             self._writable = asyncio.Event()
         self._writable.clear()
+        if self._on_writable is not None:
+            self._on_writable(False)
 
     def resume_writing(self) -> None:
         if self._writable is not None:
             self._writable.set()
+        if self._on_writable is not None:
+            self._on_writable(True)
 
     async def drained(self) -> None:
         """Return once the peer has read what this end wrote (the transport's buffer is
@@ -93,17 +109,25 @@ class LinkProtocol(asyncio.Protocol):
         for message in frame:
             self._on_message(message)
 
-    def send(self, message: Message) -> None:
-        """Queue `message`; the step's messages go out together when it ends. Dropped when
-        the link is down (its requests are failed by `on_lost`)."""
+    def send(self, message: Message, size: int = 0) -> None:
+        """Queue `message`; the step's messages go out together when it ends, or at once
+        once those queued carry `FRAME_BYTES` (`size`: the bytes `message` carries, for
+        one that carries a body), so that a frame, which the peer holds whole before it
+        reads any of it, stays small. Dropped when the link is down (its requests are
+        failed by `on_lost`)."""
         if self.transport is None:
             return
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(message)
+        if size:
+            self._pending_bytes += size
+            if self._pending_bytes >= FRAME_BYTES:
+                self._flush()
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
+        self._pending_bytes = 0
         if self.transport is not None and pending:
             try:
                 body = marshal.dumps(pending)

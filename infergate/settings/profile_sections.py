@@ -45,6 +45,12 @@ class ServerSection(Section):
         ge=0.001,
         unit="MB",
     )
+    max_bodies_mb: float = setting(
+        256.0,
+        "request bodies over 64 KB held at once; more wait unread, their tenants in turn",
+        ge=1,
+        unit="MB",
+    )
     load_timeout_s: float = setting(
         120.0, "a worker that has not loaded and warmed up by then is killed", ge=1, unit="s"
     )

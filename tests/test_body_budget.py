@@ -1,0 +1,154 @@
+"""[server] max_bodies_mb: how many bytes of large request bodies the gateway holds at once.
+A request whose body does not fit waits, unread, its tenant in turn with the others'; a
+small one (the infer lane's 64 KiB or less) never waits for it. In one process and with a
+front process, whose engine took 1.5 GB from a flood of 1 MB bodies before."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infergate.server.body_budget import BodyBudget
+from tests.polling import wait_until
+from tests.scrape import metric
+from tests.scripted_runtime import make_scripted, scripted_inputs
+from tests.server import ServerProcess
+
+# --- the budget itself ------------------------------------------------------------------
+
+
+async def test_what_fits_is_taken_at_once_and_the_rest_waits_for_a_give() -> None:
+    budget = BodyBudget(10)
+    await budget.take("a", 6)
+    second = asyncio.ensure_future(budget.take("a", 6))
+    await asyncio.sleep(0)
+    assert not second.done()
+    assert budget.waiting == 1
+    assert budget.held == 6
+    budget.give(6)
+    await second
+    assert budget.waiting == 0
+    assert budget.held == 6
+
+
+async def test_tenants_take_turns_so_a_flood_delays_another_by_one_body() -> None:
+    budget = BodyBudget(10)
+    await budget.take("flood", 10)
+    order: list[str] = []
+
+    async def one(tenant: str, n: int) -> None:
+        await budget.take(tenant, 10)
+        order.append(f"{tenant}{n}")
+
+    waiting = [asyncio.ensure_future(one("flood", n)) for n in range(1, 4)]
+    await asyncio.sleep(0)
+    waiting.append(asyncio.ensure_future(one("other", 1)))
+    await asyncio.sleep(0)
+    for _ in range(4):
+        budget.give(10)
+        await asyncio.sleep(0)
+    assert order == ["flood1", "other1", "flood2", "flood3"]
+
+
+async def test_a_waiter_that_gives_up_lets_the_ones_behind_it_go() -> None:
+    budget = BodyBudget(10)
+    await budget.take("a", 4)
+    large = asyncio.ensure_future(budget.take("a", 10))  # waits for all of it
+    await asyncio.sleep(0)
+    small = asyncio.ensure_future(budget.take("b", 5))  # fits, but waits behind `large`
+    await asyncio.sleep(0)
+    assert not small.done()
+    large.cancel()
+    await asyncio.sleep(0)  # the cancelled one hands its place on
+    await asyncio.sleep(0)  # the one behind it runs
+    assert small.done()
+    assert budget.held == 9
+    assert budget.waiting == 0
+
+
+async def test_a_body_larger_than_the_budget_waits_until_it_is_alone() -> None:
+    budget = BodyBudget(10)
+    assert budget.share(50) == 10
+    await budget.take("a", 3)
+    huge = asyncio.ensure_future(budget.take("b", 50))
+    await asyncio.sleep(0)
+    assert not huge.done()
+    budget.give(3)
+    await huge
+    assert budget.held == 10
+    budget.give(50)
+    assert budget.held == 0
+
+
+# --- a gateway holding one large body, the next one waiting -------------------------------
+
+PAD = 600_000  # two such bodies do not fit in 1 MB
+
+
+@pytest.fixture(params=[0, 1], ids=["one-process", "fronts"])
+def budget_server(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[ServerProcess, Path]]:
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    models = tmp_path / "models"
+    make_scripted(models / "held" / "1" / "model.scripted", ("hold",), gate_dir=gates)
+    make_scripted(models / "free" / "1" / "model.scripted", ("hold",), gate_dir=gates)
+    profile = tmp_path / "profile.toml"
+    profile.write_text(
+        f"[server]\nmax_bodies_mb = 1\nfronts = {request.param}\n"
+        # No queue deadline comes into it: what waits here waits for the body budget.
+        '[classes.patient]\nrank = 0\ndeadline_ms = 60000\n[tenants.default]\nclass = "patient"\n'
+    )
+    server = ServerProcess(models, profile, tmp_path / "server.log").start()
+    yield server, gates
+    (gates / "release-1").touch()
+    server.stop()
+
+
+def _send(
+    server: ServerProcess, model: str, hold: int, pad: int
+) -> tuple[threading.Thread, list[int]]:
+    statuses: list[int] = []
+    body = {**scripted_inputs(hold=hold), "pad": "x" * pad}
+
+    def send() -> None:
+        answer = httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=60)
+        statuses.append(answer.status_code)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread, statuses
+
+
+def test_a_large_body_waits_unread_for_room_while_small_ones_pass(
+    budget_server: tuple[ServerProcess, Path],
+) -> None:
+    server, gates = budget_server
+    held, held_status = _send(server, "held", hold=1, pad=PAD)
+    wait_until(lambda: metric(server, "infergate_request_bodies_bytes") > PAD, 30)
+    # To another model, whose worker is free: all it waits for is room for its body.
+    waiting, waiting_status = _send(server, "free", hold=0, pad=PAD)
+    wait_until(lambda: metric(server, "infergate_request_bodies_waiting") == 1, 30)
+
+    # A small request is not in that line: answered while both large ones are held up.
+    small = httpx.post(
+        f"{server.url}/v2/models/free/infer", json=scripted_inputs(hold=0), timeout=30
+    )
+    assert small.status_code == 200
+    assert not held_status
+    assert not waiting_status
+    assert metric(server, "infergate_request_bodies_waiting") == 1
+
+    (gates / "release-1").touch()
+    held.join(30)
+    waiting.join(30)
+    assert held_status == [200]
+    assert waiting_status == [200]
+    assert metric(server, "infergate_request_bodies_waiting") == 0
+    assert metric(server, "infergate_request_bodies_bytes") == 0
