@@ -30,7 +30,7 @@ async def test_what_fits_is_taken_at_once_and_the_rest_waits_for_a_give() -> Non
     assert not second.done()
     assert budget.waiting == 1
     assert budget.held == 6
-    budget.give(6)
+    budget.give("a", 6)
     await second
     assert budget.waiting == 0
     assert budget.held == 6
@@ -49,8 +49,8 @@ async def test_tenants_take_turns_so_a_flood_delays_another_by_one_body() -> Non
     await asyncio.sleep(0)
     waiting.append(asyncio.ensure_future(one("other", 1)))
     await asyncio.sleep(0)
-    for _ in range(4):
-        budget.give(10)
+    for holder in ("flood", "flood", "other", "flood"):
+        budget.give(holder, 10)
         await asyncio.sleep(0)
     assert order == ["flood1", "other1", "flood2", "flood3"]
 
@@ -58,7 +58,7 @@ async def test_tenants_take_turns_so_a_flood_delays_another_by_one_body() -> Non
 async def test_a_waiter_that_gives_up_lets_the_ones_behind_it_go() -> None:
     budget = BodyBudget(10)
     await budget.take("a", 4)
-    large = asyncio.ensure_future(budget.take("a", 10))  # waits for all of it
+    large = asyncio.ensure_future(budget.take("c", 10))  # waits for all of it
     await asyncio.sleep(0)
     small = asyncio.ensure_future(budget.take("b", 5))  # fits, but waits behind `large`
     await asyncio.sleep(0)
@@ -71,6 +71,19 @@ async def test_a_waiter_that_gives_up_lets_the_ones_behind_it_go() -> None:
     assert budget.waiting == 0
 
 
+async def test_a_tenant_holds_at_most_half_so_its_slow_bodies_hold_up_only_its_own() -> None:
+    budget = BodyBudget(10)
+    await budget.take("slow", 5)  # its half: uploads that trickle in
+    its_next = asyncio.ensure_future(budget.take("slow", 3))
+    await asyncio.sleep(0)
+    assert not its_next.done()  # 5 are free, but not for it
+    await asyncio.wait_for(budget.take("other", 4), 1)  # not behind the slow one's
+    assert budget.held == 9
+    budget.give("slow", 5)
+    await its_next
+    assert budget.held == 7
+
+
 async def test_a_body_larger_than_the_budget_waits_until_it_is_alone() -> None:
     budget = BodyBudget(10)
     assert budget.share(50) == 10
@@ -78,10 +91,10 @@ async def test_a_body_larger_than_the_budget_waits_until_it_is_alone() -> None:
     huge = asyncio.ensure_future(budget.take("b", 50))
     await asyncio.sleep(0)
     assert not huge.done()
-    budget.give(3)
+    budget.give("a", 3)
     await huge
     assert budget.held == 10
-    budget.give(50)
+    budget.give("b", 50)
     assert budget.held == 0
 
 

@@ -10,8 +10,10 @@ KiB) takes its size from this budget before its body is read, and gives it back 
 answered. One that does not fit waits, unread (its bytes stay in its client's socket, as
 one event loop's backlog does in one process), and the tenants whose requests wait take
 turns, each its own in arrival order: one tenant's flood delays another's next large
-request by at most one of its own, and costs nobody a refusal. A body larger than the
-whole budget waits until it is alone."""
+request by at most one of its own, and costs nobody a refusal. One tenant holds at most
+half of the budget (a body larger than that, only while it holds nothing else), so that
+one sending its bodies slowly holds up its own large requests, not everyone's. A body
+larger than the whole budget waits until it is alone."""
 
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ class BodyBudget:
     def __init__(self, limit_bytes: int) -> None:
         self.limit = limit_bytes
         self.free = limit_bytes
+        # One tenant holds at most half, unless it holds nothing: a tenant whose bodies
+        # come slowly (a Content-Length of 64 MB, a byte every few seconds, until
+        # body_timeout_s) cannot hold up everyone else's large requests.
+        self.tenant_limit = limit_bytes // 2
+        self._held_by: dict[Hashable, int] = {}
         # tenant -> its waiting requests (size, future), the tenants in turn order
         self._waiting: dict[Hashable, deque[tuple[int, asyncio.Future[None]]]] = {}
 
@@ -46,22 +53,31 @@ class BodyBudget:
         """What a body of `size` bytes takes: all of it, or all of the budget."""
         return min(size, self.limit)
 
+    def _fits(self, tenant: Hashable, size: int) -> bool:
+        held = self._held_by.get(tenant, 0)
+        return size <= self.free and (not held or held + size <= self.tenant_limit)
+
+    def _take_now(self, tenant: Hashable, size: int) -> None:
+        self.free -= size
+        self._held_by[tenant] = self._held_by.get(tenant, 0) + size
+
     async def take(self, tenant: Hashable, size: int) -> None:
-        """Wait until `size` bytes (`share`d) are free and this tenant's turn has come;
-        the caller must `give` them back."""
+        """Wait until `size` bytes (`share`d) are free for this tenant and its turn has
+        come; the caller must `give` them back, for the same tenant."""
         size = self.share(size)
-        if not self._waiting and size <= self.free:
-            self.free -= size
+        if not self._waiting and self._fits(tenant, size):
+            self._take_now(tenant, size)
             return
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue = self._waiting.setdefault(tenant, deque())
         entry = (size, turn)
         queue.append(entry)
+        self._grant()  # those ahead may all be at their own limits
         try:
             await turn
         except asyncio.CancelledError:
             if turn.done() and not turn.cancelled():
-                self.give(size)  # given as it gave up: for the next one
+                self.give(tenant, size)  # given as it gave up: for the next one
             else:
                 queue = self._waiting.get(tenant, deque())
                 if entry in queue:
@@ -71,25 +87,39 @@ class BodyBudget:
                 self._grant()  # it may have been the one the others waited behind
             raise
 
-    def give(self, size: int) -> None:
-        self.free += self.share(size)
+    def give(self, tenant: Hashable, size: int) -> None:
+        size = self.share(size)
+        self.free += size
+        left = self._held_by.get(tenant, 0) - size
+        if left > 0:
+            self._held_by[tenant] = left
+        else:
+            self._held_by.pop(tenant, None)
         self._grant()
 
     def _grant(self) -> None:
-        """Hand out what is free: the tenant first in line goes next, then to the back of
-        the line while others wait; the first that does not fit stops the handing out, so
+        """Hand out what is free, the tenants in turn: the first in line whose next body
+        fits goes, then to the back of the line while others wait. A tenant at its own
+        limit is passed over and keeps its place (it waits for its own bodies, not for the
+        others'); one whose body does not fit in what is free stops the handing out, so
         that a large body is not passed over for ever by small ones."""
         waiting = self._waiting
-        while waiting:
-            tenant = next(iter(waiting))
-            queue = waiting[tenant]
-            size, turn = queue[0]
-            if size > self.free:
-                return
-            queue.popleft()
-            del waiting[tenant]
-            if queue:
-                waiting[tenant] = queue  # its next one waits for the others' turns
-            if not turn.done():
-                self.free -= size
-                turn.set_result(None)
+        progress = True
+        while progress and waiting:
+            progress = False
+            for tenant in list(waiting):
+                queue = waiting[tenant]
+                size, turn = queue[0]
+                held = self._held_by.get(tenant, 0)
+                if held and held + size > self.tenant_limit:
+                    continue
+                if size > self.free:
+                    return
+                queue.popleft()
+                del waiting[tenant]
+                if queue:
+                    waiting[tenant] = queue  # its next one waits for the others' turns
+                if not turn.done():
+                    self._take_now(tenant, size)
+                    turn.set_result(None)
+                progress = True

@@ -449,7 +449,7 @@ class InferRoute:
             )
         finally:
             if budgeted:
-                self._bodies.give(budgeted)
+                self._bodies.give(tenant.tenant.name, budgeted)
             if ticket is None:
                 self._engine.leave(tenant)
             else:
