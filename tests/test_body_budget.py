@@ -6,17 +6,19 @@ front process, whose engine took 1.5 GB from a flood of 1 MB bodies before."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from infergate.server.body_budget import BodyBudget
 from tests.polling import wait_until
 from tests.scrape import metric
-from tests.scripted_runtime import make_scripted, scripted_inputs
+from tests.scripted_runtime import holding, make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
 # --- the budget itself ------------------------------------------------------------------
@@ -103,10 +105,7 @@ async def test_a_body_larger_than_the_budget_waits_until_it_is_alone() -> None:
 PAD = 600_000  # two such bodies do not fit in 1 MB
 
 
-@pytest.fixture(params=[0, 1], ids=["one-process", "fronts"])
-def budget_server(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[tuple[ServerProcess, Path]]:
+def _start(tmp_path: Path, server_settings: str) -> tuple[ServerProcess, Path]:
     gates = tmp_path / "gates"
     gates.mkdir()
     models = tmp_path / "models"
@@ -114,11 +113,18 @@ def budget_server(
     make_scripted(models / "free" / "1" / "model.scripted", ("hold",), gate_dir=gates)
     profile = tmp_path / "profile.toml"
     profile.write_text(
-        f"[server]\nmax_bodies_mb = 1\nfronts = {request.param}\n"
+        f"[server]\nmax_bodies_mb = 1\n{server_settings}\n"
         # No queue deadline comes into it: what waits here waits for the body budget.
         '[classes.patient]\nrank = 0\ndeadline_ms = 60000\n[tenants.default]\nclass = "patient"\n'
     )
-    server = ServerProcess(models, profile, tmp_path / "server.log").start()
+    return ServerProcess(models, profile, tmp_path / "server.log").start(), gates
+
+
+@pytest.fixture(params=[0, 1], ids=["one-process", "fronts"])
+def budget_server(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[ServerProcess, Path]]:
+    server, gates = _start(tmp_path, f"fronts = {request.param}")
     yield server, gates
     (gates / "release-1").touch()
     server.stop()
@@ -165,3 +171,55 @@ def test_a_large_body_waits_unread_for_room_while_small_ones_pass(
     assert waiting_status == [200]
     assert metric(server, "infergate_request_bodies_waiting") == 0
     assert metric(server, "infergate_request_bodies_bytes") == 0
+
+
+def test_a_wait_for_room_past_half_the_body_timeout_is_a_503_naming_the_budget(
+    tmp_path: Path,
+) -> None:
+    server, gates = _start(tmp_path, "body_timeout_s = 1")  # so a wait ends after 0.5 s
+    try:
+        held, held_status = _send(server, "held", hold=1, pad=PAD)
+        wait_until(lambda: metric(server, "infergate_request_bodies_bytes") > PAD, 30)
+        body = {**scripted_inputs(hold=0), "pad": "x" * PAD}
+        answer = httpx.post(f"{server.url}/v2/models/free/infer", json=body, timeout=30)
+        assert answer.status_code == 503
+        assert answer.headers["retry-after"] == "1"
+        assert "max_bodies_mb" in answer.json()["error"]
+        assert metric(server, "infergate_request_bodies_waiting") == 0
+        (gates / "release-1").touch()
+        held.join(30)
+        assert held_status == [200]
+        assert metric(server, "infergate_request_bodies_bytes") == 0
+    finally:
+        (gates / "release-1").touch()
+        server.stop()
+
+
+def test_a_compressed_body_holds_what_it_came_to_not_the_most_it_could(tmp_path: Path) -> None:
+    """While it is read a gzip body takes the most it may inflate to (max_request_mb, here
+    the whole 1 MB budget); once read, only its inflated size, so it does not keep others
+    out for the rest of its request."""
+    server, gates = _start(tmp_path, "")
+    try:
+        inflated = orjson.dumps({**scripted_inputs(hold=1), "pad": " " * 300_000})
+        statuses: list[int] = []
+
+        def send() -> None:
+            answer = httpx.post(
+                f"{server.url}/v2/models/held/infer",
+                content=gzip.compress(inflated),
+                headers={"content-type": "application/json", "content-encoding": "gzip"},
+                timeout=60,
+            )
+            statuses.append(answer.status_code)
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        wait_until(lambda: holding(gates, 1), 30)
+        assert metric(server, "infergate_request_bodies_bytes") == len(inflated)
+        (gates / "release-1").touch()
+        thread.join(30)
+        assert statuses == [200]
+    finally:
+        (gates / "release-1").touch()
+        server.stop()

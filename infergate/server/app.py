@@ -187,5 +187,7 @@ def create_app(
     app = Starlette(routes=routes.routes, exception_handlers=error_handlers(), lifespan=lifespan)
     inner: ASGIApp = PrivateModels(engine, app) if store.profile.server.private_models else app
     bodies = BodyBudget(int(store.profile.server.max_bodies_mb * 2**20))
-    route = InferRoute(engine, inner, max_request_bytes, decoder, bodies)
+    # A wait for room ends in a 503 well before the client's body deadline (a 408).
+    budget_wait_s = min(10.0, store.profile.server.body_timeout_s / 2)
+    route = InferRoute(engine, inner, max_request_bytes, decoder, bodies, budget_wait_s)
     return AccessLog(route if drain is None else drain.wrap(route)), route

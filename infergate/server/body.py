@@ -151,9 +151,9 @@ class _Inflater:
         )
 
 
-async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -> Body:
-    """The whole body, inflated; 413 as soon as it (raw or inflated) passes `limit`. A
-    large one is a view of an anonymous mapping (see the module docstring)."""
+def body_headers(headers: dict[bytes, bytes], limit: int) -> tuple[int | None, str]:
+    """A body's Content-Length (None: not given) and Content-Encoding ("" for none), as
+    `read_body` takes them; its 400 or 413 from the headers alone."""
     declared = headers.get(b"content-length")
     length = None
     if declared is not None and declared.isdigit():
@@ -166,6 +166,13 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
     if length is not None and length > limit:
         raise too_big(limit)
     encoding = content_encoding(headers) if b"content-encoding" in headers else ""
+    return length, encoding
+
+
+async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -> Body:
+    """The whole body, inflated; 413 as soon as it (raw or inflated) passes `limit`. A
+    large one is a view of an anonymous mapping (see the module docstring)."""
+    length, encoding = body_headers(headers, limit)
     inflater = _Inflater(encoding, limit) if encoding in ("gzip", "deflate") else None
     if inflater is None and length is not None and length <= _STEP:
         # Most bodies are small and come whole in the first message: taken as they are.

@@ -25,10 +25,10 @@ from infergate.engine.inference import InferenceResult
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.served import RemoteServedVersion
 from infergate.engine.triton.classification import classify_outputs
-from infergate.errors import BadRequest, CompressLater, InfergateError, LargeAnswer
+from infergate.errors import BadRequest, CompressLater, InfergateError, LargeAnswer, Overloaded
 from infergate.metrics import Finished
 from infergate.server.access_log import TENANT_KEY
-from infergate.server.body import read_body
+from infergate.server.body import body_headers, read_body
 from infergate.server.body_budget import DEFAULT_MAX_BODIES_BYTES, SMALL_BODY, BodyBudget
 from infergate.server.codec import Body, DecodedRequest, decode_request, strings_limit
 from infergate.server.compression import (
@@ -73,12 +73,14 @@ class InferRoute:
         max_request_bytes: int,
         decoder: BodyDecoder | None = None,
         bodies: BodyBudget | None = None,
+        budget_wait_s: float = 10.0,
     ) -> None:
         self._engine = engine
         self._fallback = fallback
         self._limit = max_request_bytes
         self._decoder = decoder or BodyDecoder(max_strings=strings_limit(max_request_bytes))
         self._bodies = bodies or BodyBudget(DEFAULT_MAX_BODIES_BYTES)
+        self._budget_wait_s = budget_wait_s
         self._running: asyncio.AbstractEventLoop | None = None
         # Answers given in this step of the loop, counted at its end (`_count`).
         self._counts: list[Finished] = []
@@ -413,9 +415,14 @@ class InferRoute:
             else:
                 share = self._budget_share(headers)
                 if share:
-                    await self._bodies.take(tenant.tenant.name, share)
+                    await self._room_for(tenant.tenant.name, share)
                     budgeted = share
                 body = await read_body(headers, receive, self._limit)
+                if budgeted:  # what it came to (a compressed or chunked one: far less)
+                    kept = self._bodies.share(len(body)) if len(body) > SMALL_BODY else 0
+                    if kept < budgeted:
+                        self._bodies.give(tenant.tenant.name, budgeted - kept)
+                        budgeted = kept
             length = header_text(headers, HEADER_LENGTH)
             if isinstance(served, RemoteServedVersion):
                 if len(body) > INLINE_MAX_BYTES:  # its mapping is let go of off the loop
@@ -457,21 +464,29 @@ class InferRoute:
         return self._encoded(result, decoded, served)
 
     def _budget_share(self, headers: dict[bytes, bytes]) -> int:
-        """What a body yet to be read takes of the body budget: its length, or the most it
-        may come to (compressed, or of no stated length); 0 for one the lane's size or
-        smaller, which the connection limits bound already."""
-        length = headers.get(b"content-length")
-        # (a length of thousands of digits is read_body's 400: int() refuses it here)
-        if (
-            b"content-encoding" in headers
-            or length is None
-            or not length.isdigit()
-            or len(length) > 18
-        ):
-            size = self._limit
-        else:
-            size = min(int(length), self._limit)  # a longer one is a 413 as it is read
-        return self._bodies.share(size) if size > SMALL_BODY else 0
+        """What a body yet to be read takes of the body budget while it is read: its
+        length, or the most it may come to (compressed, or of no stated length; what it
+        came to is kept once read); 0 for one the lane's size or smaller, which the
+        connection limits bound already. A length or encoding `read_body` refuses is
+        refused here, before any wait for room."""
+        length, encoding = body_headers(headers, self._limit)
+        if encoding in ("gzip", "deflate") or length is None:
+            return self._bodies.share(self._limit)
+        return self._bodies.share(length) if length > SMALL_BODY else 0
+
+    async def _room_for(self, tenant: str, share: int) -> None:
+        """Wait for `share` bytes of the body budget, for at most `_budget_wait_s`: past
+        it, 503 with Retry-After (the client's body deadline keeps running meanwhile, and
+        a 408 would blame the client for the gateway's backlog)."""
+        try:
+            await asyncio.wait_for(self._bodies.take(tenant, share), self._budget_wait_s)
+        except TimeoutError:
+            raise Overloaded(
+                f"the gateway holds {self._bodies.held / 2**20:.0f} MB of large request "
+                f"bodies, its [server] max_bodies_mb of {self._bodies.limit / 2**20:g} MB "
+                f"or its tenant's half, and this one waited {self._budget_wait_s:g} s for "
+                "room; retry shortly. Hint: send smaller batches, or raise max_bodies_mb"
+            ) from None
 
     def _as_read(self, whole: bytes, headers: dict[bytes, bytes]) -> bool:
         """Whether a whole body, here already, is what `read_body` would read: nothing
