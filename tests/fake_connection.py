@@ -11,6 +11,7 @@ from uvicorn.server import ServerState
 
 from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import InferLane
+from infergate.server.read_gate import ReadGate
 
 
 def serve_on(
@@ -18,9 +19,10 @@ def serve_on(
     app: Any,
     limits: ConnectionLimits = GatewayHttpProtocol.limits,
     lane: InferLane | None = None,
+    read_gate: ReadGate | None = None,
 ) -> GatewayHttpProtocol:
     """A protocol serving `app` (and `lane`) on `transport`, its connection made."""
-    protocol_class = GatewayHttpProtocol.with_limits(limits, lane)
+    protocol_class = GatewayHttpProtocol.with_limits(limits, lane, read_gate)
     config = uvicorn.Config(app, http=protocol_class, log_config=None)
     config.load()
     protocol = protocol_class(config, ServerState(), {}, asyncio.get_running_loop())

@@ -60,3 +60,60 @@ async def test_the_gate_holds_every_connection_and_opens_only_what_it_held() -> 
             connection.transport.close()
         server.close()
         await server.wait_closed()
+
+
+class _Paused(asyncio.Transport):
+    """A transport with no socket whose reading can be paused (the gate does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+        self.reading = True
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+async def test_an_idle_connection_is_not_closed_while_the_gate_holds_its_reading() -> None:
+    """What its client sent may be waiting unread in its socket: closing it as idle
+    would lose that request."""
+    from infergate.server.http_protocol import ConnectionLimits
+    from tests.fake_connection import serve_on
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("no request is read")
+
+    loop = asyncio.get_running_loop()
+    gate = ReadGate()
+    transport = _Paused()
+    protocol = serve_on(transport, app, ConnectionLimits(keep_alive_timeout_s=0.1), None, gate)
+    gate.connections = [protocol]
+    gate.hold()
+    assert not transport.reading
+    try:
+        began = loop.time()
+        while loop.time() < began + 0.5:  # five keep-alive timeouts, by the loop's clock
+            await asyncio.sleep(0.05)
+            assert not transport.closed
+        gate.release()
+        assert transport.reading
+        while not transport.closed:  # idle once more, now its own: closed
+            await asyncio.sleep(0.05)
+            assert loop.time() < began + 10, "never closed once the gate opened"
+    finally:
+        protocol.connection_lost(None)

@@ -562,6 +562,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # now is due, or the timer would spin on a remainder that rounds to zero.
         now = self.loop.time() + _TIMER_SLACK_S
         idle_at, late_at = self._idle_at, self._late_at
+        gate = self.read_gate
+        if gate is not None and gate.held:
+            # A front reads nothing while its gate holds: what the client sent may be
+            # waiting in its socket, so neither its silence nor its slowness is its own.
+            # Due deadlines are looked at again a timeout later.
+            if idle_at is not None and idle_at <= now:
+                self._idle_at = idle_at = now + self.timeout_keep_alive
+            if late_at is not None and late_at <= now:
+                self._late_at = late_at = now + self._late[0]
         if idle_at is not None and idle_at <= now:
             self._idle_at = None
             self.timeout_keep_alive_handler()
