@@ -207,6 +207,15 @@ def _server(table: Table, path: Path) -> ServerSettings:
             "admin_keys": tuple(s.admin_keys),
         }
     )
+    if settings.max_bodies_mb < 2 * settings.max_request_mb:
+        # One tenant holds at most half of the body budget: a body larger than that could
+        # only be let in by holding the whole budget for as long as it takes to arrive.
+        raise ConfigError(
+            f"{table.where('max_bodies_mb')}: {settings.max_bodies_mb:g} MB is less than "
+            f"twice max_request_mb ({settings.max_request_mb:g} MB); one tenant holds at most "
+            f"half of it, so the largest body must fit in half. Set max_bodies_mb to "
+            f"{2 * settings.max_request_mb:g} or more, or lower max_request_mb"
+        )
     if settings.require_signed_models and not settings.trusted_keys:
         raise ConfigError(
             f"{path}: server.require_signed_models is true but server.trusted_keys is empty; "

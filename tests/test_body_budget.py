@@ -15,6 +15,8 @@ import httpx
 import orjson
 import pytest
 
+from infergate.errors import ConfigError
+from infergate.profile import load_profile
 from infergate.server.body_budget import BodyBudget
 from tests.polling import wait_until
 from tests.scrape import metric
@@ -26,21 +28,23 @@ from tests.server import ServerProcess
 
 async def test_what_fits_is_taken_at_once_and_the_rest_waits_for_a_give() -> None:
     budget = BodyBudget(10)
-    await budget.take("a", 6)
-    second = asyncio.ensure_future(budget.take("a", 6))
+    await budget.take("a", 5)
+    await budget.take("b", 6)  # taken as 5: no body is larger than a tenant's half
+    third = asyncio.ensure_future(budget.take("c", 3))
     await asyncio.sleep(0)
-    assert not second.done()
+    assert not third.done()
     assert budget.waiting == 1
-    assert budget.held == 6
-    budget.give("a", 6)
-    await second
+    assert budget.held == 10
+    budget.give("a", 5)
+    await third
     assert budget.waiting == 0
-    assert budget.held == 6
+    assert budget.held == 8
 
 
 async def test_tenants_take_turns_so_a_flood_delays_another_by_one_body() -> None:
-    budget = BodyBudget(10)
+    budget = BodyBudget(20)
     await budget.take("flood", 10)
+    await budget.take("mid", 10)
     order: list[str] = []
 
     async def one(tenant: str, n: int) -> None:
@@ -51,7 +55,7 @@ async def test_tenants_take_turns_so_a_flood_delays_another_by_one_body() -> Non
     await asyncio.sleep(0)
     waiting.append(asyncio.ensure_future(one("other", 1)))
     await asyncio.sleep(0)
-    for holder in ("flood", "flood", "other", "flood"):
+    for holder in ("flood", "mid", "flood", "other", "flood"):
         budget.give(holder, 10)
         await asyncio.sleep(0)
     assert order == ["flood1", "other1", "flood2", "flood3"]
@@ -60,16 +64,17 @@ async def test_tenants_take_turns_so_a_flood_delays_another_by_one_body() -> Non
 async def test_a_waiter_that_gives_up_lets_the_ones_behind_it_go() -> None:
     budget = BodyBudget(10)
     await budget.take("a", 4)
-    large = asyncio.ensure_future(budget.take("c", 10))  # waits for all of it
+    await budget.take("b", 4)
+    large = asyncio.ensure_future(budget.take("c", 5))  # 2 are free: it waits
     await asyncio.sleep(0)
-    small = asyncio.ensure_future(budget.take("b", 5))  # fits, but waits behind `large`
+    small = asyncio.ensure_future(budget.take("d", 2))  # fits, but waits behind `large`
     await asyncio.sleep(0)
     assert not small.done()
     large.cancel()
     await asyncio.sleep(0)  # the cancelled one hands its place on
     await asyncio.sleep(0)  # the one behind it runs
     assert small.done()
-    assert budget.held == 9
+    assert budget.held == 10
     assert budget.waiting == 0
 
 
@@ -86,23 +91,21 @@ async def test_a_tenant_holds_at_most_half_so_its_slow_bodies_hold_up_only_its_o
     assert budget.held == 7
 
 
-async def test_a_body_larger_than_the_budget_waits_until_it_is_alone() -> None:
-    budget = BodyBudget(10)
-    assert budget.share(50) == 10
-    await budget.take("a", 3)
-    huge = asyncio.ensure_future(budget.take("b", 50))
-    await asyncio.sleep(0)
-    assert not huge.done()
-    budget.give("a", 3)
-    await huge
-    assert budget.held == 10
-    budget.give("b", 50)
-    assert budget.held == 0
+def test_a_budget_smaller_than_twice_the_largest_body_is_refused_naming_the_fix(
+    tmp_path: Path,
+) -> None:
+    profile = tmp_path / "profile.toml"
+    profile.write_text("[server]\nmax_request_mb = 100\nmax_bodies_mb = 150\n")
+    with pytest.raises(ConfigError) as caught:
+        load_profile(profile)
+    message = str(caught.value)
+    assert "max_bodies_mb" in message
+    assert "Set max_bodies_mb to 200 or more, or lower max_request_mb" in message
 
 
 # --- a gateway holding one large body, the next one waiting -------------------------------
 
-PAD = 600_000  # two such bodies do not fit in 1 MB
+PAD = 600_000  # two such bodies do not fit in a tenant's half of 2 MB
 
 
 def _start(tmp_path: Path, server_settings: str) -> tuple[ServerProcess, Path]:
@@ -113,7 +116,7 @@ def _start(tmp_path: Path, server_settings: str) -> tuple[ServerProcess, Path]:
     make_scripted(models / "free" / "1" / "model.scripted", ("hold",), gate_dir=gates)
     profile = tmp_path / "profile.toml"
     profile.write_text(
-        f"[server]\nmax_bodies_mb = 1\n{server_settings}\n"
+        f"[server]\nmax_bodies_mb = 2\nmax_request_mb = 1\n{server_settings}\n"
         # No queue deadline comes into it: what waits here waits for the body budget.
         '[classes.patient]\nrank = 0\ndeadline_ms = 60000\n[tenants.default]\nclass = "patient"\n'
     )
@@ -197,8 +200,8 @@ def test_a_wait_for_room_past_half_the_body_timeout_is_a_503_naming_the_budget(
 
 def test_a_compressed_body_holds_what_it_came_to_not_the_most_it_could(tmp_path: Path) -> None:
     """While it is read a gzip body takes the most it may inflate to (max_request_mb, here
-    the whole 1 MB budget); once read, only its inflated size, so it does not keep others
-    out for the rest of its request."""
+    1 MB, the tenant's whole half); once read, only its inflated size, so it does not keep
+    others out for the rest of its request."""
     server, gates = _start(tmp_path, "")
     try:
         inflated = orjson.dumps({**scripted_inputs(hold=1), "pad": " " * 300_000})

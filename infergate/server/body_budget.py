@@ -11,9 +11,8 @@ answered. One that does not fit waits, unread (its bytes stay in its client's so
 one event loop's backlog does in one process), and the tenants whose requests wait take
 turns, each its own in arrival order: one tenant's flood delays another's next large
 request by at most one of its own, and costs nobody a refusal. One tenant holds at most
-half of the budget (a body larger than that, only while it holds nothing else), so that
-one sending its bodies slowly holds up its own large requests, not everyone's. A body
-larger than the whole budget waits until it is alone."""
+half of the budget, so that one sending its bodies slowly holds up its own large requests,
+not everyone's; the profile keeps max_request_mb within that half."""
 
 from __future__ import annotations
 
@@ -31,9 +30,9 @@ class BodyBudget:
     def __init__(self, limit_bytes: int) -> None:
         self.limit = limit_bytes
         self.free = limit_bytes
-        # One tenant holds at most half, unless it holds nothing: a tenant whose bodies
-        # come slowly (a Content-Length of 64 MB, a byte every few seconds, until
-        # body_timeout_s) cannot hold up everyone else's large requests.
+        # One tenant holds at most half (the profile keeps max_request_mb within it): a
+        # tenant whose bodies come slowly (a Content-Length of 64 MB, a byte every few
+        # seconds, until body_timeout_s) cannot hold up everyone else's large requests.
         self.tenant_limit = limit_bytes // 2
         self._held_by: dict[Hashable, int] = {}
         # tenant -> its waiting requests (size, future), the tenants in turn order
@@ -50,12 +49,12 @@ class BodyBudget:
         return sum(len(queue) for queue in self._waiting.values())
 
     def share(self, size: int) -> int:
-        """What a body of `size` bytes takes: all of it, or all of the budget."""
-        return min(size, self.limit)
+        """What a body of `size` bytes takes: all of it, or a tenant's half of the budget
+        (what the profile lets no body be larger than)."""
+        return min(size, self.tenant_limit)
 
     def _fits(self, tenant: Hashable, size: int) -> bool:
-        held = self._held_by.get(tenant, 0)
-        return size <= self.free and (not held or held + size <= self.tenant_limit)
+        return size <= self.free and self._held_by.get(tenant, 0) + size <= self.tenant_limit
 
     def _take_now(self, tenant: Hashable, size: int) -> None:
         self.free -= size
@@ -110,8 +109,7 @@ class BodyBudget:
             for tenant in list(waiting):
                 queue = waiting[tenant]
                 size, turn = queue[0]
-                held = self._held_by.get(tenant, 0)
-                if held and held + size > self.tenant_limit:
+                if self._held_by.get(tenant, 0) + size > self.tenant_limit:
                     continue
                 if size > self.free:
                     return

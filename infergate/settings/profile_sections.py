@@ -47,8 +47,8 @@ class ServerSection(Section):
     )
     max_bodies_mb: float = setting(
         256.0,
-        "request bodies over 64 KB held at once, at most half by one tenant; more wait "
-        "unread, tenants in turn (503 after 10 s)",
+        "request bodies over 64 KB held at once, at most half by one tenant (so at least "
+        "twice max_request_mb); more wait unread, tenants in turn (503 after 10 s)",
         ge=1,
         unit="MB",
     )
