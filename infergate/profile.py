@@ -214,7 +214,7 @@ def _server(table: Table, path: Path) -> ServerSettings:
             f"{table.where('max_bodies_mb')}: {settings.max_bodies_mb:g} MB is less than "
             f"twice max_request_mb ({settings.max_request_mb:g} MB); one tenant holds at most "
             f"half of it, so the largest body must fit in half. Set max_bodies_mb to "
-            f"{2 * settings.max_request_mb:g} or more, or lower max_request_mb"
+            f"{2 * settings.max_request_mb:.15g} or more, or lower max_request_mb"
         )
     if settings.require_signed_models and not settings.trusted_keys:
         raise ConfigError(

@@ -78,6 +78,9 @@ if TYPE_CHECKING:  # (at run time the lane comes with its class: no engine impor
 # 16 hold about 40 KB, less than the 64 KB head a connection may already hold.
 PIPELINE_DEPTH = 16
 
+# While a front's read gate holds, a due deadline is looked at again this much later.
+_HELD_LOOK_AGAIN_S = 1.0
+
 # A body longer than this is written after its head, not joined to it: the join copies the
 # body on the event loop (about 100 ms for 160 MB), while one more send costs microseconds.
 JOIN_AT_MOST = 64 * 1024
@@ -566,11 +569,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if gate is not None and gate.held:
             # A front reads nothing while its gate holds: what the client sent may be
             # waiting in its socket, so neither its silence nor its slowness is its own.
-            # Due deadlines are looked at again a timeout later.
+            # Due deadlines are looked at again shortly: once the gate opens, within a
+            # second (a short hold buys a slow client no more than that).
             if idle_at is not None and idle_at <= now:
-                self._idle_at = idle_at = now + self.timeout_keep_alive
+                self._idle_at = idle_at = now + _HELD_LOOK_AGAIN_S
             if late_at is not None and late_at <= now:
-                self._late_at = late_at = now + self._late[0]
+                self._late_at = late_at = now + _HELD_LOOK_AGAIN_S
         if idle_at is not None and idle_at <= now:
             self._idle_at = None
             self.timeout_keep_alive_handler()
