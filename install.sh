@@ -50,8 +50,8 @@ else
     echo "install.sh: python: python3 (scripts/choose_python.py failed)"
   fi
 fi
-if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
-  echo "install.sh: infergate needs Python 3.10 or newer; set PYTHON=/path/to/python3.11" >&2
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "install.sh: infergate needs Python 3.11 or newer; set PYTHON=/path/to/python3.11" >&2
   exit 1
 fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -76,11 +76,7 @@ if [ "$bench" = yes ]; then
   # The bench extra's wheels alone (--no-deps): the benchmark runs only the server binary
   # in nvidia-pytriton, whose Python dependencies would move numpy back below 2.
   mapfile -t bench_pins < <(.venv/bin/python -c '
-import sys
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
+import tomllib
 with open("pyproject.toml", "rb") as f:
     print(*tomllib.load(f)["project"]["optional-dependencies"]["bench"], sep="\n")')
   echo "install.sh: pip install --no-deps ${bench_pins[*]}"

@@ -256,7 +256,7 @@ async def _open_loop(
             try:
                 await asyncio.wait_for(stop.wait(), delay)
                 break
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if len(tasks) >= plan.max_connections:
             collector.fail(

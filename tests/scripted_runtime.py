@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import mmap
 import os
-import sys
 import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,11 +38,6 @@ import tomlkit
 from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.runtimes import RuntimeKind, register
 from infergate.tensors import Array, numpy_dtype
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 PLUGIN = "tests.scripted_runtime"
 _kept: list[Array] = []  # keep_mb allocations live as long as the worker

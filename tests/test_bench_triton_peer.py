@@ -9,6 +9,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,11 +30,6 @@ from benchmarks.triton_peer import (
     write_models,
 )
 from tests.conftest import REPO
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 SCRIPT = REPO / "benchmarks" / "triton_peer.py"
 # What the Python backend's stub lets a model.py import: only what model.py uses.

@@ -77,7 +77,7 @@ JsonOption = Annotated[
 ]
 
 
-class Format(str, Enum):
+class Format(str, Enum):  # noqa: UP042  (typer's documented choice type; StrEnum untested here)
     table = "table"
     tsv = "tsv"
     json = "json"

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
+import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
 from infergate.errors import ConfigError
 from infergate.settings.declare import Section, check
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 S = TypeVar("S", bound=Section)
 

@@ -20,7 +20,6 @@ import hashlib
 import itertools
 import logging
 import math
-import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -92,10 +91,8 @@ def admit_answer(reply: Any) -> tuple[int, int]:
 
 
 async def _bounded(call: Awaitable[T], seconds: float) -> T:
-    if sys.version_info >= (3, 11):  # no task per call, unlike wait_for before 3.12
-        async with asyncio.timeout(seconds):
-            return await call
-    return await asyncio.wait_for(call, seconds)  # pragma: no cover - Python 3.10
+    async with asyncio.timeout(seconds):  # no task per call, unlike wait_for before 3.12
+        return await call
 
 
 class SharedLimits:
@@ -292,7 +289,7 @@ class SharedLimits:
     async def _call(self, op: str, call: Awaitable[Any]) -> Any:
         try:
             return await _bounded(call, self._timeout_s)
-        except (TimeoutError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, OSError) as exc:
             self._failed(op, exc)
         except Exception as exc:  # redis.RedisError and its kin: not worth a request
             if type(exc).__module__.split(".")[0] != "redis":
