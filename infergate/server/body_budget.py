@@ -20,6 +20,9 @@ import asyncio
 from collections import deque
 from collections.abc import Hashable
 
+from infergate.errors import Overloaded
+from infergate.server.body import body_headers
+
 # A body up to this size takes none of the budget (the connection limits bound those): the
 # infer lane's largest, uvicorn's HIGH_WATER_LIMIT, below which reading is never paused.
 SMALL_BODY = 64 * 1024
@@ -52,6 +55,43 @@ class BodyBudget:
         """What a body of `size` bytes takes: all of it, or a tenant's half of the budget
         (what the profile lets no body be larger than)."""
         return min(size, self.tenant_limit)
+
+    async def room_for_body(
+        self, tenant: Hashable, headers: dict[bytes, bytes], limit: int, wait_s: float
+    ) -> int:
+        """Take room for a body yet to be read, from its headers: its length, or the most
+        it may come to (compressed, or of no stated length: `keep_only` once read); none
+        for one of `SMALL_BODY` or less, which the connection limits bound already. A
+        length or encoding `read_body` refuses is refused here, before any wait. Waits
+        at most `wait_s`: past it, 503 with Retry-After (the client's body deadline keeps
+        running meanwhile, and a 408 would blame the client for the gateway's backlog).
+        Returns the bytes taken, to `give` back."""
+        length, encoding = body_headers(headers, limit)
+        if encoding in ("gzip", "deflate") or length is None:
+            size = self.share(limit)
+        elif length > SMALL_BODY:
+            size = self.share(length)
+        else:
+            return 0
+        try:
+            await asyncio.wait_for(self.take(tenant, size), wait_s)
+        except TimeoutError:
+            raise Overloaded(
+                f"the gateway holds {self.held / 2**20:.0f} MB of large request bodies, its "
+                f"[server] max_bodies_mb of {self.limit / 2**20:g} MB or its tenant's half, "
+                f"and this one waited {wait_s:g} s for room; retry shortly. Hint: send "
+                "smaller batches, or raise max_bodies_mb"
+            ) from None
+        return size
+
+    def keep_only(self, tenant: Hashable, taken: int, size: int) -> int:
+        """Of `taken`, keep what a body read at `size` bytes takes; give back the rest.
+        Returns what is kept."""
+        kept = self.share(size) if size > SMALL_BODY else 0
+        if kept < taken:
+            self.give(tenant, taken - kept)
+            return kept
+        return taken
 
     def _fits(self, tenant: Hashable, size: int) -> bool:
         return size <= self.free and self._held_by.get(tenant, 0) + size <= self.tenant_limit

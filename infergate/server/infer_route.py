@@ -25,11 +25,11 @@ from infergate.engine.inference import InferenceResult
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.served import RemoteServedVersion
 from infergate.engine.triton.classification import classify_outputs
-from infergate.errors import BadRequest, CompressLater, InfergateError, LargeAnswer, Overloaded
+from infergate.errors import BadRequest, CompressLater, InfergateError, LargeAnswer
 from infergate.metrics import Finished
 from infergate.server.access_log import TENANT_KEY
-from infergate.server.body import body_headers, read_body
-from infergate.server.body_budget import DEFAULT_MAX_BODIES_BYTES, SMALL_BODY, BodyBudget
+from infergate.server.body import read_body
+from infergate.server.body_budget import DEFAULT_MAX_BODIES_BYTES, BodyBudget
 from infergate.server.codec import Body, DecodedRequest, decode_request, strings_limit
 from infergate.server.compression import (
     MIN_BYTES,
@@ -413,16 +413,12 @@ class InferRoute:
             if whole is not None and self._as_read(whole, headers):
                 body = whole
             else:
-                share = self._budget_share(headers)
-                if share:
-                    await self._room_for(tenant.tenant.name, share)
-                    budgeted = share
+                budgeted = await self._bodies.room_for_body(
+                    tenant.tenant.name, headers, self._limit, self._budget_wait_s
+                )
                 body = await read_body(headers, receive, self._limit)
                 if budgeted:  # what it came to (a compressed or chunked one: far less)
-                    kept = self._bodies.share(len(body)) if len(body) > SMALL_BODY else 0
-                    if kept < budgeted:
-                        self._bodies.give(tenant.tenant.name, budgeted - kept)
-                        budgeted = kept
+                    budgeted = self._bodies.keep_only(tenant.tenant.name, budgeted, len(body))
             length = header_text(headers, HEADER_LENGTH)
             if isinstance(served, RemoteServedVersion):
                 if len(body) > INLINE_MAX_BYTES:  # its mapping is let go of off the loop
@@ -448,7 +444,7 @@ class InferRoute:
                     # All JSON: its tensors are copies, so the body is let go of while the
                     # request waits for its batch. Held, a flood of large bodies whose
                     # clients had left held a megabyte each in the engine (fronts: 1.5 GB).
-                    body = whole = b""
+                    body = b""
             else:
                 decoded = await self._decoder.decode(body, length, keeper, tenant.tenant.name)
             result = await self._engine.infer_admitted(
@@ -462,31 +458,6 @@ class InferRoute:
             else:
                 await self._engine.leave_shared(ticket)
         return self._encoded(result, decoded, served)
-
-    def _budget_share(self, headers: dict[bytes, bytes]) -> int:
-        """What a body yet to be read takes of the body budget while it is read: its
-        length, or the most it may come to (compressed, or of no stated length; what it
-        came to is kept once read); 0 for one the lane's size or smaller, which the
-        connection limits bound already. A length or encoding `read_body` refuses is
-        refused here, before any wait for room."""
-        length, encoding = body_headers(headers, self._limit)
-        if encoding in ("gzip", "deflate") or length is None:
-            return self._bodies.share(self._limit)
-        return self._bodies.share(length) if length > SMALL_BODY else 0
-
-    async def _room_for(self, tenant: str, share: int) -> None:
-        """Wait for `share` bytes of the body budget, for at most `_budget_wait_s`: past
-        it, 503 with Retry-After (the client's body deadline keeps running meanwhile, and
-        a 408 would blame the client for the gateway's backlog)."""
-        try:
-            await asyncio.wait_for(self._bodies.take(tenant, share), self._budget_wait_s)
-        except TimeoutError:
-            raise Overloaded(
-                f"the gateway holds {self._bodies.held / 2**20:.0f} MB of large request "
-                f"bodies, its [server] max_bodies_mb of {self._bodies.limit / 2**20:g} MB "
-                f"or its tenant's half, and this one waited {self._budget_wait_s:g} s for "
-                "room; retry shortly. Hint: send smaller batches, or raise max_bodies_mb"
-            ) from None
 
     def _as_read(self, whole: bytes, headers: dict[bytes, bytes]) -> bool:
         """Whether a whole body, here already, is what `read_body` would read: nothing

@@ -31,7 +31,7 @@ class ReadGate:
         self.held = False
         # uvicorn's protocols (a `transport` and a `flow` each), of every kind it serves
         self.connections: Iterable[Any] = ()
-        self.holds = 0  # how many times the link was backed up, for tests and logs
+        self.holds = 0  # how many times the link was backed up (tests read it)
 
     def hold(self) -> None:
         if self.held:
