@@ -7,6 +7,7 @@ InfergateError                    500
 │   ├── PayloadTooLarge           413
 │   ├── TooLargeForQueue          400  (more chunks than the queue can ever hold)
 │   └── DataNotServable           400  (the runtime cannot serve this data: raised in a worker)
+├── ClientGone                    499  (the client left before its answer: logged, never sent)
 ├── Unauthorized                  401
 ├── Forbidden                     403
 ├── RateLimited                   429  (reason: rate, concurrency)
@@ -123,6 +124,18 @@ class TooLargeForQueue(BadRequest):
     """More chunks than max_queue_size: no retry can make room for it."""
 
     reason = "too_large_for_queue"
+
+
+class ClientGone(InfergateError):
+    """The client closed its connection before its answer: nothing more is done for the
+    request (server/departure.py). 499 is nginx's "client closed request": it is never
+    sent (there is no one to send it to), only logged and counted."""
+
+    status = 499
+    reason = "client_gone"
+
+    def __init__(self) -> None:
+        super().__init__("the client closed its connection before its answer")
 
 
 class Unauthorized(InfergateError):

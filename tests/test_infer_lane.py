@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from infergate.engine.admission.tenants import hash_key
 from infergate.server.decoding import Keeper
+from infergate.server.departure import Departure
 from infergate.server.http_protocol import JOIN_AT_MOST, ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import LANE_MAX_BODY, InferLane
 from infergate.server.reply import Reply
@@ -218,6 +219,7 @@ class _Route:
         headers: list[tuple[bytes, bytes]],
         receive: Any,
         whole: bytes | None = None,
+        departure: Departure | None = None,
     ) -> Reply:
         self.bodies.append((await receive())["body"] if whole is None else whole)
         if self.fail:
@@ -427,6 +429,7 @@ class _RefuseThenHold:
         headers: list[tuple[bytes, bytes]],
         receive: Any,
         whole: bytes | None = None,
+        departure: Departure | None = None,
     ) -> Reply:
         self.calls += 1
         if self.calls == 1:

@@ -33,8 +33,9 @@ from typing import Any
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from infergate.errors import BrokenOff
+from infergate.errors import BrokenOff, ClientGone
 from infergate.server.decoding import Keeper
+from infergate.server.departure import Departure, unless_gone
 from infergate.server.drain import (
     NOT_WAITED_FOR,
     OUT_OF_TIME,
@@ -123,6 +124,10 @@ class EngineLink:
             self.send(message(rid))
             answer: Message = await waiter
             return answer
+        except asyncio.CancelledError:  # its client left, or the front stops
+            if self._replies.get(rid) is waiter:
+                self.send(("cancel", rid))
+            raise
         finally:
             self._replies.pop(rid, None)
 
@@ -139,7 +144,10 @@ class EngineLink:
         self._replies[rid] = waiter
 
         def done(settled: asyncio.Future[Message]) -> None:
-            self._replies.pop(rid, None)  # a reply popped it already; a cancel did not
+            # A reply popped it already; a cancel (the client left, the front stops) did
+            # not, and the engine then drops the request (server/departure.py).
+            if self._replies.pop(rid, None) is not None and settled.cancelled():
+                self.send(("cancel", rid))
             answered(settled)
 
         waiter.add_done_callback(done)
@@ -195,15 +203,20 @@ class ForwardRoute:
         raw_headers: list[tuple[bytes, bytes]],
         receive: Receive,
         whole: bytes | None = None,
+        departure: Departure | None = None,
     ) -> Reply:
         arrived = time.monotonic()  # the lane starts this at the request's head
         body = whole
         if body is None:  # the lane's receive: the whole (small) body, or a disconnect
             message = await receive()
             body = message.get("body", b"") if message["type"] == "http.request" else None
-        answer = await self._engine.ask(
-            lambda rid: ("infer", rid, name, version, raw_headers, body, arrived)
-        )
+        try:
+            asked = self._engine.ask(
+                lambda rid: ("infer", rid, name, version, raw_headers, body, arrived)
+            )
+            answer = await unless_gone(departure, asked)
+        except ClientGone:  # the engine was told, and drops it (`ask`)
+            return Reply(ClientGone.status, [], b"", "-", _KEPT_NOTHING)
         _, _, status, headers, content, tenant = answer
         return Reply(status, headers, content, tenant, _KEPT_NOTHING)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import Message
 
+from infergate.server.departure import DEPARTURE_KEY, Departure, cancel_for_departure
 from infergate.server.drain import ARRIVED_KEY, NEW_REQUEST, OUT_OF_TIME, shutting_down
 from infergate.server.errors import error_body
 from infergate.server.link import LinkProtocol
@@ -36,11 +37,12 @@ class _Forwarded:
     at its head (401, 403, 404, 429) costs its client no upload, and gets no `100
     Continue`, as in one process."""
 
-    __slots__ = ("pieces", "gone", "_waiter", "_want")
+    __slots__ = ("pieces", "gone", "departure", "_waiter", "_want")
 
     def __init__(self, want: Callable[[], None]) -> None:
         self.pieces: deque[tuple[bytes, bool]] = deque()
         self.gone = False
+        self.departure = Departure()  # for the infer route (server/departure.py)
         self._waiter: asyncio.Future[None] | None = None
         self._want: Callable[[], None] | None = want
 
@@ -50,6 +52,7 @@ class _Forwarded:
 
     def leave(self) -> None:
         self.gone = True
+        self.departure.left()
         self._wake()
 
     def _wake(self) -> None:
@@ -82,6 +85,7 @@ class FrontLink:
         self._forwarded: dict[int, _Forwarded] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._infers: set[asyncio.Task[None]] = set()  # of those, the infer requests'
+        self._departures: dict[int, Departure] = {}  # theirs, by request id
         # What the infer requests answered without a task wait on, by request id.
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self.link = LinkProtocol(self._on_message, self._on_lost, in_place_of)
@@ -104,10 +108,16 @@ class FrontLink:
             want = partial(self.link.send, ("want", rid))
             forwarded = self._forwarded[rid] = _Forwarded(want)
             self._start(self._http(forwarded, *message[1:]))
-        elif kind == "cancel":
+        elif kind == "cancel":  # its client left (or the front is stopping)
             forwarded = self._forwarded.get(message[1])
             if forwarded is not None:
                 forwarded.leave()
+            waiting = self._waiting.pop(message[1], None)
+            if waiting is not None:  # a lane request: not run for nobody, nothing sent back
+                cancel_for_departure(waiting)
+            departure = self._departures.pop(message[1], None)
+            if departure is not None:
+                departure.left()
         elif kind == "listening":
             self._fronts.listening(message[1])
 
@@ -175,7 +185,8 @@ class FrontLink:
     def _answered(self, rid: int, reply: Reply | None) -> None:
         """`answer_now`'s answer, sent to the front (None: cancelled, the engine is
         stopping or the front has gone)."""
-        self._waiting.pop(rid, None)
+        if self._waiting.pop(rid, None) is None and (reply is None or reply.status == 499):
+            return  # the front cancelled it: its client left
         if reply is None:
             headers, body = shutting_down(OUT_OF_TIME)
             self.link.send(("reply", rid, 503, headers, body, "-"))
@@ -204,9 +215,18 @@ class FrontLink:
                 return {"type": "http.disconnect"}
             return {"type": "http.request", "body": body, "more_body": False}
 
-        reply = await self._route.reply(name, version, headers, receive, body)
+        departure = self._departures[rid] = Departure()
         try:
-            self.link.send(("reply", rid, reply.status, reply.headers, reply.body, reply.tenant))
+            reply = await self._route.reply(
+                name, version, headers, receive, body, departure=departure
+            )
+        finally:
+            self._departures.pop(rid, None)
+        try:
+            if not departure.gone:
+                self.link.send(
+                    ("reply", rid, reply.status, reply.headers, reply.body, reply.tenant)
+                )
         finally:
             reply.keeper.free_buffers()
         if reply.keeper.holding:
@@ -240,6 +260,7 @@ class FrontLink:
             "headers": headers,
             "state": {},
             ARRIVED_KEY: arrived,
+            DEPARTURE_KEY: forwarded.departure,
         }
         started = ended = False
 

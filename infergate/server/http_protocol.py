@@ -66,6 +66,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from infergate.server.departure import DEPARTURE_KEY, Departure
 from infergate.server.read_gate import GatedFlowControl, ReadGate
 
 if TYPE_CHECKING:  # (at run time the lane comes with its class: no engine import here)
@@ -224,6 +225,20 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # While the client reads slower than it is answered (writing paused): the next
         # look at whether it reads (see `_look_unread`).
         self._unread: asyncio.TimerHandle | None = None
+        self._departure: Departure | None = None  # made for the first request that asks
+
+    def departure(self) -> Departure:
+        """The client's leaving, for the requests on this connection that wait on work
+        done only for them (server/departure.py)."""
+        if self._departure is None:
+            self._departure = Departure(self.transport.is_closing, self._listen)
+        return self._departure
+
+    def _listen(self) -> None:
+        """Read the connection again (its request's body is all read): its end is seen,
+        and what follows is parsed and held as a pipelined request is."""
+        if self.flow is not None and not self.transport.is_closing():
+            self.flow.resume_reading()
 
     @classmethod
     def with_limits(
@@ -307,6 +322,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._timer = None
         self._stop_watching()
         super().connection_lost(exc)
+        if self._departure is not None:
+            self._departure.left()
 
     # A client that reads slower than it is answered: the transport's buffer is past its
     # high-water mark (rare, so watched with a timer of its own, not on the hot path).
@@ -472,6 +489,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             "headers": self.headers,
             "state": self.app_state.copy(),
         }
+        self.scope[DEPARTURE_KEY] = self.departure()  # type: ignore[literal-required]
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

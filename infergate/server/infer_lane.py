@@ -30,6 +30,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from infergate.server.access_log import log, log_request, request_id
 from infergate.server.body_budget import SMALL_BODY
+from infergate.server.departure import Departure, cancel_for_departure
 from infergate.server.drain import NEW_REQUEST, OUT_OF_TIME, Drain, shutting_down
 from infergate.server.http_protocol import JOIN_AT_MOST
 from infergate.server.infer_route import INFER_PATH
@@ -61,6 +62,7 @@ class Answers(Protocol):
         raw_headers: list[tuple[bytes, bytes]],
         receive: Receive,
         whole: bytes | None = None,
+        departure: Departure | None = None,
     ) -> Reply: ...
 
     def answer_now(
@@ -185,6 +187,10 @@ class LaneCycle:
         protocol = self.protocol
         assert protocol is not None, "started after the run ended"
         drain = self.lane.drain
+        if protocol.transport.is_closing():  # its client left with the request sent
+            self.disconnected = True  # (connection_lost comes in the loop's next step)
+            self._end(False, 499, "-", request_id(self.headers), time.perf_counter())
+            return
         if not (self.more_body or self.disconnected) and (drain is None or not drain.draining):
             self._started = time.perf_counter()
             self._rid = request_id(self.headers)
@@ -214,8 +220,8 @@ class LaneCycle:
         if protocol is not None and self._waiting is not None:
             protocol.tasks.discard(self._waiting)
         self._waiting = None
-        if reply is None:
-            status, tenant = 503, "-"
+        if reply is None:  # cancelled: its client left (`set`), or the gateway is stopping
+            status, tenant = (499, "-") if self.disconnected else (503, "-")
             headers, body = shutting_down(OUT_OF_TIME)
         else:
             status, headers, body, tenant, _, _ = reply
@@ -253,10 +259,14 @@ class LaneCycle:
         return 500
 
     def set(self) -> None:
-        """Wake `_receive` if it waits for the rest of the body (or for nothing more)."""
+        """Wake `_receive` if it waits for the rest of the body (or for nothing more).
+        On a disconnect, what `answer_now`'s answer waits on is cancelled: a request
+        queued for nobody is not run (server/departure.py)."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self.disconnected and self._waiting is not None:
+            cancel_for_departure(self._waiting)
 
     async def _receive(self) -> Message:
         """The whole body in one message: at most LANE_MAX_BODY bytes, which the protocol
@@ -288,8 +298,10 @@ class LaneCycle:
             # Usually the whole body came with the head: handed over as it is, without
             # a receive message (the route still reads it, when it must be inflated).
             whole = None if self.more_body or self.disconnected else bytes(self.body)
+            assert self.protocol is not None, "run after its end"
+            departure = self.protocol.departure()
             reply = await self.lane.route.reply(
-                self.name, self.version, self.headers, self._receive, whole
+                self.name, self.version, self.headers, self._receive, whole, departure=departure
             )
             status, tenant = reply.status, reply.tenant
             try:

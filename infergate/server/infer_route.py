@@ -25,7 +25,13 @@ from infergate.engine.inference import InferenceResult
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.engine.remote.served import RemoteServedVersion
 from infergate.engine.triton.classification import classify_outputs
-from infergate.errors import BadRequest, CompressLater, InfergateError, LargeAnswer
+from infergate.errors import (
+    BadRequest,
+    ClientGone,
+    CompressLater,
+    InfergateError,
+    LargeAnswer,
+)
 from infergate.metrics import Finished
 from infergate.server.access_log import TENANT_KEY
 from infergate.server.body import read_body
@@ -39,6 +45,7 @@ from infergate.server.compression import (
     encoded_as,
 )
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
+from infergate.server.departure import DEPARTURE_KEY, Departure, left, unless_gone
 from infergate.server.encoding import encode_response, response_headers
 from infergate.server.errors import error_body, error_response
 from infergate.server.infer_request import (
@@ -104,7 +111,8 @@ class InferRoute:
     async def _infer(
         self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        reply = await self.reply(name, version, scope["headers"], receive)
+        departure = scope.get(DEPARTURE_KEY)
+        reply = await self.reply(name, version, scope["headers"], receive, departure=departure)
         scope[TENANT_KEY] = reply.tenant  # for the access log (server/access_log.py)
         try:
             await send(
@@ -124,12 +132,15 @@ class InferRoute:
         raw_headers: list[tuple[bytes, bytes]],
         receive: Receive,
         whole: bytes | None = None,
+        departure: Departure | None = None,
     ) -> Reply:
         """The whole answer to one infer request, errors included, counted in the metrics
         and statistics; the caller sends it, then lets go of `Reply.keeper`. Called by the
         ASGI route above and by the HTTP protocol's lane (server/infer_lane.py). `whole`:
         the body as it came, when the caller holds all of it already (the lane,
-        usually); else, and whenever it must be inflated, it is read from `receive`."""
+        usually); else, and whenever it must be inflated, it is read from `receive`.
+        `departure`: the client's leaving, which ends the request with a 499 where it is
+        (server/departure.py)."""
         context = self._engine.context
         started = context.clock.now()
         keeper = Keeper()
@@ -140,7 +151,7 @@ class InferRoute:
             state = context.tenants.authenticate(api_key(headers_in))
             status = 200
             headers, body = await self._answer(
-                name, version, headers_in, receive, whole, state, keeper
+                name, version, headers_in, receive, whole, state, keeper, departure
             )
         except LargeAnswer as answer:  # encoded in slices, below
             large = answer.with_traceback(None)
@@ -232,7 +243,8 @@ class InferRoute:
     def settled(self, waiting: Waiting, outcome: Any, error: BaseException | None) -> Reply | None:
         """The answer to an `answer_now` request whose wait is over, from what it gave
         (`outcome`) or raised (`error`), counted; None when it was cancelled (the gateway
-        is stopping: the lane answers 503, and nothing is counted). An error is answered,
+        is stopping: the lane answers 503, and nothing is counted), a 499 when its client
+        left (server/departure.py: counted, never sent). An error is answered,
         never raised here (its traceback would hold this frame, and the request's
         tensors, in a reference cycle), but for a 200 too large to finish on the loop
         (LargeAnswer, CompressLater), which `Waiting.answer` has a task finish."""
@@ -240,7 +252,9 @@ class InferRoute:
         if error is not None:
             engine.fail(waiting.running, error)
             engine.leave(state)
-            if not isinstance(error, Exception):  # cancelled
+            if left(error):
+                error = ClientGone()
+            elif not isinstance(error, Exception):  # cancelled: the gateway is stopping
                 return None
             status, headers, body = self._failed(name, error)
         else:
@@ -398,6 +412,7 @@ class InferRoute:
         whole: bytes | None,
         tenant: TenantState,
         keeper: Keeper,
+        departure: Departure | None,
     ) -> tuple[list[tuple[bytes, bytes]], bytes]:
         served, number = self._served(name, version, tenant)
         # Admission (rate, concurrency) before the body: a refused request is answered
@@ -419,6 +434,8 @@ class InferRoute:
                 body = await read_body(headers, receive, self._limit)
                 if budgeted:  # what it came to (a compressed or chunked one: far less)
                     budgeted = self._bodies.keep_only(tenant.tenant.name, budgeted, len(body))
+            if departure is not None and departure.gone:  # not decoded, not run: for nobody
+                raise ClientGone()
             length = header_text(headers, HEADER_LENGTH)
             if isinstance(served, RemoteServedVersion):
                 if len(body) > INLINE_MAX_BYTES:  # its mapping is let go of off the loop
@@ -446,9 +463,14 @@ class InferRoute:
                     # clients had left held a megabyte each in the engine (fronts: 1.5 GB).
                     body = b""
             else:
-                decoded = await self._decoder.decode(body, length, keeper, tenant.tenant.name)
-            result = await self._engine.infer_admitted(
-                inference_request(name, number, decoded), tenant
+                decoded = await unless_gone(
+                    departure, self._decoder.decode(body, length, keeper, tenant.tenant.name)
+                )
+            if departure is not None and departure.gone:
+                raise ClientGone()
+            result = await unless_gone(
+                departure,
+                self._engine.infer_admitted(inference_request(name, number, decoded), tenant),
             )
         finally:
             if budgeted:

@@ -15,6 +15,7 @@ from infergate.engine.engine import Running
 from infergate.engine.lifecycle.served import ServedVersion
 from infergate.errors import CompressLater, LargeAnswer
 from infergate.server.codec import DecodedRequest
+from infergate.server.departure import cancelled_error
 from infergate.server.reply import Reply, internal_error
 
 if TYPE_CHECKING:
@@ -68,8 +69,8 @@ class Waiting:
 
     def __call__(self, future: asyncio.Future[Any]) -> None:
         """The done callback on the scheduler's future."""
-        if future.cancelled():
-            self.answer(None, asyncio.CancelledError())
+        if future.cancelled():  # the gateway stops, or the client left (with its message)
+            self.answer(None, cancelled_error(future))
             return
         error = future.exception()
         self.answer(None if error is not None else future.result(), error)
@@ -93,7 +94,7 @@ class Waiting:
         kept, its outcome dropped."""
         if self.answered or not task.cancelled():
             return
-        self.answer(None, asyncio.CancelledError())
+        self.answer(None, cancelled_error(task))
         orphan = self.route.loop().create_task(waiting, name="infer-orphan")
         orphan.add_done_callback(dropped)
 
