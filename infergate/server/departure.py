@@ -78,6 +78,7 @@ class Departure:
         if self._left:
             return
         self._left = True
+        self._closing = self._listen = None  # what they are bound to may go now
         watchers, self._watchers = self._watchers, set()
         for watcher in watchers:
             watcher()

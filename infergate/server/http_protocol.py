@@ -322,8 +322,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._timer = None
         self._stop_watching()
         super().connection_lost(exc)
-        if self._departure is not None:
-            self._departure.left()
+        departure, self._departure = self._departure, None  # (it holds this protocol)
+        if departure is not None:
+            departure.left()
 
     # A client that reads slower than it is answered: the transport's buffer is past its
     # high-water mark (rare, so watched with a timer of its own, not on the hot path).
