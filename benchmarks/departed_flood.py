@@ -1,14 +1,15 @@
 """What a flood of requests whose clients leave costs another tenant.
 
 One tenant ("flood") sends valid JSON bodies of about 1 MB (3,200 rows of the tiny MLP's 64
-inputs) from several threads, each on a new connection closed as soon as the request is
+inputs; `--rows`) from several threads, each on a new connection closed as soon as the request is
 sent, never reading an answer; another ("light") sends one-row requests one after another
 on one kept-alive connection, as a client library does. Printed: the light tenant's
 latency while the flood runs and after it, how many requests the flood sent, and how the
 gateway answered them (`infergate_requests_total`: 499 is a request whose client had left,
 for which nothing was decoded or run; server/departure.py).
 
-    .venv/bin/python benchmarks/departed_flood.py [--seconds 10] [--threads 4] [--fronts 0] [--json]
+    .venv/bin/python benchmarks/departed_flood.py [--seconds 10] [--threads 4] [--fronts 0]
+        [--rows 3200] [--json]
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _answer(sock: socket.socket) -> int:
     return int(head.split(b" ", 2)[1])
 
 
-def run(seconds: float, threads: int, fronts: int) -> dict[str, object]:
+def run(seconds: float, threads: int, fronts: int, rows: int = 3200) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="infergate-flood-"))
     models = root / "models"
     make_mlp(models / "tiny" / "1" / "model.onnx", sizes=(64, 128, 10))
@@ -79,7 +80,7 @@ def run(seconds: float, threads: int, fronts: int) -> dict[str, object]:
     )
     server = ServerProcess(models, profile, root / "server.log").start()
     try:
-        flood_message, light_message = _request(3200, FLOOD), _request(1, LIGHT)
+        flood_message, light_message = _request(rows, FLOOD), _request(1, LIGHT)
         stop = time.monotonic() + seconds
         sent = [0]
 
@@ -140,14 +141,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="of flood, then as long after")
     parser.add_argument("--threads", type=int, default=4, help="flooding threads")
     parser.add_argument("--fronts", type=int, default=0, help="the gateway's [server] fronts")
+    parser.add_argument("--rows", type=int, default=3200, help="of a flood request (320 B each)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = run(args.seconds, args.threads, args.fronts)
+    result = run(args.seconds, args.threads, args.fronts, args.rows)
     if args.json:
         print(json.dumps(result, indent=2))
         return
     during, after = result["light_during"], result["light_after"]
-    print(f"flood: {result['flood_sent']} requests of 1 MB sent, each connection closed at once")
+    print(
+        f"flood: {result['flood_sent']} requests of {args.rows} rows ({args.rows * 320 // 1000} "
+        "KB) sent, each connection closed at once"
+    )
     print(f"light tenant while flooded: {during}")
     print(f"light tenant after:         {after}")
     print(f"answered (tenant status: count): {result['answered']}")

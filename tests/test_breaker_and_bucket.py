@@ -161,6 +161,25 @@ def test_half_open_probes_close_it_and_reset_the_backoff() -> None:
     assert breaker.retry_after() == pytest.approx(2.0)  # back to the initial backoff
 
 
+def test_a_probe_whose_client_left_gives_its_place_back() -> None:
+    """A cancelled probe has no outcome: without its place back, a breaker whose probes'
+    clients all left (they do, when the model is slow) stayed half-open refusing everyone."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    trip(breaker, clock)
+    clock.advance(2.1)
+    assert breaker.allow() == "probe"
+    assert breaker.allow() == "probe"
+    breaker.unjudged("probe")  # its client left
+    breaker.unjudged("probe")  # twice: never more places than `probes`
+    assert breaker.allow() == "probe"
+    assert breaker.allow() == "probe"
+    assert breaker.allow() == "refused"
+    breaker.record("probe", True, 0.01)
+    breaker.record("probe", True, 0.01)
+    assert breaker.state == "closed"
+
+
 def test_a_failed_probe_reopens_with_doubled_backoff_up_to_the_cap() -> None:
     clock = FakeClock()
     breaker = Breaker(POLICY, clock)

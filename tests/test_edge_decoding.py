@@ -9,6 +9,7 @@ import contextlib
 import multiprocessing.context
 import os
 import signal
+import threading
 from pathlib import Path
 
 import httpx
@@ -22,7 +23,7 @@ from infergate.server.codec import DecodedRequest, decode_request
 from infergate.server.decoding import HELPER_NAME, BodyDecoder
 from infergate.tensors import Array
 from tests.conftest import write_profile
-from tests.polling import process_gone, wait_until
+from tests.polling import eventually, process_gone, wait_until
 from tests.scripted_runtime import make_scripted
 from tests.server import ServerProcess
 
@@ -178,3 +179,38 @@ def test_the_helper_starts_with_the_first_large_json_body_and_ends_with_the_gate
         server.stop()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(gateway, signal.SIGKILL)  # (its session: whatever is left in it)
+
+
+def test_a_decode_cancelled_before_its_tensors_are_read_leaves_no_segment_behind() -> None:
+    """A client that leaves cancels its decode (server/departure.py): cancelled while the
+    read of the helper's output waits on the I/O thread (behind another request's write),
+    the read never ran, and its segment stayed in /dev/shm for good."""
+
+    def segments() -> set[str]:
+        return {p for p in os.listdir("/dev/shm") if p.startswith("infergate-decode-")}
+
+    async def scenario() -> set[str]:
+        before = segments()
+        decoder = BodyDecoder(inline_max_bytes=16)
+        body, _ = encode_infer_request({"f": TENSORS["f"]}, outputs=["y"], binary=False)
+        io_busy = threading.Event()
+        original = decoder._call_helper
+
+        async def call_helper(*args: object, **kwargs: object) -> object:
+            decoded: object = await original(*args, **kwargs)  # type: ignore[arg-type]
+            decoder._io_thread().submit(io_busy.wait)  # the read queues behind this
+            return decoded
+
+        decoder._call_helper = call_helper  # type: ignore[method-assign,assignment]
+        try:
+            decoding = asyncio.ensure_future(decoder.decode(body, None))
+            await eventually(lambda: decoder._io_thread()._work_queue.qsize() >= 1)
+            decoding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await decoding
+            io_busy.set()
+        finally:
+            decoder.close()  # waits for the I/O thread's queue
+        return segments() - before
+
+    assert asyncio.run(scenario()) == set()

@@ -293,6 +293,8 @@ class Engine:
         served.end(running.started, None, error)
         if isinstance(error, Exception):
             served.breaker_failed(running.admission, error, running.tenant)
+        else:  # cancelled: nothing to judge, and a probe's place is given back
+            served.breaker.unjudged(running.admission)
 
     async def _awaited(self, running: InferenceResult | Running) -> InferenceResult:
         if isinstance(running, InferenceResult):

@@ -3,11 +3,11 @@
 A small body decodes inline: that is the common case and the fastest. A large one would
 hold the loop for as long as it takes (a 60 MB JSON body: about a second on a small
 machine), and health checks and every other client would wait behind it. Many bodies
-just under a megabyte do the same: decoded inline, as they were up to 1 MB, a tenant
-sending 1 MB bodies from four threads kept the loop decoding for seconds (5 ms each), and
-another tenant's one-row request waited 8 s; decoded here, in turns, at most 1.4 s. So a
-body over 64 KB (the infer lane's largest: what uvicorn reads without pausing) decodes
-here, where it costs the loop a copy (0.1 ms a megabyte) instead of the parse.
+of a megabyte do the same: decoded inline, as they were up to 1 MB, 16 clients of one
+tenant sending 1 MB bodies held another tenant's one-row requests at 70 ms (median) behind
+their 5 ms parses; decoded here, 5.3 ms. So a body over 256 KB decodes here, where it
+costs the loop a copy (0.1 ms a megabyte) instead of the parse; one of 256 KB parses in
+about 1.3 ms, and a lone request of 100 KB took 1.5 ms inline against 3.4 ms here.
 
 Threads do not fix that: orjson, numpy's list conversion and pickle hold the GIL for a
 whole call (a single 60 MB copy takes 50 ms on a small machine), and a thread running a
@@ -68,7 +68,7 @@ from infergate.server.decode_helper import (
 from infergate.tensors import Array, read_bytes_elements
 
 T = TypeVar("T")
-INLINE_MAX_BYTES = 1 << 16  # bodies up to this size decode in one go, on the loop
+INLINE_MAX_BYTES = 1 << 18  # bodies up to this size decode in one go, on the loop
 _ELEMENTS = 2_000  # BYTES elements built per slice (a few milliseconds)
 
 
@@ -315,8 +315,14 @@ class BodyDecoder:
         call = partial(decode_in_helper, max_strings=self.max_strings)
         decoded = await self._call_helper(body, call, header_length, _discard, tenant)
         # The read unlinks the helper's segment whether or not this request is still
-        # waiting for it.
-        raw = await asyncio.wrap_future(self._io_thread().submit(read_segment, decoded))
+        # waiting for it; a read cancelled before it ran (its client left) does not, so the
+        # unlink goes after it on the one I/O thread.
+        reading = self._io_thread().submit(read_segment, decoded)
+        try:
+            raw = await asyncio.wrap_future(reading)
+        except asyncio.CancelledError:
+            self._io_thread().submit(unlink_segment, decoded.segment)
+            raise
         return await _tensors_from_raw(raw, decoded, keeper)
 
     async def _call_helper(

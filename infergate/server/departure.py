@@ -96,7 +96,7 @@ class _Cancel:
 
     def __call__(self) -> None:
         self.fired = True
-        self.task.cancel()
+        self.task.cancel(msg=GONE)
 
 
 async def unless_gone(departure: Departure | None, awaitable: Awaitable[T]) -> T:

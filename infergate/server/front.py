@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 
 from infergate.errors import BrokenOff, ClientGone
 from infergate.server.decoding import Keeper
-from infergate.server.departure import Departure, unless_gone
+from infergate.server.departure import Departure, cancelled_error, left, unless_gone
 from infergate.server.drain import (
     NOT_WAITED_FOR,
     OUT_OF_TIME,
@@ -124,10 +124,10 @@ class EngineLink:
             self.send(message(rid))
             answer: Message = await waiter
             return answer
-        except asyncio.CancelledError:  # its client left, or the front stops
-            if self._replies.get(rid) is waiter:
+        except asyncio.CancelledError as exc:
+            if left(exc) and self._replies.get(rid) is waiter:  # the engine drops it too
                 self.send(("cancel", rid))
-            raise
+            raise  # (else the front stops: the engine answers it, as in one process)
         finally:
             self._replies.pop(rid, None)
 
@@ -144,9 +144,13 @@ class EngineLink:
         self._replies[rid] = waiter
 
         def done(settled: asyncio.Future[Message]) -> None:
-            # A reply popped it already; a cancel (the client left, the front stops) did
-            # not, and the engine then drops the request (server/departure.py).
-            if self._replies.pop(rid, None) is not None and settled.cancelled():
+            # A reply popped it already; a cancel did not. One because its client left
+            # has the engine drop the request too (server/departure.py).
+            if (
+                self._replies.pop(rid, None) is not None
+                and settled.cancelled()
+                and left(cancelled_error(settled))
+            ):
                 self.send(("cancel", rid))
             answered(settled)
 

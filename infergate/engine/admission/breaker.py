@@ -190,6 +190,13 @@ class Breaker:
             return "probe"
         return "refused"
 
+    def unjudged(self, admission: Admission) -> None:
+        """A request `allow` let through ended with no outcome to judge (cancelled: its
+        client left, or the gateway stops): a probe's place is given back, or a breaker
+        whose probes' clients all left would stay half-open, refusing everyone."""
+        if admission == "probe" and self._state == "half_open":
+            self._probes_left = min(self._probes_left + 1, self.policy.probes)
+
     def record(
         self,
         admission: Admission,

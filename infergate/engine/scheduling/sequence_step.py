@@ -63,9 +63,10 @@ async def infer_in_sequence(
     try:
         async with seq.lock:
             return await _step(served, settings, table, seq, params, request, run)
-    except Exception:
-        # A failed start never began; an end ends anyway. Any error, a bug's included:
-        # a start left in the table would hold one of max_sequences until its idle timeout.
+    except BaseException:
+        # A failed start never began; an end ends anyway. Any error, a bug's included, and
+        # a cancel (its client left): a start left in the table would hold one of
+        # max_sequences until its idle timeout.
         if params.start or params.end:
             table.close(seq)
         raise
