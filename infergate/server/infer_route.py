@@ -434,6 +434,8 @@ class InferRoute:
                 body = await read_body(headers, receive, self._limit)
                 if budgeted:  # what it came to (a compressed or chunked one: far less)
                     budgeted = self._bodies.keep_only(tenant.tenant.name, budgeted, len(body))
+                if departure is not None:  # whether its client left with it (departure.py)
+                    await departure.look()
             if departure is not None and departure.gone:  # not decoded, not run: for nobody
                 raise ClientGone()
             length = header_text(headers, HEADER_LENGTH)

@@ -77,8 +77,15 @@ class QueuePolicy:
 
 
 class JobQueue(Generic[T]):
-    def __init__(self, policy: QueuePolicy) -> None:
+    def __init__(
+        self, policy: QueuePolicy, wanted: Callable[[Job[T]], bool] | None = None
+    ) -> None:
         self.policy = policy
+        # Whether a job's caller still waits for it: one that gave up (its client left)
+        # leaves the queue when `take` comes to it, not a batch later. A flood of
+        # requests whose clients left queued thousands of such jobs, each taken alone
+        # and the queue sorted again for each.
+        self._wanted = wanted
         # Per class rank, in taking order; and all jobs by deadline, for expiry.
         self._heaps: dict[int, list[tuple[float, float, int, Job[T]]]] = {}
         self._deadlines: list[tuple[float, int, Job[T]]] = []
@@ -148,13 +155,18 @@ class JobQueue(Generic[T]):
         return list(self._live())
 
     def _live(self) -> Iterator[Job[T]]:
+        wanted = self._wanted
         for rank in sorted(self._heaps):
             heap = self._heaps[rank]
             while heap and heap[0][3].removed:
                 heapq.heappop(heap)
             for *_, job in sorted(heap):
-                if not job.removed:
-                    yield job
+                if job.removed:
+                    continue
+                if wanted is not None and not wanted(job):
+                    self._remove(job)
+                    continue
+                yield job
 
     def unpin(self, instance: int, which: Callable[[Job[T]], bool]) -> int:
         """Let the waiting jobs pinned to `instance` for which `which` holds run on any

@@ -61,7 +61,7 @@ class Scheduler:
         self._instances = instances
         self._clock = clock
         self._metrics = metrics
-        self._queue: JobQueue[Work] = JobQueue(policy)
+        self._queue: JobQueue[Work] = JobQueue(policy, _wanted)
         self.stats = VersionStats()  # Triton's per-version statistics
         self._runner = BatchRunner(
             name, instances, self._queue, clock, metrics, self.stats, self._instance_freed
@@ -381,3 +381,8 @@ class _Alarm:
 def _wake(waiter: asyncio.Future[None] | None) -> None:
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
+
+
+def _wanted(job: Job[Work]) -> bool:
+    """Whether the caller of a queued job still waits for it (JobQueue drops it if not)."""
+    return not job.payload.ticket.future.done()
