@@ -77,9 +77,7 @@ class QueuePolicy:
 
 
 class JobQueue(Generic[T]):
-    def __init__(
-        self, policy: QueuePolicy, wanted: Callable[[Job[T]], bool] | None = None
-    ) -> None:
+    def __init__(self, policy: QueuePolicy, wanted: Callable[[Job[T]], bool] | None = None) -> None:
         self.policy = policy
         # Whether a job's caller still waits for it: one that gave up (its client left)
         # leaves the queue when `take` comes to it, not a batch later. A flood of
