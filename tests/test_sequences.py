@@ -460,3 +460,18 @@ async def test_a_start_or_end_that_fails_with_any_error_holds_no_place(tmp_path:
             with pytest.raises(RuntimeError, match="a bug"):
                 await infer_in_sequence(served, request, bug, DEFAULT_TENANT)
         assert len(rig.table) == 0
+
+
+async def test_a_start_or_end_whose_client_left_holds_no_place(tmp_path: Path) -> None:
+    """A step cancelled while it waits for its batch (its client left: server/departure.py)
+    ends a start or an end as an error does: a start left in the table would hold a place
+    of max_sequences until its idle timeout."""
+    async with started(tmp_path) as rig:
+        assert await answer(rig, await rig.ask(1, 12, start=True)) == 1
+        for sid, start, end in ((11, True, False), (12, False, True)):
+            step = await rig.ask(1, sid, start=start, end=end)
+            await rig.workers.next_call()  # its batch is on the worker; its caller leaves
+            step.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await step
+        assert len(rig.table) == 0

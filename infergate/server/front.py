@@ -214,6 +214,8 @@ class ForwardRoute:
         if body is None:  # the lane's receive: the whole (small) body, or a disconnect
             message = await receive()
             body = message.get("body", b"") if message["type"] == "http.request" else None
+        if departure is not None and departure.gone:
+            return Reply(ClientGone.status, [], b"", "-", _KEPT_NOTHING)
         try:
             asked = self._engine.ask(
                 lambda rid: ("infer", rid, name, version, raw_headers, body, arrived)
