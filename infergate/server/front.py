@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 
 from infergate.errors import BrokenOff, ClientGone
 from infergate.server.decoding import Keeper
-from infergate.server.departure import Departure, cancelled_error, left, unless_gone
+from infergate.server.departure import Departure, cancelled_error, is_departure, unless_gone
 from infergate.server.drain import (
     NOT_WAITED_FOR,
     OUT_OF_TIME,
@@ -125,7 +125,7 @@ class EngineLink:
             answer: Message = await waiter
             return answer
         except asyncio.CancelledError as exc:
-            if left(exc) and self._replies.get(rid) is waiter:  # the engine drops it too
+            if is_departure(exc) and self._replies.get(rid) is waiter:  # the engine drops it too
                 self.send(("cancel", rid))
             raise  # (else the front stops: the engine answers it, as in one process)
         finally:
@@ -149,7 +149,7 @@ class EngineLink:
             if (
                 self._replies.pop(rid, None) is not None
                 and settled.cancelled()
-                and left(cancelled_error(settled))
+                and is_departure(cancelled_error(settled))
             ):
                 self.send(("cancel", rid))
             answered(settled)

@@ -45,7 +45,7 @@ from infergate.server.compression import (
     encoded_as,
 )
 from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
-from infergate.server.departure import DEPARTURE_KEY, Departure, left, unless_gone
+from infergate.server.departure import DEPARTURE_KEY, Departure, is_departure, unless_gone
 from infergate.server.encoding import encode_response, response_headers
 from infergate.server.errors import error_body, error_response
 from infergate.server.infer_request import (
@@ -252,7 +252,7 @@ class InferRoute:
         if error is not None:
             engine.fail(waiting.running, error)
             engine.leave(state)
-            if left(error):
+            if is_departure(error):
                 error = ClientGone()
             elif not isinstance(error, Exception):  # cancelled: the gateway is stopping
                 return None
