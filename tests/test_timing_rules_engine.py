@@ -134,6 +134,31 @@ async def test_failures_trip_the_breaker_and_a_failed_probe_doubles_its_backoff(
     assert refused.value.retry_after_s == 2  # doubled from 1 s
 
 
+async def test_a_probe_whose_caller_gave_up_does_not_keep_the_breaker_half_open(
+    gateway: Gateway,
+) -> None:
+    """A probe cancelled while its batch runs (its client left: server/departure.py) has
+    no outcome; its place is given back, or the breaker stayed half-open refusing everyone."""
+    while True:  # trip it
+        task, call = await gateway.call(fail=True)
+        if call is None:
+            break
+    gateway.clock.advance(1)  # the backoff is over
+    x = np.ones((1, 4), np.float32)
+    probe = asyncio.create_task(gateway.engine.infer(InferenceRequest("m", {"x": x})))
+    call = await gateway.workers.next_call()
+    probe.cancel()  # its client left
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    call.reply()
+    breaker = gateway.engine.version("m").breaker
+    for _ in range(2):  # `probes` good ones close it
+        task, call = await gateway.call()
+        assert call is not None
+        await task
+    assert breaker.state == "closed"
+
+
 async def test_the_model_s_timeout_bounds_a_started_call(gateway: Gateway) -> None:
     _, call = await gateway.call()
     assert call is not None
