@@ -4,7 +4,9 @@ InferRoute in front of this app (see infer_route.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -174,14 +176,19 @@ def create_app(
     async def stats(_: Request) -> Response:
         return _json(stats_snapshot(engine, await device_sample(engine)))
 
+    # The exposition is rendered on a thread of its own, one scrape at a time: on the loop
+    # a render (16-20 ms for a few hundred series) held every tenant's requests, and
+    # /metrics is open to any client (four clients scraping in a loop: another tenant's
+    # p50 0.7 -> 5.3 ms, p99 28 ms).
+    renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ig-metrics")
+
     @routes.get("/metrics")
     async def metrics(_: Request) -> Response:
         refresh_gauges(engine, await device_sample(engine))
         engine.context.metrics.bodies_held.set(bodies.held)
         engine.context.metrics.bodies_waiting.set(bodies.waiting)
-        return Response(
-            generate_latest(engine.context.metrics.registry), media_type=CONTENT_TYPE_LATEST
-        )
+        rendering = renderer.submit(generate_latest, engine.context.metrics.registry)
+        return Response(await asyncio.wrap_future(rendering), media_type=CONTENT_TYPE_LATEST)
 
     routes.include(admin_routes(engine, store, guard))
     app = Starlette(routes=routes.routes, exception_handlers=error_handlers(), lifespan=lifespan)

@@ -44,7 +44,7 @@ from infergate.server.compression import (
     compress_response,
     encoded_as,
 )
-from infergate.server.decoding import INLINE_MAX_BYTES, BodyDecoder, Keeper
+from infergate.server.decoding import ALWAYS_INLINE, INLINE_MAX_BYTES, BodyDecoder, Keeper
 from infergate.server.departure import DEPARTURE_KEY, Departure, is_departure, unless_gone
 from infergate.server.encoding import encode_response, response_headers
 from infergate.server.errors import error_body, error_response
@@ -189,7 +189,11 @@ class InferRoute:
         if (
             context.shared_limits is not None
             or not self._as_read(whole, headers_in)
-            or (decoded is None and not self._decoder.inline(whole))
+            or (
+                decoded is None
+                and len(whole) > ALWAYS_INLINE  # (most: no header looked up here)
+                and not self._decoder.inline(whole, header_text(headers_in, HEADER_LENGTH))
+            )
         ):
             return None
         started = context.clock.now()
@@ -457,7 +461,7 @@ class InferRoute:
                         timeout_s(params),
                         tenant,
                     )
-            if self._decoder.inline(body):  # most bodies: decoded here, no coroutine
+            if self._decoder.inline(body, length):  # most bodies: decoded here, no coroutine
                 decoded = decode_request(body, length, max_strings=self._decoder.max_strings)
                 if length is None:
                     # All JSON: its tensors are copies, so the body is let go of while the
