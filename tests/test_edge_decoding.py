@@ -241,3 +241,26 @@ def test_what_decodes_on_the_loop_is_what_decodes_fast_not_only_what_is_small() 
     binary = header + b"[" * 40_000
     assert decoder.inline(binary, str(len(header)))
     assert not decoder.inline(binary)
+
+
+def test_parameters_nested_too_deep_to_hand_back_from_the_helper_are_decoded_on_the_loop() -> None:
+    """JSON may nest 1,024 levels; pickle, which hands the helper's result back, stops
+    sooner. Such a request (a fronts parity test's) was a 500: it decodes on the loop as a
+    small body does, and a body too large for that is a 400 that says why."""
+    deep = b'{"a":' * 1000 + b"1" + b"}" * 1000
+    body = (
+        b'{"parameters":{"deep":' + deep + b'},"inputs":[{"name":"x","datatype":"FP32",'
+        b'"shape":[1,4],"data":[1,2,3,4]}]}'
+    )
+
+    async def decode(inline_max: int) -> DecodedRequest:
+        decoder = BodyDecoder(inline_max_bytes=inline_max)
+        try:
+            return await decoder.decode(body, None)
+        finally:
+            decoder.close()
+
+    decoded = asyncio.run(decode(len(body)))  # past the token count: the helper's
+    assert decoded.inputs["x"].tolist() == [[1.0, 2.0, 3.0, 4.0]]
+    with pytest.raises(BadRequest, match="nests too deep"):
+        asyncio.run(decode(16))  # a body too large to decode on the loop

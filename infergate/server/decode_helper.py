@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import pickle
 import secrets
 from typing import Any, NamedTuple
 
@@ -46,6 +47,11 @@ class Decoded(NamedTuple):
     tensors: tuple[_Tensor, ...]
 
 
+class TooDeep(Exception):
+    """A request whose parameters nest too deep for pickle to hand back (JSON may nest
+    1,024 levels, pickle's recursion stops sooner): its caller decodes it on the loop."""
+
+
 def decode_in_helper(
     segment: str, size: int, header_length: str | None, max_strings: int
 ) -> Decoded:
@@ -55,8 +61,12 @@ def decode_in_helper(
     body = MappedArena(segment)
     try:
         decoded = decode_request(body.buf[:size], header_length, max_strings=max_strings)
-        name, tensors = _write_tensors(decoded.inputs)
         request = decoded._replace(inputs={})
+        try:  # (small without its tensors: its ids, names and parameters)
+            pickle.dumps(request, pickle.HIGHEST_PROTOCOL)
+        except RecursionError:
+            raise TooDeep() from None
+        name, tensors = _write_tensors(decoded.inputs)
         del decoded  # binary tensors are views of the body's mapping
     finally:
         with contextlib.suppress(BufferError):  # a view still held (an error's frames)

@@ -59,6 +59,7 @@ from infergate.server.codec import (
 from infergate.server.decode_helper import (
     Decoded,
     Raw,
+    TooDeep,
     decode_in_helper,
     pass_through_header_in_helper,
     read_segment,
@@ -330,7 +331,15 @@ class BodyDecoder:
         self, body: Body, header_length: str | None, keeper: Keeper | None, tenant: Hashable
     ) -> DecodedRequest:
         call = partial(decode_in_helper, max_strings=self.max_strings)
-        decoded = await self._call_helper(body, call, header_length, _discard, tenant)
+        try:
+            decoded = await self._call_helper(body, call, header_length, _discard, tenant)
+        except TooDeep:
+            if len(body) > self._inline_max:
+                raise BadRequest(
+                    "the request's JSON nests too deep to decode a body this large; send "
+                    "parameters nested at most a few hundred levels"
+                ) from None
+            return decode_request(body, header_length, max_strings=self.max_strings)
         # The read unlinks the helper's segment whether or not this request is still
         # waiting for it; a read cancelled before it ran (its client left) does not, so the
         # unlink goes after it on the one I/O thread.
