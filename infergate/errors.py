@@ -49,9 +49,10 @@ Signals inside the engine (plain exceptions, never an HTTP answer):
   FrontFailed          a front process ([server] fronts) exited before it listened
   BrokenOff            the engine's answer to a front broke off: the connection closes
 
-Signals inside the infer route (server/large_answers.py: finished off the event loop):
+Signals inside the infer route (each is finished another way, never an HTTP answer):
   LargeAnswer          an answer too large to encode in one go: encoded in slices
   CompressLater        a body too large to compress on the loop: compressed on a thread
+  TooDeep              a request the decode helper cannot hand back: decoded on the loop
 
 Outside the server: `client.ClientError` (the HTTP client's), `client.UrlError` (a server
 address that is not one: a usage mistake), `loadgen_inputs.InputsTooLarge` (bench's random
@@ -365,6 +366,11 @@ class BrokenOff(Exception):
 class LargeAnswer(Exception):
     """encoding.encode_response's answer holds too much to encode in one go on the event
     loop; `args`: its arguments, for large_answers.encode_in_slices."""
+
+
+class TooDeep(Exception):
+    """The decode helper's request nests too deep for pickle to hand it back (JSON may
+    nest 1,024 levels, pickle's recursion stops sooner): decoding.py decodes it on the loop."""
 
 
 class CompressLater(Exception):

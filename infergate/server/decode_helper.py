@@ -25,7 +25,7 @@ import numpy as np
 
 from infergate.engine.triton.shared_memory import DECODE_SEGMENT_PREFIX
 from infergate.engine.workers.shm import MappedArena
-from infergate.errors import InfergateError
+from infergate.errors import InfergateError, TooDeep
 from infergate.server.body import anonymous_mapping
 from infergate.server.codec import Body, DecodedRequest, decode_request, pass_through_header
 from infergate.tensors import Array, serialize_bytes
@@ -45,11 +45,6 @@ class Decoded(NamedTuple):
     request: DecodedRequest
     segment: str
     tensors: tuple[_Tensor, ...]
-
-
-class TooDeep(Exception):
-    """A request whose parameters nest too deep for pickle to hand back (JSON may nest
-    1,024 levels, pickle's recursion stops sooner): its caller decodes it on the loop."""
 
 
 def decode_in_helper(

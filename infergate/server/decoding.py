@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from infergate import procname
-from infergate.errors import BadRequest, InfergateError
+from infergate.errors import BadRequest, InfergateError, TooDeep
 from infergate.server.body import free_off_loop
 from infergate.server.codec import (
     DEFAULT_MAX_STRINGS,
@@ -59,7 +59,6 @@ from infergate.server.codec import (
 from infergate.server.decode_helper import (
     Decoded,
     Raw,
-    TooDeep,
     decode_in_helper,
     pass_through_header_in_helper,
     read_segment,
