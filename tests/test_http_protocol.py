@@ -14,12 +14,8 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from infergate.loadgen import prepare
-from infergate.server.http_protocol import (
-    PIPELINE_DEPTH,
-    ConnectionLimits,
-    GatewayHttpProtocol,
-    _HeadWithBody,
-)
+from infergate.server.http_protocol import PIPELINE_DEPTH, ConnectionLimits, GatewayHttpProtocol
+from infergate.server.one_write import HeadWithBody
 from tests.fake_connection import serve_on
 from tests.polling import eventually
 from tests.server import ServerProcess
@@ -49,7 +45,7 @@ class _Transport:
 def test_a_head_goes_out_with_its_body_and_close_flushes_first() -> None:
     async def scenario() -> list[list[bytes]]:
         transport = _Transport()
-        wrapped = _HeadWithBody(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+        wrapped = HeadWithBody(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
         seen = []
         wrapped.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
         seen.append(list(transport.writes))  # the head waits for its body

@@ -18,8 +18,9 @@ from starlette.types import Receive, Scope, Send
 from infergate.engine.admission.tenants import hash_key
 from infergate.server.decoding import Keeper
 from infergate.server.departure import Departure
-from infergate.server.http_protocol import JOIN_AT_MOST, ConnectionLimits, GatewayHttpProtocol
+from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
 from infergate.server.infer_lane import LANE_MAX_BODY, InferLane
+from infergate.server.one_write import JOIN_AT_MOST
 from infergate.server.reply import Reply
 from tests.edge_raw import Reply as RawReply
 from tests.edge_raw import closed_by_server, connect, read_replies, read_reply

@@ -3,15 +3,15 @@ it leaves.
 
 A client that sends a request and closes its connection at once (a flood that never reads
 its answers) left the gateway reading, decoding and running every one of its requests for
-nobody: with four threads sending 1 MB bodies so for 10 s, another tenant's one-row
+nobody: with four threads sending 1 MB bodies that way for 10 s, another tenant's one-row
 requests took 88 ms at the median and 504 ms at p99, and 106 ms for 10 s more, while the
 gateway worked through the flood's backlog (benchmarks/departed_flood.py; now 7 ms, 27
-ms, then 1 ms). So the HTTP protocol keeps a `Departure` for each connection, and the engine one for
-each request a front passes on (server/front_link.py); the infer route asks it before it
-decodes a body or queues a request, and has it cancel what the request waits for
-(`unless_gone`) when the client leaves meanwhile: a request queued and not yet batched is
-then never run (the scheduler drops a job whose caller gave up), and its answer is a 499,
-nginx's "client closed request", in the access log and the metrics.
+ms, then 1 ms). So the HTTP protocol keeps a `Departure` for each connection, and the
+engine one for each request a front passes on (server/front_link.py); the infer route
+asks it before it decodes a body or queues a request, and has it cancel what the request
+waits for (`unless_gone`) when the client leaves meanwhile: a request queued and not yet
+batched is then never run (the scheduler drops a job whose caller gave up), and its
+answer is a 499, nginx's "client closed request", in the access log and the metrics.
 """
 
 from __future__ import annotations
@@ -68,11 +68,23 @@ class Departure:
         # would go unseen for as long as its request waits.
         self._listen = listen
         self._left = False
-        self._watchers: set[_Cancel] = set()
+        self._watchers: set[Callable[[], None]] = set()
 
     @property
     def gone(self) -> bool:
         return self._left or (self._closing is not None and self._closing())
+
+    def listen(self) -> None:
+        """Read the connection again (see `__init__`), if it can be."""
+        if self._listen is not None:
+            self._listen()
+
+    def watch(self, cancel: Callable[[], None]) -> None:
+        """Call `cancel` when the client leaves (unless `unwatch`ed before)."""
+        self._watchers.add(cancel)
+
+    def unwatch(self, cancel: Callable[[], None]) -> None:
+        self._watchers.discard(cancel)
 
     async def look(self) -> None:
         """Read the connection once more before work is done for its request: a body over
@@ -80,7 +92,7 @@ class Departure:
         that sent it and closed is not seen to have left until the connection is read
         again (such bodies were decoded for nobody, a millisecond of the loop each)."""
         if self._listen is not None and not self.gone:
-            self._listen()
+            self.listen()
             await asyncio.sleep(0)  # the loop's next look at its sockets
 
     def left(self) -> None:
@@ -117,9 +129,8 @@ async def unless_gone(departure: Departure | None, awaitable: Awaitable[T]) -> T
     task = asyncio.current_task()
     assert task is not None
     cancel = _Cancel(task)
-    departure._watchers.add(cancel)
-    if departure._listen is not None:
-        departure._listen()
+    departure.watch(cancel)
+    departure.listen()  # (a pipelined request's head may have paused reading again)
     try:
         return await awaitable
     except asyncio.CancelledError:
@@ -128,4 +139,4 @@ async def unless_gone(departure: Departure | None, awaitable: Awaitable[T]) -> T
         task.uncancel()
         raise ClientGone() from None
     finally:
-        departure._watchers.discard(cancel)
+        departure.unwatch(cancel)

@@ -214,14 +214,14 @@ class ForwardRoute:
         if body is None:  # the lane's receive: the whole (small) body, or a disconnect
             message = await receive()
             body = message.get("body", b"") if message["type"] == "http.request" else None
-        if departure is not None and departure.gone:
-            return Reply(ClientGone.status, [], b"", "-", _KEPT_NOTHING)
         try:
+            if departure is not None and departure.gone:
+                raise ClientGone()
             asked = self._engine.ask(
                 lambda rid: ("infer", rid, name, version, raw_headers, body, arrived)
             )
             answer = await unless_gone(departure, asked)
-        except ClientGone:  # the engine was told, and drops it (`ask`)
+        except ClientGone:  # (a wait cut short: the engine was told, and drops it: `ask`)
             return Reply(ClientGone.status, [], b"", "-", _KEPT_NOTHING)
         _, _, status, headers, content, tenant = answer
         return Reply(status, headers, content, tenant, _KEPT_NOTHING)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import Message
 
+from infergate.errors import ClientGone
 from infergate.server.departure import DEPARTURE_KEY, Departure, cancel_for_departure
 from infergate.server.drain import ARRIVED_KEY, NEW_REQUEST, OUT_OF_TIME, shutting_down
 from infergate.server.errors import error_body
@@ -185,7 +186,9 @@ class FrontLink:
     def _answered(self, rid: int, reply: Reply | None) -> None:
         """`answer_now`'s answer, sent to the front (None: cancelled, the engine is
         stopping or the front has gone)."""
-        if self._waiting.pop(rid, None) is None and (reply is None or reply.status == 499):
+        if self._waiting.pop(rid, None) is None and (
+            reply is None or reply.status == ClientGone.status
+        ):
             return  # the front cancelled it: its client left
         if reply is None:
             headers, body = shutting_down(OUT_OF_TIME)

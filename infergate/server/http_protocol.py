@@ -1,5 +1,5 @@
 """uvicorn's httptools protocol, with the limits a public edge needs, sending each
-response in one write.
+response in one write (server/one_write.py).
 
 Limits and deadlines (nginx's client_header_timeout, client_body_timeout,
 large_client_header_buffers, keepalive_timeout and worker_connections, in one place):
@@ -67,6 +67,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from infergate.server.departure import DEPARTURE_KEY, Departure
+from infergate.server.one_write import HeadWithBody
 from infergate.server.read_gate import GatedFlowControl, ReadGate
 
 if TYPE_CHECKING:  # (at run time the lane comes with its class: no engine import here)
@@ -81,55 +82,6 @@ PIPELINE_DEPTH = 16
 
 # While a front's read gate holds, a due deadline is looked at again this much later.
 _HELD_LOOK_AGAIN_S = 1.0
-
-# A body longer than this is written after its head, not joined to it: the join copies the
-# body on the event loop (about 100 ms for 160 MB), while one more send costs microseconds.
-JOIN_AT_MOST = 64 * 1024
-
-
-class _HeadWithBody:
-    """A transport that sends a response head together with the write after it."""
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] = []
-        # Bound once: uvicorn asks these on every request, and __getattr__ costs more.
-        self.is_closing = transport.is_closing
-        self.get_extra_info = transport.get_extra_info
-
-    def write(self, data: bytes) -> None:
-        if self._pending:  # the body after a held head: both go now, in one send
-            if len(data) > JOIN_AT_MOST:
-                self._flush()
-                self._transport.write(data)
-                return
-            self._pending.append(data)
-            self._flush()
-        elif data.startswith(b"HTTP/1.") and data.endswith(b"\r\n\r\n"):
-            self._pending.append(data)
-            self._loop.call_soon(self._flush)  # in case nothing follows in this step
-        else:
-            self._transport.write(data)
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-        self._pending = []
-        if not self._transport.is_closing():
-            self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()  # what was written before close still goes out, as with a transport
-        self._transport.close()
-
-    def write_eof(self) -> None:
-        self._flush()  # the same: the held head goes before the FIN
-        self._transport.write_eof()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 @dataclass(frozen=True)
@@ -261,7 +213,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if self.one_write:
-            transport = _HeadWithBody(transport, asyncio.get_running_loop())  # type: ignore[assignment]
+            transport = HeadWithBody(transport, asyncio.get_running_loop())  # type: ignore[assignment]
         super().connection_made(transport)
         gate = self.read_gate
         if gate is not None:

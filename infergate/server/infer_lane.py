@@ -32,8 +32,8 @@ from infergate.server.access_log import log, log_request, request_id
 from infergate.server.body_budget import SMALL_BODY
 from infergate.server.departure import Departure, cancel_for_departure
 from infergate.server.drain import NEW_REQUEST, OUT_OF_TIME, Drain, shutting_down
-from infergate.server.http_protocol import JOIN_AT_MOST
 from infergate.server.infer_route import INFER_PATH
+from infergate.server.one_write import JOIN_AT_MOST
 from infergate.server.reply import Reply, internal_error
 
 if TYPE_CHECKING:
