@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -20,7 +21,7 @@ import pytest
 
 from infergate.client import encode_infer_request
 from infergate.errors import BadRequest, InfergateError, PayloadTooLarge
-from infergate.server.codec import DecodedRequest, decode_request
+from infergate.server.codec import JSON_VALUES_SLACK, DecodedRequest, decode_request
 from infergate.server.decoding import HELPER_NAME, BodyDecoder
 from infergate.tensors import Array
 from tests.conftest import write_profile
@@ -264,3 +265,40 @@ def test_parameters_nested_too_deep_to_hand_back_from_the_helper_are_decoded_on_
     assert decoded.inputs["x"].tolist() == [[1.0, 2.0, 3.0, 4.0]]
     with pytest.raises(BadRequest, match="nests too deep"):
         asyncio.run(decode(16))  # a body too large to decode on the loop
+
+
+def _one_input(shape: list[int], data: str) -> bytes:
+    tensor = {"name": "x", "shape": shape, "datatype": "FP32", "data": []}
+    return orjson.dumps({"inputs": [tensor]}).replace(b'"data":[]', f'"data":[{data}]'.encode())
+
+
+def test_a_large_body_of_too_many_json_arrays_is_refused_before_it_is_parsed() -> None:
+    """Rows nested one value each (`[[0],[0],...]`) cost the decoder about 30 times their
+    bytes in memory and ten times a flat list's time: a 61 KB gzip body inflating to 63 MB
+    of them held the helper 31 s and 2.2 GB. The helper counts a body's arrays, objects
+    and strings first, and a body over the request's limit is a 413 that says what to send
+    instead; one at the limit decodes, and so does more data as one flat list."""
+    max_strings = 1_000
+    limit = max_strings + JSON_VALUES_SLACK
+    empty = _one_input([0, 1], "")  # the body's own: its keys, the tensor, its shape...
+    at_limit = limit - (empty.count(b"[") + empty.count(b"{") + empty.count(b'"') // 2)
+
+    def nested(rows: int) -> bytes:
+        return _one_input([rows, 1], ",".join(["[0]"] * rows))
+
+    async def decode(body: bytes, remote: bool = False) -> Any:
+        decoder = BodyDecoder(inline_max_bytes=16, max_strings=max_strings)
+        try:
+            if remote:  # a remote model's header is read in the helper too
+                return await decoder.pass_through_header(body, None)
+            return await decoder.decode(body, None)
+        finally:
+            decoder.close()
+
+    assert asyncio.run(decode(nested(at_limit))).inputs["x"].shape == (at_limit, 1)
+    flat = _one_input([limit * 2], ",".join(["0"] * (limit * 2)))
+    assert asyncio.run(decode(flat)).inputs["x"].shape == (limit * 2,)
+    assert asyncio.run(decode(nested(at_limit), remote=True)) == {}
+    for remote in (False, True):
+        with pytest.raises(PayloadTooLarge, match=f"more than {limit} arrays.*one flat list"):
+            asyncio.run(decode(nested(at_limit + 1), remote))

@@ -27,7 +27,13 @@ from infergate.engine.triton.shared_memory import DECODE_SEGMENT_PREFIX
 from infergate.engine.workers.shm import MappedArena
 from infergate.errors import InfergateError, TooDeep
 from infergate.server.body import anonymous_mapping
-from infergate.server.codec import Body, DecodedRequest, decode_request, pass_through_header
+from infergate.server.codec import (
+    Body,
+    DecodedRequest,
+    check_json_values,
+    decode_request,
+    pass_through_header,
+)
 from infergate.tensors import Array, serialize_bytes
 
 
@@ -55,6 +61,7 @@ def decode_in_helper(
     soon as it has mapped it)."""
     body = MappedArena(segment)
     try:
+        check_json_values(_json_part(body, size, header_length), max_strings)
         decoded = decode_request(body.buf[:size], header_length, max_strings=max_strings)
         request = decoded._replace(inputs={})
         try:  # (small without its tensors: its ids, names and parameters)
@@ -70,15 +77,21 @@ def decode_in_helper(
 
 
 def pass_through_header_in_helper(
-    segment: str, size: int, header_length: str | None
+    segment: str, size: int, header_length: str | None, max_strings: int
 ) -> dict[str, Any] | None:
     """Runs in the helper process: a remote model's request header, read from `segment`."""
     body = MappedArena(segment)
     try:
+        check_json_values(_json_part(body, size, header_length), max_strings)
         return pass_through_header(body.buf[:size], header_length)
     finally:
         with contextlib.suppress(BufferError):
             body.close()
+
+
+def _json_part(body: MappedArena, size: int, header_length: str | None) -> memoryview:
+    # (The gateway checked the header length before handing the body over.)
+    return body.buf[: size if header_length is None else int(header_length)]
 
 
 def _write_tensors(inputs: dict[str, Array]) -> tuple[str, tuple[_Tensor, ...]]:

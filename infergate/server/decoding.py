@@ -322,9 +322,8 @@ class BodyDecoder:
             _header_length(header_length, len(body))
         if len(body) <= self._inline_max or not self._json_heavy(header_length):
             return pass_through_header(body, header_length)
-        return await self._call_helper(
-            body, pass_through_header_in_helper, header_length, None, tenant
-        )
+        call = partial(pass_through_header_in_helper, max_strings=self.max_strings)
+        return await self._call_helper(body, call, header_length, None, tenant)
 
     async def _in_helper(
         self, body: Body, header_length: str | None, keeper: Keeper | None, tenant: Hashable

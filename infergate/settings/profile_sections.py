@@ -40,8 +40,8 @@ class ServerSection(Section):
     )
     max_request_mb: float = setting(
         64.0,
-        "a larger request body gets 413; a request holds at most one BYTES element per 64 "
-        "bytes of it",
+        "a larger request body gets 413; a request holds at most one BYTES element (and "
+        "its JSON one array, object or string) per 64 bytes of it",
         ge=0.001,
         unit="MB",
     )
