@@ -3,12 +3,17 @@ Retry-After values, backoff doubling and its cap. No sleeps."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 
 from infergate.clock import FakeClock
 from infergate.engine.admission.breaker import Breaker, BreakerPolicy
 from infergate.engine.admission.breaker_blame import SAMPLES
 from infergate.engine.admission.limits import ConcurrencyLimit, TokenBucket
+from infergate.engine.remote.passthrough import forward_admitted
+from infergate.engine.scheduling.classes import ClassTable
 
 POLICY = BreakerPolicy(
     window_seconds=10,
@@ -178,6 +183,36 @@ def test_a_probe_whose_client_left_gives_its_place_back() -> None:
     breaker.record("probe", True, 0.01)
     breaker.record("probe", True, 0.01)
     assert breaker.state == "closed"
+
+
+async def test_a_remote_probe_whose_client_left_gives_its_place_back() -> None:
+    """The same for a remote model's pass-through (engine/remote/passthrough.py), whose
+    upstream call is cancelled when its client leaves."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    trip(breaker, clock)
+    clock.advance(2.1)
+    upstream_answers = asyncio.Event()  # never set: the client leaves first
+
+    async def forward(*_: object) -> None:
+        await upstream_answers.wait()
+
+    served = SimpleNamespace(breaker=breaker, forward=forward, config=SimpleNamespace(timeout_s=30))
+    context = SimpleNamespace(settings=SimpleNamespace(classes=ClassTable()), clock=clock)
+    tenant = SimpleNamespace(tenant=SimpleNamespace(cls="batch", name="t"))
+    calls = [
+        asyncio.ensure_future(
+            forward_admitted(context, served, b"", {}, None, None, tenant)  # type: ignore[arg-type]
+        )
+        for _ in range(POLICY.probes)
+    ]
+    await asyncio.sleep(0)
+    assert breaker.allow() == "refused"  # both probes' places are taken
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+    assert breaker.state == "half_open"
+    assert breaker.allow() == "probe"
 
 
 def test_a_failed_probe_reopens_with_doubled_backoff_up_to_the_cap() -> None:

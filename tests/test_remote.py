@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from functools import partial
@@ -368,6 +369,30 @@ def test_model_timeout_bounds_the_upstream_call(
     response = infer(proc, BODY, HEADERS)
     assert response.status_code == 504
     assert "did not answer within the model's timeout" in response.json()["error"]
+
+
+def test_a_request_whose_client_left_is_cancelled_upstream(
+    gw: ServerProcess, upstreams: list[Upstream]
+) -> None:
+    """A client that leaves while its request waits on the upstream: the upstream call is
+    cancelled (its connection closed, not handed to another request mid-answer), so the
+    request no longer holds a connection and a place in flight until the upstream answers
+    (30 s here), and the next request goes through."""
+    (slow,) = start_upstreams(upstreams, 1)
+    slow.delay_s = 30
+    proc = add(gw, remote_toml([slow.url], extra="timeout_ms = 60000"))
+    head = (
+        f"POST /v2/models/front/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(BODY)}\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in HEADERS.items())
+        + "\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", proc.port)) as sock:
+        sock.sendall(head + BODY)
+        wait_until(lambda: len(slow.received) == 1, 10, "the upstream to get the request")
+        assert endpoints(proc)[slow.url]["in_flight"] == 1
+    wait_until(lambda: endpoints(proc)[slow.url]["in_flight"] == 0, 10, "the call's end")
+    slow.delay_s = 0
+    assert infer(proc, BODY, HEADERS).status_code == 200
 
 
 def shm_round_trip(proc: ServerProcess) -> None:

@@ -446,20 +446,29 @@ class InferRoute:
             if isinstance(served, RemoteServedVersion):
                 if len(body) > INLINE_MAX_BYTES:  # its mapping is let go of off the loop
                     keeper.keep_buffer(body)
-                doc = await self._decoder.pass_through_header(body, length, tenant.tenant.name)
+                doc = await unless_gone(
+                    departure, self._decoder.pass_through_header(body, length, tenant.tenant.name)
+                )
                 if doc is not None:  # no tensor decoded: the body goes on as it came
                     params = doc.get("parameters") or {}
                     if not isinstance(params, dict):
                         raise BadRequest("parameters must be a JSON object")
-                    return await pass_through(
-                        self._engine,
-                        served,
-                        body,
-                        length,
-                        header_text(headers, b"content-type"),
-                        params.get("priority"),
-                        timeout_s(params),
-                        tenant,
+                    if departure is not None and departure.gone:
+                        raise ClientGone()
+                    # Cancelled upstream when its client leaves: the connection it held
+                    # is closed (http1.py), not handed to the next request mid-answer.
+                    return await unless_gone(
+                        departure,
+                        pass_through(
+                            self._engine,
+                            served,
+                            body,
+                            length,
+                            header_text(headers, b"content-type"),
+                            params.get("priority"),
+                            timeout_s(params),
+                            tenant,
+                        ),
                     )
             if self._decoder.inline(body, length):  # most bodies: decoded here, no coroutine
                 decoded = decode_request(body, length, max_strings=self._decoder.max_strings)

@@ -6,6 +6,7 @@ The caller holds an admission (Engine.admit) and has parsed only the JSON header
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from infergate.engine.admission.tenants import TenantState
@@ -38,6 +39,9 @@ async def forward_admitted(
         reply = await served.forward(
             body, headers, now + start_within, now + served.config.timeout_s, (cls.rank, who)
         )
+    except asyncio.CancelledError:  # its client left, or the gateway stops: no verdict
+        served.breaker.unjudged(admission)
+        raise
     except Exception as exc:
         served.breaker_failed(admission, exc, who)
         raise
