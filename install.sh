@@ -2,14 +2,15 @@
 # Set up infergate in .venv (idempotent: run it again after a pull).
 #
 #   ./install.sh           the server and CLI (onnxruntime; the gpu extra when nvidia-smi answers)
-#   ./install.sh --torch   also TorchScript models (torch 2.13.0, CPU build)
+#   ./install.sh --torch   also TorchScript models (torch 2.13.0; without a GPU, prefix
+#                          PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu for its CPU build)
 #   ./install.sh --dev     also the tests, linters and torch
 #   ./install.sh --cpu     never the gpu extra, even with a GPU present
 #   ./install.sh --bench   also NVIDIA Triton for benchmarks/triton_peer.py (the bench extra)
 set -euo pipefail
 cd "$(dirname "$0")"
 
-usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 
 extras=()
 gpu=auto

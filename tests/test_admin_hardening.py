@@ -236,7 +236,10 @@ async def test_concurrent_adds_of_one_tenant_hand_out_one_key_that_works(
     statuses = sorted(a.status_code for a in answers)
     assert statuses == [201] + [409] * (adds - 1), [a.text for a in answers]
     refused = next(a for a in answers if a.status_code == 409)
-    assert "tenant 'acme' exists; use PATCH /admin/tenants/acme" in refused.json()["error"]
+    assert (
+        "tenant 'acme' exists; change it with PATCH /admin/tenants/acme " in refused.json()["error"]
+    )
+    assert "(infergate tenant set acme FIELD=VALUE ...)" in refused.json()["error"]
     key = next(a.json()["api_key"] for a in answers if a.status_code == 201)
     assert gateway.engine.context.tenants.authenticate(key).tenant.name == "acme"
     assert gateway.path.read_text().count("[tenants.acme]") == 1

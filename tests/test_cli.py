@@ -260,7 +260,9 @@ def test_doctor_without_torch_says_to_install_it_into_the_venv_then_load(
         "name": "torch",
         "status": "warn",
         "detail": "not installed: TorchScript models are unavailable. Hint: ./install.sh "
-        "--torch (or .venv/bin/pip install 'infergate[torch]'), then infergate model load NAME",
+        "--torch (on a machine without a GPU: PIP_EXTRA_INDEX_URL="
+        "https://download.pytorch.org/whl/cpu ./install.sh --torch, for torch's CPU build "
+        "instead of PyPI's CUDA one of several GB), then infergate model load NAME",
     }
 
 

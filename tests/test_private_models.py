@@ -103,6 +103,8 @@ def test_private_models_without_admin_keys_does_not_start(tmp_path: Path) -> Non
     )
     assert started.returncode == 2
     assert "server.private_models is set but server.admin_keys is empty" in started.stderr
+    # The command that fixes it writes to this profile, not the default one.
+    assert f"infergate key new --admin --write --profile {profile}" in started.stderr
 
 
 async def test_a_loads_split_is_read_with_its_own_key(server: ServerProcess) -> None:

@@ -312,8 +312,9 @@ def test_five_consecutive_5xx_eject_an_endpoint(
 
 
 def test_load_checks_the_remote_metadata(gw: ServerProcess, upstreams: list[Upstream]) -> None:
-    one, other = start_upstreams(upstreams, 2)
+    one, other, elsewhere = start_upstreams(upstreams, 3)
     other.outputs = [{"name": "z", "datatype": "INT64", "shape": [-1, 1]}]
+    elsewhere.model = "another-model"  # answers, but not for remote-mlp: 404
     declared = '[[inputs]]\nname = "x"\ndatatype = "FP64"\nshape = [-1, 4]\n'
     dead = f"http://127.0.0.1:{free_port()}"
     proc = add(
@@ -322,7 +323,7 @@ def test_load_checks_the_remote_metadata(gw: ServerProcess, upstreams: list[Upst
             "good": remote_toml([one.url, dead]),
             "declared": remote_toml([one.url]).replace("[remote]", declared + "[remote]"),
             "disagree": remote_toml([one.url, other.url]),
-            "nowhere": remote_toml([dead]),
+            "nowhere": remote_toml([dead, elsewhere.url]),
         },
     )
     assert proc.model("good")["state"] == "ready"  # one endpoint down is not a failure
@@ -332,8 +333,33 @@ def test_load_checks_the_remote_metadata(gw: ServerProcess, upstreams: list[Upst
     assert "differ from model.toml's (x FP64 [-1, 4])" in reasons["declared"]["reason"]
     assert "endpoints disagree" in reasons["disagree"]["reason"]
     assert f"no endpoint serves 'remote-mlp': {dead}" in reasons["nowhere"]["reason"]
+    assert f"{elsewhere.url}: /v2/models/remote-mlp answered 404" in reasons["nowhere"]["reason"]
     response = infer(proc, BODY, HEADERS, model="nowhere")
     assert response.status_code == 424
+
+
+def test_an_upstream_that_starts_after_the_gateway_is_asked_again_until_it_answers(
+    gw: ServerProcess, upstreams: list[Upstream]
+) -> None:
+    """Started together (compose, Kubernetes), the gateway may load a remote model before
+    its upstream listens: while no endpoint answers at all, the load asks again (1 s,
+    doubling to 10 s) until load_timeout_s, instead of failing the model for good."""
+    late = Upstream()  # its port chosen, nothing listening on it yet
+    incoming = gw.models.parent / "incoming" / "late"
+    incoming.mkdir(parents=True)
+    (incoming / "model.toml").write_text(remote_toml([late.url]))
+    os.replace(incoming, gw.models / "late")
+
+    def retrying() -> bool:
+        status = status_or_none(gw, "late")
+        reason = (status or {}).get("reason") or ""
+        return status is not None and "no endpoint answers yet; asking again" in reason
+
+    wait_until(retrying, 30, "the load to wait for its upstream")
+    assert gw.model("late")["state"] == "loading"
+    upstreams.append(late.start())
+    wait_until(lambda: gw.model("late")["state"] == "ready", 30, "the load to find it")
+    assert infer(gw, BODY, HEADERS, model="late").status_code == 200
 
 
 def test_tenant_limits_and_breakers_apply(gw: ServerProcess, upstreams: list[Upstream]) -> None:

@@ -176,6 +176,10 @@ def test_cli_keygen_sign_verify(tmp_path: Path) -> None:
     assert report["signature"] == "none"
     assert report["opens"] == "yes"
     assert report["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+    code, out = run("model", "verify", str(model), "--key", str(tmp_path / "k.pub"))
+    assert code == 1  # a key given, no signature: says so, not the server's profile setting
+    assert "is not signed: " in out
+    assert "the profile requires" not in out
     code, out = run("model", "sign", str(model), "--key", str(tmp_path / "k"))
     assert code == 0
     code, out = run("model", "verify", str(model), "--key", str(tmp_path / "k.pub"), "--json")
@@ -185,6 +189,16 @@ def test_cli_keygen_sign_verify(tmp_path: Path) -> None:
     code, out = run("model", "verify", str(model), "--key", str(tmp_path / "k.pub"))
     assert code == 1
     assert "does not verify" in out
+    # A remote model's model.toml is signed and verified as a model file; its upstreams
+    # serve it, so there is nothing here to open.
+    remote = tmp_path / "remote" / "model.toml"
+    remote.parent.mkdir()
+    remote.write_text('runtime = "remote"\n[remote]\nendpoints = ["http://127.0.0.1:1"]\n')
+    assert run("model", "sign", str(remote), "--key", str(tmp_path / "k"))[0] == 0
+    code, out = run("model", "verify", str(remote), "--key", str(tmp_path / "k.pub"), "--json")
+    assert code == 0, out
+    assert json.loads(out)["signature"] == "verified"
+    assert json.loads(out)["opens"].startswith("not checked (a remote model")
     (tmp_path / "bad.onnx").write_bytes(b"nope")
     code, out = run("model", "verify", str(tmp_path / "bad.onnx"), "--json")
     assert code == 1

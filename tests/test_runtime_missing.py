@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infergate.engine.runtimes import TORCH_INSTALL
 from tests.conftest import REPO, write_profile
 from tests.onnx_models import make_mlp
 from tests.server import ServerProcess
@@ -53,10 +54,8 @@ def test_torch_absent_marks_torchscript_unavailable(torchless_server: ServerProc
     assert encoder["state"] == "unavailable"
     assert "needs torch, which is not installed" in encoder["reason"]
     # The hint names the model to load after the install (it said NAME), once.
-    hint = (
-        "Hint: ./install.sh --torch (or .venv/bin/pip install 'infergate[torch]'), then "
-        "infergate model load encoder"
-    )
+    hint = f"Hint: {TORCH_INSTALL}, then infergate model load encoder"
+    assert "download.pytorch.org/whl/cpu" in hint  # PyPI's torch is the CUDA build
     assert encoder["reason"].endswith(hint), encoder["reason"]
     # Its instances never start: they say so, not "loading" for good.
     assert [i["state"] for v in encoder["versions"] for i in v["instances"]] == ["unavailable"]

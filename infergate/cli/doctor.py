@@ -60,11 +60,13 @@ def _onnxruntime() -> Check:
 def _torch() -> Check:
     version = _version("torch")
     if version is None:
+        from infergate.engine.runtimes import TORCH_INSTALL
+
         return Check(
             "torch",
             "warn",
-            "not installed: TorchScript models are unavailable. Hint: ./install.sh --torch "
-            "(or .venv/bin/pip install 'infergate[torch]'), then infergate model load NAME",
+            f"not installed: TorchScript models are unavailable. Hint: {TORCH_INSTALL}, then "
+            "infergate model load NAME",
         )
     if _torch_is_cpu_build():
         # Not imported, so a build that cannot load (a missing libgomp, a numpy ABI

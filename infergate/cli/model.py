@@ -39,8 +39,21 @@ TokenOption = AdminTokenOption  # every model command is an admin call
 
 
 def _instances(version: dict[str, Any]) -> str:
+    """Ready instances of all; for a remote model, endpoints that take requests of all."""
+    remote = version.get("remote")
+    if isinstance(remote, dict) and isinstance(remote.get("endpoints"), list):
+        up = sum(1 for e in remote["endpoints"] if _takes_requests(e))
+        return f"{up}/{len(remote['endpoints'])} upstream"
     ready = sum(1 for i in version["instances"] if i["state"] == "ready")
     return f"{ready}/{len(version['instances'])}"
+
+
+def _takes_requests(endpoint: Any) -> bool:
+    return (
+        isinstance(endpoint, dict)
+        and endpoint.get("healthy") is True
+        and not endpoint.get("ejected")
+    )
 
 
 def model_rows(models: list[dict[str, Any]]) -> list[list[str | Text]]:
@@ -137,21 +150,34 @@ def _show_status(model: dict[str, Any]) -> None:
                 f"  {e(v['platform'])}  {e(v['path'])}\n sha256 {e(v['sha256'])}",
             )
         )
-        emit_table(
-            ["instance", "state", "pid", "device", "restarts", "reason"],
-            [
+        remote = v.get("remote")
+        if isinstance(remote, dict) and isinstance(remote.get("endpoints"), list):
+            say(f" upstream model {e(str(remote.get('model')))}")
+            emit_table(
+                ["endpoint", "healthy", "ejected", "in flight", "sent"],
                 [
-                    str(i["index"]),
-                    styled_state(i["state"]),
-                    str(i["pid"] or "-"),
-                    i["device"] or "-",
-                    str(i["restarts"]),
-                    i["reason"] or "",
-                ]
-                for i in v["instances"]
-            ],
-            Format.table,
-        )
+                    [str(x.get(k)) for k in ("endpoint", "healthy", "ejected", "in_flight", "sent")]
+                    for x in remote["endpoints"]
+                    if isinstance(x, dict)
+                ],
+                Format.table,
+            )
+        else:
+            emit_table(
+                ["instance", "state", "pid", "device", "restarts", "reason"],
+                [
+                    [
+                        str(i["index"]),
+                        styled_state(i["state"]),
+                        str(i["pid"] or "-"),
+                        i["device"] or "-",
+                        str(i["restarts"]),
+                        i["reason"] or "",
+                    ]
+                    for i in v["instances"]
+                ],
+                Format.table,
+            )
         emit_table(
             ["tensor", "name", "datatype", "shape"],
             [
@@ -315,6 +341,13 @@ def verify(
     _model_file(file, json)
     try:
         keys = tuple(load_public_key(k) for k in key or [])
+        if keys and not signature_path(file).exists():
+            fail(
+                f"{file} is not signed: {signature_path(file)} does not exist. "
+                f"Hint: infergate model sign {file} --key KEY",
+                EXIT_FAILURE,
+                json,
+            )
         digest = verify_file(file, None, VerifyPolicy(bool(keys), keys))
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE, json)
@@ -354,11 +387,27 @@ def _model_file(file: Path, as_json: bool) -> None:
         fail(f"{file}: not a regular file (a directory, a FIFO?)", EXIT_USAGE, as_json)
 
 
+def _is_remote_model(file: Path) -> bool:
+    """Whether `file` is a remote model's model.toml (signed and verified as a model file
+    is, but served by its upstreams)."""
+    import tomllib
+
+    if file.name != "model.toml":
+        return False
+    try:
+        with file.open("rb") as f:
+            return tomllib.load(f).get("runtime") == "remote"
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False
+
+
 def _open(file: Path) -> dict[str, Any]:
     """Open the file with its runtime, in this process, as a worker would."""
     from infergate.engine.runtimes import open_runtime, runtime_for, runtime_kind
 
     runtime = runtime_for(file)
+    if runtime is None and _is_remote_model(file):
+        return {"opens": "not checked (a remote model: its upstreams serve it)"}
     if runtime is None:
         return {
             "opens": "no",

@@ -100,8 +100,12 @@ def serve(
         models_dir, "server.models" if models is None and loaded.source else "--models"
     )
     if not models_dir.is_dir():
+        where = "" if models_dir.is_absolute() else f" (in {Path.cwd()})"
+        found = "" if loaded.source else f"; no profile was found at {DEFAULT_PROFILE}"
         fail(
-            f"models folder {models_dir} does not exist; create it or pass --models DIR", EXIT_USAGE
+            f"models folder {models_dir}{where} does not exist{found}; create it, pass "
+            "--models DIR, or run serve from your project's folder",
+            EXIT_USAGE,
         )
     if not is_loopback(bind) and not settings.admin_keys:
         fail(
@@ -110,6 +114,14 @@ def serve(
             f"{_admin_key_command(loaded.source)} (adds an admin key's hash to "
             f"{loaded.source or DEFAULT_PROFILE}; the same with --tenant NAME for a tenant's "
             "key), or bind 127.0.0.1",
+            EXIT_USAGE,
+        )
+    if settings.private_models and not settings.admin_keys:
+        fail(
+            "server.private_models is set but server.admin_keys is empty: without admin keys "
+            f"every caller counts as an operator and sees every model. Fix: "
+            f"{_admin_key_command(loaded.source)} (adds an admin key's hash to "
+            f"{loaded.source or DEFAULT_PROFILE}), or leave private_models off",
             EXIT_USAGE,
         )
     bind_port = settings.port if port is None else port

@@ -167,7 +167,9 @@ class Engine:
         except KeyError:
             live = ", ".join(str(v) for v in sorted(record.versions)) or "none"
             raise ModelNotFound(
-                f"model {name!r} has no version {version} being served; live versions: {live}"
+                f"model {name!r} has no version {version} being served; live versions: {live}. "
+                "Hint: model.toml's [version_policy] says which versions serve (by default "
+                "the highest only; all = true, or versions = [...], serves others)"
             ) from None
 
     def apply_settings(self, settings: LiveSettings) -> None:

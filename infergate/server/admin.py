@@ -222,7 +222,10 @@ def admin_routes(engine: Engine, store: ProfileStore, guard: Guard) -> Routes:
         name = doc.pop("name", None)
         if not isinstance(name, str) or not name.isidentifier():
             raise BadRequest("give the tenant a 'name' (letters, digits and _)")
-        exists = TenantExists(f"tenant {name!r} exists; use PATCH /admin/tenants/{name}")
+        exists = TenantExists(
+            f"tenant {name!r} exists; change it with PATCH /admin/tenants/{name} "
+            f"(infergate tenant set {name} FIELD=VALUE ...)"
+        )
         if any(s.tenant.name == name for s in engine.tenant_views()):
             raise exists
         _check_fields(doc, "tenant", f"tenants.{name}.")

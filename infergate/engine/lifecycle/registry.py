@@ -45,6 +45,7 @@ class ModelRecord:
     failed_files: dict[int, tuple[str, ModelConfig]] = field(default_factory=dict)
     unloaded: bool = False
     loading: bool = False
+    candidates: list[ServedVersion] = field(default_factory=list)  # loading, not swapped in
 
     def default_version(self) -> ServedVersion | None:
         """The highest served version that is ready, else the highest at all."""
@@ -75,6 +76,9 @@ class ModelRecord:
             version = max(self.failures)
             return f"version {version}: {self.failures[version]}{self.keeps_serving(version)}"
         default = self.default_version()
+        if default is None and self.loading:  # why a load takes long (a remote model's
+            # upstream not answering yet, say)
+            return next((c.reason for c in self.candidates if c.reason), None)
         return default.reason if default else None
 
     def keeps_serving(self, failed: int | None) -> str:
@@ -211,6 +215,7 @@ class Registry:
         candidates: list[ServedVersion] = []
         try:
             candidates = await self._candidates(record, entry, desired, explicit)
+            record.candidates = candidates
             self._loading.update(candidates)
             for candidate in candidates:
                 candidate.start()
@@ -219,6 +224,7 @@ class Registry:
             load_s = self._context.clock.now() - started
         finally:
             record.loading = False
+            record.candidates = []
             self._loading.difference_update(candidates)
         for candidate in candidates:
             self._swap_in(record, candidate, load_s)

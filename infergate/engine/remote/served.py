@@ -79,6 +79,14 @@ def _tensors(doc: dict[str, Any], kind: str) -> tuple[TensorSpec, ...]:
     return tuple(out)
 
 
+class _NoAnswer(str):
+    """Why an endpoint did not answer at all (refused, or no answer in time)."""
+
+
+# An endpoint's tensors and platform, or why not.
+_Described = tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], str] | str
+
+
 def _show(specs: tuple[TensorSpec, ...]) -> str:
     return ", ".join(f"{s.name} {s.datatype} {list(s.shape)}" for s in specs) or "none"
 
@@ -122,8 +130,7 @@ class RemoteServedVersion(ServedVersion):
         await asyncio.gather(*self._tasks[:1], return_exceptions=True)
 
     async def _load(self) -> None:
-        results = await asyncio.gather(*(self._describe(e) for e in self.remote.endpoints))
-        found = {e: r for e, r in zip(self.remote.endpoints, results, strict=True)}
+        found = await self._described()
         good = {e: r for e, r in found.items() if not isinstance(r, str)}
         for endpoint, result in found.items():
             if isinstance(result, str):  # out until its health checks pass
@@ -157,13 +164,32 @@ class RemoteServedVersion(ServedVersion):
         self._state = "ready"
         self._tasks.append(asyncio.create_task(self._check_loop(), name=f"remote:{self.name}"))
 
+    async def _described(self) -> dict[str, _Described]:
+        """What each endpoint says of the model. While none answers at all (refused, or
+        no answer in time), the upstream may be starting beside the gateway (compose,
+        Kubernetes): each is asked again, after 1 s, doubling to 10 s, until
+        load_timeout_s has passed."""
+        clock, delay = self._context.clock, 1.0
+        started = clock.now()
+        while True:
+            results = await asyncio.gather(*(self._describe(e) for e in self.remote.endpoints))
+            found = dict(zip(self.remote.endpoints, results, strict=True))
+            if not all(isinstance(r, _NoAnswer) for r in found.values()):
+                return found
+            waited = clock.now() - started
+            if waited + delay > self._context.load_timeout_s:
+                return found
+            why = "; ".join(f"{e}: {r}" for e, r in found.items())
+            self._why = f"no endpoint answers yet; asking again in {delay:.0f} s: {why}"
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
     def _fail(self, why: str) -> None:
         self._state, self._why = "failed", why
 
-    async def _describe(
-        self, endpoint: str
-    ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], str] | str:
-        """The remote model's tensors and platform on `endpoint`, or why not."""
+    async def _describe(self, endpoint: str) -> _Described:
+        """The remote model's tensors and platform on `endpoint`, or why not (_NoAnswer
+        when it did not answer at all)."""
         timeout = max(self.remote.health_timeout_s, 5.0)
         try:
             meta = await self.pool.get(endpoint, self.model_path, timeout)
@@ -178,7 +204,7 @@ class RemoteServedVersion(ServedVersion):
                 raise MetadataError("it is not a JSON object")
             return _tensors(doc, "inputs"), _tensors(doc, "outputs"), str(doc.get("platform", ""))
         except ControlFailed as exc:
-            return str(exc)
+            return _NoAnswer(exc)
         except (MetadataError, ValueError) as exc:
             return f"its metadata at {self.model_path} is not V2 metadata: {exc}"
 

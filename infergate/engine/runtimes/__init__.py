@@ -23,6 +23,12 @@ from infergate.engine.repository.spec import TensorSpec
 from infergate.engine.runtimes.base import Runtime, RuntimeUnavailable
 
 PLUGINS_ENV = "INFERGATE_RUNTIME_PLUGINS"
+# PyPI's torch carries CUDA (several GB); PyTorch's own index has the CPU build.
+TORCH_INSTALL = (
+    "./install.sh --torch (on a machine without a GPU: "
+    "PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu ./install.sh --torch, for "
+    "torch's CPU build instead of PyPI's CUDA one of several GB)"
+)
 log = logging.getLogger("infergate.runtimes")
 
 # (path, device, inputs declared in model.toml, outputs declared, threads, memory_mb)
@@ -60,8 +66,7 @@ BUILT_IN = (
         (".pt", ".pth", ".torchscript"),
         "pytorch_libtorch",
         "torch",
-        "./install.sh --torch (or .venv/bin/pip install 'infergate[torch]'), then infergate "
-        "model load NAME",
+        TORCH_INSTALL + ", then infergate model load NAME",
         "infergate.engine.runtimes.torchscript:open_torchscript",
         needs_declared_tensors=True,
     ),
