@@ -195,6 +195,7 @@ SERVER_FILES = (  # conftest's `server`: 2.5 s of CPU a start (five ONNX model w
     "test_ops_readme.py",
     "test_bad_inputs.py",
     "test_http_protocol.py",
+    "test_edge_body_framing.py",
 )
 TRITON_FILES = (  # conftest's `triton_server`
     "test_triton_config.py",

@@ -66,6 +66,15 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from infergate.server.body_framing import (
+    DROP_AT_MOST,
+    FRAMING_ALLOWANCE,
+    FREE_PIECES,
+    MIN_PIECE_BYTES,
+    framing_too_large,
+    rest_is_large,
+    too_many_pieces,
+)
 from infergate.server.departure import DEPARTURE_KEY, Departure
 from infergate.server.one_write import HeadWithBody
 from infergate.server.read_gate import GatedFlowControl, ReadGate
@@ -178,6 +187,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # look at whether it reads (see `_look_unread`).
         self._unread: asyncio.TimerHandle | None = None
         self._departure: Departure | None = None  # made for the first request that asks
+        # The body in progress: its pieces, its bytes, and the bytes read meanwhile
+        # (server/body_framing.py).
+        self._in_body = False
+        self._body_pieces = self._body_data = self._body_raw = 0
+        self._dropped = 0  # bytes dropped since the connection took no more requests
 
     def departure(self) -> Departure:
         """The client's leaving, for the requests on this connection that wait on work
@@ -315,6 +329,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self._idle_at = None
+        cycle = self.cycle
+        if (
+            cycle is not None
+            and cycle.more_body
+            and cycle.response_complete  # (else a request pipelined behind this answer)
+            and rest_is_large(self.headers, self._body_data)
+        ):
+            # Answered before its body ended (401, 429...), with much of it still to come:
+            # not read to its end to keep the connection (body_framing.py).
+            self._end_with_answers_owed()
+            return
         self.flow.resume_reading()
         if self.pipeline:  # pipelined requests start now, in order
             cycle, app = self.pipeline.pop()
@@ -326,6 +351,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refusal is not None or self.transport.is_closing():
+            if self._refusal is not None:  # dropped (lingering, or past the pipeline)
+                self._dropped += len(data)
+                if self._dropped > DROP_AT_MOST:  # a client that does not read its answer
+                    self.transport.close()
             return
         self._idle_at = None  # uvicorn's _unset_keepalive_if_required
         try:
@@ -342,8 +371,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         except httptools.HttpParserError as exc:
             if self._refusal is None:
                 self._refusal = error_message(400, f"malformed HTTP request: {exc}")
-            self._answer_and_close(self._refusal)
+            if self._refusal:  # (b"": it ends after the answers owed, see _end_with_answers_owed)
+                self._answer_and_close(self._refusal)
             return
+        if self._in_body:  # the read ended inside a body: all of it counts (body_framing.py)
+            raw = self._body_raw = self._body_raw + len(data)
+            if raw > self._body_data + (self._body_data >> 2) + FRAMING_ALLOWANCE:
+                self._refuse_body(framing_too_large(raw, self._body_data))
+                return
         if self._in_head:  # the read ended inside a head (rare): count what is that head's
             if self._head_bytes < 0:  # it began in this read, maybe after whole requests
                 self._head_bytes = self._header_bytes + self._line_in_progress(data)
@@ -399,6 +434,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._in_body = True
+        self._body_pieces = self._body_data = self._body_raw = 0
         if self.parser.should_upgrade() and _declares_body(self.headers):
             # httptools reads no body after an Upgrade head: the request would see none
             # (curl --http2 on http:// sends Upgrade: h2c; a 100 Continue invited the body)
@@ -445,7 +482,35 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.scope[DEPARTURE_KEY] = self.departure()  # type: ignore[literal-required]
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        if self._refusal is not None:  # lingering: what comes is dropped
+            return
+        pieces = self._body_pieces = self._body_pieces + 1
+        data = self._body_data = self._body_data + len(body)
+        if pieces > FREE_PIECES and data < pieces * MIN_PIECE_BYTES:
+            self._refuse_body(too_many_pieces(pieces, data))
+            raise _Refused  # the rest of this read is not parsed
+        super().on_body(body)
+
+    def _refuse_body(self, message: str) -> None:
+        """A body that arrives at too high a cost (body_framing.py): a 400, unless it was
+        answered already, then the lingering close (its answer is not lost to a reset)."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # An answer on its way cannot be replaced, nor one owed to a request before
+            # this pipelined one overtaken: the connection just ends.
+            if cycle.response_started or self.pipeline:
+                self.transport.close()
+                return
+            cycle.disconnected = True  # the app, waiting for the body, sees the client go
+            cycle.message_event.set()
+            self.transport.write(error_message(400, message))
+        self._clear_deadline()
+        self._refusal = b""  # nothing more is read
+        self._linger()
+
     def on_message_complete(self) -> None:
+        self._in_body = False
         self._clear_deadline()
         super().on_message_complete()
         cycle = self.cycle
