@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.admission.breaker import Breaker, BreakerPolicy
+from infergate.engine.admission.breaker import CUT_OFF_MAX_S, Breaker, BreakerPolicy
 from infergate.engine.admission.breaker_blame import SHARED_SETS
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness, Job, JobQueue, QueueFull, QueuePolicy
@@ -480,3 +480,24 @@ async def test_bs_large_bodies_do_not_hold_up_as_in_the_decoder() -> None:
     finally:
         decoder.close()
     assert done.index("alice") <= 1, done
+
+
+def test_a_tenant_that_keeps_at_it_stays_cut_off_longer_than_the_breaker_s_cap() -> None:
+    """A query of death a second: capped at the breaker's 30 s, a tenant's cut-off kept a
+    shared model restarting every 30 s at its longest restart backoff (36% of another
+    tenant's requests failed). It doubles on past the breaker's cap, to CUT_OFF_MAX_S,
+    well past the 60 s after which a restarted worker counts as stable."""
+    clock = FakeClock()
+    backoffs: list[float] = []
+    breaker = Breaker(POLICY, clock, on_cut_off=lambda _t, _why, s: backoffs.append(s))
+    outcomes(breaker, clock, alice=True)
+    for _ in range(12):
+        breaker.worker_ended("bob", "crashed")
+        breaker.worker_ended("bob", "crashed")
+        assert breaker.cut_off("bob") is not None
+        clock.advance(breaker.retry_after("bob") + 0.01)  # back as soon as it may, at it again
+        outcomes(breaker, clock, alice=True)
+    assert backoffs[:3] == [2, 4, 8]  # POLICY's backoff_max_s is 5: passed
+    assert max(backoffs) == CUT_OFF_MAX_S
+    assert state(breaker) == "closed"
+    assert breaker.allow("alice") == "normal"

@@ -27,6 +27,12 @@ every request is the default tenant's, or a model only that tenant uses): with n
 shown to be served well, and perhaps nobody to protect, it cannot tell the tenant from
 the model.
 
+A cut-off tenant's backoff doubles past `backoff_max_s`, to `CUT_OFF_MAX_S` (10 minutes):
+only that tenant waits it out, and a worker restarted after a query of death counts as
+stable (its restart backoff back to the shortest) after 60 s of life. Capped at 30 s, one
+tenant's query of death a second kept a shared single-instance model restarting every
+30 s at its longest restart backoff (10 s): 36% of another tenant's requests failed.
+
 A cut-off tenant's outcomes do not count while its cut-off lasts: its requests admitted
 before it (in flight then) end afterwards, and counted they would make the window bad
 again, as a second tenant failing it, and open it for the others.
@@ -93,6 +99,7 @@ class BreakerPolicy:
 # Workers of a version a tenant's lone requests may end within the window before it is cut
 # off (a query of death): one may be chance, a second is its inputs.
 WORKER_DEATHS = 2
+CUT_OFF_MAX_S = 600.0  # a cut-off tenant's longest backoff (see the module docstring)
 
 
 @dataclass(slots=True)
@@ -387,7 +394,8 @@ class Breaker:
         before = self._cut.get(tenant)
         backoff = self.policy.backoff_initial_s
         if before is not None and now - before.until < self.policy.window_seconds:
-            backoff = min(before.backoff * 2, self.policy.backoff_max_s)  # it kept at it
+            # It kept at it: doubling past the breaker's own cap, to CUT_OFF_MAX_S.
+            backoff = min(before.backoff * 2, max(self.policy.backoff_max_s, CUT_OFF_MAX_S))
         self._cut[tenant] = _CutOff(now + backoff, backoff, reason)
         self._bad_evaluations = 0
         for bucket in self._buckets:
