@@ -501,3 +501,36 @@ def test_a_tenant_that_keeps_at_it_stays_cut_off_longer_than_the_breaker_s_cap()
     assert max(backoffs) == CUT_OFF_MAX_S
     assert state(breaker) == "closed"
     assert breaker.allow("alice") == "normal"
+
+
+def test_half_open_a_tenant_whose_probe_fails_after_another_s_succeeded_is_cut_off_alone() -> None:
+    """A tenant failing as fast as another succeeds kept the breaker open for both, each of
+    its failed probes reopening it (the victim at 100% 503s for 45 s). Once another
+    tenant's probe succeeded, a failed probe cuts off its own tenant; with none, it
+    reopens the breaker, its reason not nested once more each time."""
+    clock = FakeClock()
+    policy = BreakerPolicy(**{**POLICY.__dict__, "probes": 2})
+    breaker = Breaker(policy, clock)
+    for _ in range(3):  # the model fails for both: open for everyone
+        outcomes(breaker, clock, alice=False, bob=False)
+    assert state(breaker) == "open"
+    first = breaker.reason
+    for _ in range(3):  # probes failing with none succeeded: reopened, one reason
+        clock.advance(breaker.retry_after() + 0.01)
+        assert breaker.allow("bob") == "probe"
+        breaker.record("probe", False, 0.01, "bob")
+        assert state(breaker) == "open"
+        assert breaker.reason == f"a probe failed ({first})"
+    clock.advance(breaker.retry_after() + 0.01)
+    assert breaker.allow("alice") == "probe"
+    breaker.record("probe", True, 0.01, "alice")
+    assert breaker.allow("bob") == "probe"
+    breaker.record("probe", False, 0.01, "bob")
+    assert state(breaker) == "half_open"  # bob alone is cut off
+    assert breaker.allow("bob") == "refused"
+    assert breaker.cut_off("bob") == "its probe failed while another tenant's succeeded"
+    assert breaker.allow("alice") == "probe"  # bob's place went back to the probes
+    breaker.record("probe", True, 0.01, "alice")
+    assert state(breaker) == "closed"
+    assert breaker.allow("alice") == "normal"
+    assert breaker.allow("bob") == "refused"

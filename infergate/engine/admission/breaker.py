@@ -33,6 +33,11 @@ stable (its restart backoff back to the shortest) after 60 s of life. Capped at 
 tenant's query of death a second kept a shared single-instance model restarting every
 30 s at its longest restart backoff (10 s): 36% of another tenant's requests failed.
 
+Half-open, a probe that fails once another tenant's probe has succeeded cuts off its own
+tenant, not the model: otherwise a tenant sending failing requests as fast as another's
+succeed kept the breaker open for both, each of its probes reopening it (a 5 requests/s
+attacker held a victim at 100% 503s for 45 s).
+
 A cut-off tenant's outcomes do not count while its cut-off lasts: its requests admitted
 before it (in flight then) end afterwards, and counted they would make the window bad
 again, as a second tenant failing it, and open it for the others.
@@ -100,6 +105,15 @@ class BreakerPolicy:
 # off (a query of death): one may be chance, a second is its inputs.
 WORKER_DEATHS = 2
 CUT_OFF_MAX_S = 600.0  # a cut-off tenant's longest backoff (see the module docstring)
+_PROBE_FAILED = "a probe failed ("
+
+
+def _first_reason(reason: str) -> str:
+    """Why the breaker first opened, under the probes that failed since (each reopening
+    nested it once more: 17 bytes a time, unbounded, in every 503)."""
+    while reason.startswith(_PROBE_FAILED) and reason.endswith(")"):
+        reason = reason[len(_PROBE_FAILED) : -1]
+    return reason
 
 
 @dataclass(slots=True)
@@ -222,7 +236,14 @@ class Breaker:
             if self._state != "half_open":
                 return
             if not ok:
-                self._open(f"a probe failed ({self.reason})")
+                if tenant is not None and self._served_another(tenant):
+                    # Another tenant's probe succeeded: the model works, for them. This
+                    # tenant alone is cut off, and its probe's place goes to the others.
+                    why = "its probe failed while another tenant's succeeded"
+                    self._cut_tenant_off(tenant, why, now)
+                    self._probes_left = min(self._probes_left + 1, self.policy.probes)
+                    return
+                self._open(f"a probe failed ({_first_reason(self.reason)})")
                 return
             if tenant is not None and (latency_s is None or latency_s <= self._limit_s):
                 self._served_well(tenant)
