@@ -91,6 +91,25 @@ async def test_a_tenant_holds_at_most_half_so_its_slow_bodies_hold_up_only_its_o
     assert budget.held == 7
 
 
+async def test_a_sender_with_two_identities_leaves_room_for_a_third_tenant() -> None:
+    """A key and anonymous access are two tenants: with half each, one sender held all
+    of the budget, and another tenant's large requests waited their 10 s for a 503. A
+    tenant that holds some already leaves a quarter free for those that hold none."""
+    budget = BodyBudget(16)
+    await budget.take("keyed", 4)
+    await budget.take("keyed", 4)  # its half, 8 left free
+    await budget.take("default", 4)  # its first body: 4 left, the reserve
+    more = asyncio.ensure_future(budget.take("default", 4))
+    await asyncio.sleep(0)
+    assert not more.done()  # it holds some: the reserve is not for it
+    await asyncio.wait_for(budget.take("victim", 4), 1)  # holds none: the reserve is its
+    assert budget.held == 16
+    budget.give("keyed", 4)
+    budget.give("victim", 4)
+    await asyncio.wait_for(more, 1)  # 8 free: its second body leaves the reserve
+    assert budget.held == 12
+
+
 def test_a_budget_smaller_than_twice_the_largest_body_is_refused_naming_the_fix(
     tmp_path: Path,
 ) -> None:

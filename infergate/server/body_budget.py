@@ -12,7 +12,9 @@ one event loop's backlog does in one process), and the tenants whose requests wa
 turns, each its own in arrival order: one tenant's flood delays another's next large
 request by at most one of its own, and costs nobody a refusal. One tenant holds at most
 half of the budget, so that one sending its bodies slowly holds up its own large requests,
-not everyone's; the profile keeps max_request_mb within that half."""
+not everyone's; the profile keeps max_request_mb within that half. And a tenant that
+holds some already takes no more than leaves a quarter free for the tenants that hold
+none: one sender with two identities (a key, and anonymous access) held it all."""
 
 from __future__ import annotations
 
@@ -37,6 +39,10 @@ class BodyBudget:
         # tenant whose bodies come slowly (a Content-Length of 64 MB, a byte every few
         # seconds, until body_timeout_s) cannot hold up everyone else's large requests.
         self.tenant_limit = limit_bytes // 2
+        # A tenant that holds some already leaves this much free for those that hold none:
+        # with half each, a key and anonymous access (two tenants, one sender) held all of
+        # it, and every other tenant's large request waited its 10 s for a 503.
+        self.reserve = limit_bytes // 4
         self._held_by: dict[Hashable, int] = {}
         # tenant -> its waiting requests (size, future), the tenants in turn order
         self._waiting: dict[Hashable, deque[tuple[int, asyncio.Future[None]]]] = {}
@@ -94,7 +100,14 @@ class BodyBudget:
         return taken
 
     def _fits(self, tenant: Hashable, size: int) -> bool:
-        return size <= self.free and self._held_by.get(tenant, 0) + size <= self.tenant_limit
+        return size <= self.free and self._within_own(self._held_by.get(tenant, 0), size)
+
+    def _within_own(self, held: int, size: int) -> bool:
+        """Whether a tenant holding `held` may take `size` more, by its own limits: its
+        half, and the reserve it leaves to tenants that hold none."""
+        if held + size > self.tenant_limit:
+            return False
+        return not held or self.free - size >= self.reserve
 
     def _take_now(self, tenant: Hashable, size: int) -> None:
         self.free -= size
@@ -149,10 +162,12 @@ class BodyBudget:
             for tenant in list(waiting):
                 queue = waiting[tenant]
                 size, turn = queue[0]
-                if self._held_by.get(tenant, 0) + size > self.tenant_limit:
-                    continue
                 if size > self.free:
+                    if self._held_by.get(tenant, 0) + size > self.tenant_limit:
+                        continue  # at its own limit: it waits for its own bodies
                     return
+                if not self._within_own(self._held_by.get(tenant, 0), size):
+                    continue
                 queue.popleft()
                 del waiting[tenant]
                 if queue:
