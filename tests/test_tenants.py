@@ -142,12 +142,24 @@ def test_keys_allow_lists_and_rates(shared_server: ServerProcess) -> None:
     response = call(shared_server, "mlp", "wrong")
     assert response.status_code == 401
     assert "unknown API key" in response.json()["error"]
-    x_api_key = httpx.post(
-        f"{shared_server.url}/v2/models/mlp/infer",
-        headers={"X-API-Key": BOB},
-        json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]},
-    )
+    one_row = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    url = f"{shared_server.url}/v2/models/mlp/infer"
+    x_api_key = httpx.post(url, headers={"X-API-Key": BOB}, json=one_row)
     assert x_api_key.status_code == 200
+    # Two different keys: which one it runs as is not guessed. A Bearer naming no key is a
+    # client that meant to send one, not an anonymous caller.
+    both = httpx.post(
+        url, headers={"X-API-Key": BOB, "Authorization": f"Bearer {ALICE}"}, json=one_row
+    )
+    assert both.status_code == 400
+    assert "two different keys" in both.json()["error"]
+    same = httpx.post(
+        url, headers={"X-API-Key": BOB, "Authorization": f"Bearer {BOB}"}, json=one_row
+    )
+    assert same.status_code == 200
+    bare = httpx.post(url, headers={"Authorization": "Bearer"}, json=one_row)
+    assert bare.status_code == 401
+    assert "names no key" in bare.json()["error"]
     forbidden = call(shared_server, "other", ALICE)
     assert forbidden.status_code == 403
     assert "may not use model 'other'" in forbidden.json()["error"]

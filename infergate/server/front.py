@@ -33,7 +33,7 @@ from typing import Any
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from infergate.errors import BrokenOff, ClientGone
+from infergate.errors import BrokenOff, ClientGone, InfergateError
 from infergate.server.decoding import Keeper
 from infergate.server.departure import Departure, cancelled_error, is_departure, unless_gone
 from infergate.server.drain import (
@@ -239,7 +239,11 @@ class ForwardRoute:
         stopping). What the answer waits on is returned, for the lane's drain to cancel."""
         arrived = time.monotonic()
         headers_in = dict(raw_headers)
-        path = (api_key(headers_in), name, version)
+        try:
+            key = api_key(headers_in)
+        except InfergateError:  # the engine answers it (a 400 or 401), as for any request
+            key = None
+        path = (key, name, version)
         both = pack(whole, headers_in, self._max_body) if self._decodes(path, arrived) else None
         decoded, packed = (None, None) if both is None else both
 

@@ -11,7 +11,7 @@ from infergate.engine.inference import InferenceRequest
 from infergate.engine.scheduling.sequences import sequence_params
 from infergate.engine.triton.classification import check_classifications
 from infergate.engine.triton.shared_memory import SYSTEM_SHM, wants_shared_memory
-from infergate.errors import BadRequest, shown
+from infergate.errors import BadRequest, Unauthorized, shown
 from infergate.server.codec import DecodedRequest
 
 _VERSION = re.compile(r"[0-9]{1,18}")  # (ASCII digits: str.isdigit takes "²", int() not)
@@ -63,13 +63,26 @@ def header_text(headers: dict[bytes, bytes], name: bytes) -> str | None:
 
 
 def api_key(headers: dict[bytes, bytes]) -> str | None:
-    """The caller's key from `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
+    """The caller's key from `Authorization: Bearer <key>` or `X-API-Key: <key>`: 401 for
+    a Bearer with no key (a client that meant to send one, not an anonymous one), 400 for
+    two different keys (which one the request runs as would be the gateway's guess)."""
+    key = headers.get(b"x-api-key")
     auth = headers.get(b"authorization")
     if auth is not None:
         scheme, _, token = auth.decode("latin-1").partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    key = headers.get(b"x-api-key")
+        if scheme.lower() == "bearer":
+            token = token.strip()
+            if not token:
+                raise Unauthorized(
+                    "Authorization: Bearer names no key. Hint: send the key after it, or "
+                    "no Authorization header for anonymous access"
+                )
+            if key is not None and key.decode("latin-1").strip() != token:
+                raise BadRequest(
+                    "the request names two different keys (Authorization: Bearer and "
+                    "X-API-Key); send one"
+                )
+            return token
     return key.decode("latin-1").strip() if key else None
 
 
