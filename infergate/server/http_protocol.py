@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import httptools
 import orjson
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
@@ -483,14 +484,20 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
-        if self._refusal is not None:  # lingering: what comes is dropped
-            return
         pieces = self._body_pieces = self._body_pieces + 1
         data = self._body_data = self._body_data + len(body)
         if pieces > FREE_PIECES and data < pieces * MIN_PIECE_BYTES:
             self._refuse_body(too_many_pieces(pieces, data))
             raise _Refused  # the rest of this read is not parsed
-        super().on_body(body)
+        # uvicorn 0.54's on_body, copied (pinned <0.55: re-read it on an upgrade): one call
+        # a piece, not two. (A request with an Upgrade header and a body never gets here.)
+        cycle = self.cycle
+        if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
+            return
+        cycle.body += body
+        if len(cycle.body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.message_event.set()
 
     def _refuse_body(self, message: str) -> None:
         """A body that arrives at too high a cost (body_framing.py): a 400, unless it was
