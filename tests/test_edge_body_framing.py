@@ -11,9 +11,8 @@ import select
 import socket
 
 import httpx
-import pytest
 
-from infergate.server.body_framing import FRAMING_ALLOWANCE, FREE_PIECES
+from infergate.server.body_framing import DROP_AT_MOST, FRAMING_ALLOWANCE, FREE_PIECES
 from tests.edge_raw import closed_by_server, connect, head, read_reply
 from tests.server import ServerProcess
 
@@ -32,27 +31,45 @@ def _ended(sock: socket.socket) -> bool:
     return bool(ready) and sock.recv(65536) == b""
 
 
-@pytest.mark.parametrize("key", ["bogus-key", None], ids=["refused-401", "served"])
-def test_an_endless_chunk_extension_ends_the_connection(
-    server: ServerProcess, key: str | None
+def test_a_refused_request_s_endless_chunk_extension_is_not_read_on(
+    server: ServerProcess,
 ) -> None:
-    """Refused (an unknown key: 401 before the body) or not, a body whose chunk extension
-    never ends is not read on for the body's 60 s: the refused one's connection ends after
-    its 401, the served one gets a 400 that says why once its framing passes the allowance."""
-    headers = dict(CHUNKED)
-    if key is not None:
-        headers["X-API-Key"] = key
+    """Refused before its body (an unknown key: 401), a body whose chunk extension never
+    ends was read on for the body's 60 s to keep the connection: the connection now ends
+    after the 401 (FIN), and a client that keeps sending past DROP_AT_MOST is cut off."""
+    headers = {**CHUNKED, "X-API-Key": "bogus-key"}
     with connect(server.port) as sock:
         sock.sendall(head("POST", "/v2/models/mlp/infer", server.port, headers) + b"1;")
+        reply = read_reply(sock, timeout_s=20)
+        assert reply is not None
+        assert reply.status == 401
+        sent = 0
+        while sent < 4 * DROP_AT_MOST and not _ended(sock):
+            sock.sendall(b"a" * 1024)  # the extension, on
+            sent += 1024
+        assert sent < DROP_AT_MOST // 4, "the refused body was read on"
+        cut_after = None
+        piece = b"a" * 65536
+        sent = 0
+        try:  # dropped up to DROP_AT_MOST, then cut (the idle timeout, 5 s, would be GBs)
+            while sent < 256 * DROP_AT_MOST:
+                sock.sendall(piece)
+                sent += len(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            cut_after = sent
+    assert cut_after is not None, "a client sending on after its answer was never cut off"
+    assert cut_after < 64 * DROP_AT_MOST  # (what the sockets' buffers hold, beyond it)
+
+
+def test_a_served_request_s_endless_chunk_extension_is_a_400(server: ServerProcess) -> None:
+    with connect(server.port) as sock:
+        sock.sendall(head("POST", "/v2/models/mlp/infer", server.port, CHUNKED) + b"1;")
         # Past the allowance, and not more: all of it is read by the time the server stops.
         _send_all_we_can(sock, b"a" * (FRAMING_ALLOWANCE + 65536))
         reply = read_reply(sock, timeout_s=20)
         assert reply is not None
-        if key is not None:
-            assert reply.status == 401
-        else:
-            assert reply.status == 400
-            assert "framing is far larger than its data" in str(reply.json()["error"])
+        assert reply.status == 400
+        assert "framing is far larger than its data" in str(reply.json()["error"])
         closed, _ = closed_by_server(sock, timeout_s=10)
     assert closed
 
@@ -70,7 +87,8 @@ def test_one_byte_chunks_are_refused_after_a_few(server: ServerProcess) -> None:
 
 def test_a_chunked_body_in_reasonable_chunks_is_served(server: ServerProcess) -> None:
     body = b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
-    chunks = [body[i : i + 8] for i in range(0, len(body), 8)]  # 10 small chunks: fine
+    body += b" " * (300 * FREE_PIECES * 2 - len(body))  # (JSON may end in whitespace)
+    chunks = [body[i : i + 300] for i in range(0, len(body), 300)]  # 128 of 300 bytes
     answer = httpx.post(
         f"{server.url}/v2/models/mlp/infer", content=iter(chunks), headers=CHUNKED, timeout=20
     )
@@ -99,8 +117,9 @@ def test_a_large_upload_refused_before_its_body_is_not_read_to_its_end(
     with connect(server.port) as sock:
         small = b"{}" * 100
         sized = {"Content-Length": str(len(small)), "X-API-Key": "bogus-key"}
-        sock.sendall(head("POST", "/v2/models/mlp/infer", server.port, sized) + small)
-        small_reply = read_reply(sock, timeout_s=20)
+        sock.sendall(head("POST", "/v2/models/mlp/infer", server.port, sized))
+        small_reply = read_reply(sock, timeout_s=20)  # answered before its body came
+        sock.sendall(small)  # then read, to keep the connection
         assert small_reply is not None
         assert small_reply.status == 401
         sock.sendall(head("GET", "/v2/health/live", server.port))

@@ -106,3 +106,18 @@ def test_an_asker_that_leaves_leaves_the_render_to_the_others() -> None:
         return await staying
 
     assert asyncio.run(scenario()) == 1
+
+
+def test_the_pause_after_a_slow_render_is_at_most_a_second() -> None:
+    """A render's time may be a wait that is not its work (a slow NVML sample): paced at
+    three times a 4 s render, the next scrape would miss Prometheus's 10 s timeout."""
+
+    async def scenario() -> list[float]:
+        renderer = Renderer(FakeClock(), took=4.0)
+        renderer.release.set()
+        paced = renderer.paced()
+        await paced.get()
+        await paced.get()
+        return renderer.slept
+
+    assert asyncio.run(scenario()) == [pytest.approx(1.0)]

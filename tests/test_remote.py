@@ -342,8 +342,8 @@ def test_an_upstream_that_starts_after_the_gateway_is_asked_again_until_it_answe
     gw: ServerProcess, upstreams: list[Upstream]
 ) -> None:
     """Started together (compose, Kubernetes), the gateway may load a remote model before
-    its upstream listens: while no endpoint answers at all, the load asks again (1 s,
-    doubling to 10 s) until load_timeout_s, instead of failing the model for good."""
+    its upstream listens: while no endpoint answers at all, the load asks again (after 1,
+    2 and 4 s) for up to 10 s, instead of failing the model at once."""
     late = Upstream()  # its port chosen, nothing listening on it yet
     incoming = gw.models.parent / "incoming" / "late"
     incoming.mkdir(parents=True)
@@ -359,6 +359,7 @@ def test_an_upstream_that_starts_after_the_gateway_is_asked_again_until_it_answe
     assert gw.model("late")["state"] == "loading"
     upstreams.append(late.start())
     wait_until(lambda: gw.model("late")["state"] == "ready", 30, "the load to find it")
+    assert gw.model("late")["reason"] is None  # the wait is over: it says so no more
     assert infer(gw, BODY, HEADERS, model="late").status_code == 200
 
 

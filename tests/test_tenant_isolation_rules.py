@@ -534,3 +534,25 @@ def test_half_open_a_tenant_whose_probe_fails_after_another_s_succeeded_is_cut_o
     assert state(breaker) == "closed"
     assert breaker.allow("alice") == "normal"
     assert breaker.allow("bob") == "refused"
+
+
+def test_half_open_probes_failing_for_a_second_tenant_open_it_for_everyone() -> None:
+    """The model fails for all after some probes succeeded: the first tenant whose probe
+    fails is cut off alone, a second one's opens it for everyone (as in the closed state),
+    not a cut-off each for as long as the model stays broken."""
+    clock = FakeClock()
+    policy = BreakerPolicy(**{**POLICY.__dict__, "probes": 3})
+    breaker = Breaker(policy, clock)
+    for _ in range(3):
+        outcomes(breaker, clock, alice=False, bob=False)
+    clock.advance(breaker.retry_after() + 0.01)
+    for tenant in ("alice", "bob"):
+        assert breaker.allow(tenant) == "probe"
+        breaker.record("probe", True, 0.01, tenant)
+    assert breaker.allow("carol") == "probe"
+    breaker.record("probe", False, 0.01, "carol")
+    assert state(breaker) == "half_open"
+    assert breaker.allow("alice") == "probe"
+    breaker.record("probe", False, 0.01, "alice")
+    assert state(breaker) == "open"
+    assert breaker.reason.startswith("a probe failed (failure rate")

@@ -157,6 +157,10 @@ def test_keys_allow_lists_and_rates(shared_server: ServerProcess) -> None:
         url, headers={"X-API-Key": BOB, "Authorization": f"Bearer {BOB}"}, json=one_row
     )
     assert same.status_code == 200
+    empty = httpx.post(
+        url, headers={"X-API-Key": "", "Authorization": f"Bearer {BOB}"}, json=one_row
+    )
+    assert empty.status_code == 200  # an empty X-API-Key names no key
     bare = httpx.post(url, headers={"Authorization": "Bearer"}, json=one_row)
     assert bare.status_code == 401
     assert "names no key" in bare.json()["error"]

@@ -117,13 +117,9 @@ def serve(
             EXIT_USAGE,
         )
     if settings.private_models and not settings.admin_keys:
-        fail(
-            "server.private_models is set but server.admin_keys is empty: without admin keys "
-            f"every caller counts as an operator and sees every model. Fix: "
-            f"{_admin_key_command(loaded.source)} (adds an admin key's hash to "
-            f"{loaded.source or DEFAULT_PROFILE}), or leave private_models off",
-            EXIT_USAGE,
-        )
+        from infergate.server.gateway import private_models_without_admin_keys
+
+        fail(private_models_without_admin_keys(_admin_key_command(loaded.source)), EXIT_USAGE)
     bind_port = settings.port if port is None else port
     if not 0 <= bind_port <= 65535:  # 0: any free port (the listening line names it)
         fail(f"port {bind_port} is out of range: give one from 0 to 65535", EXIT_USAGE)

@@ -10,10 +10,12 @@ tenant's requests at 51-63 ms p50, and it did the same after its request was ref
 401 before the body), since the rest of a refused body was read to its end to keep the
 connection. So:
 
-- past `FREE_PIECES` pieces, a body must average `MIN_PIECE_BYTES` a piece (curl, requests
-  and tritonclient send kilobytes a chunk, or a Content-Length);
+- past `FREE_PIECES` pieces (chunks, or reads of a body with a Content-Length), a body
+  must average `MIN_PIECE_BYTES` a piece (curl, requests and tritonclient send kilobytes a
+  chunk, or a Content-Length in large writes);
 - the bytes read while a body arrives may exceed its data by a quarter, and
-  `FRAMING_ALLOWANCE` (a read may also hold the requests pipelined after it);
+  `FRAMING_ALLOWANCE` (a read that ends inside a body may also hold whole requests
+  pipelined before it);
 - a request answered before its body ended (401, 403, 404, 429...) reads at most
   `DRAIN_AT_MOST` more of it to keep the connection; with more to come, or a chunked body
   of unknown length, the connection ends after the answer (a lingering close, so the
@@ -36,8 +38,8 @@ DROP_AT_MOST = 1 << 20
 def too_many_pieces(pieces: int, data: int) -> str:
     return (
         f"the request body came in {pieces} pieces for {data} bytes; past {FREE_PIECES} "
-        f"pieces a body must average at least {MIN_PIECE_BYTES} bytes a chunk. Hint: send "
-        "the body with a Content-Length, or in larger chunks"
+        f"pieces a body must average at least {MIN_PIECE_BYTES} bytes a piece. Hint: send "
+        "the body in larger writes or chunks"
     )
 
 

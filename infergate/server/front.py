@@ -54,6 +54,8 @@ from infergate.server.reply import Reply, internal_error
 log = logging.getLogger("infergate.server")
 
 _KEPT_NOTHING = Keeper()  # a forwarded answer holds nothing of the request's in this process
+# A request whose key headers are refused (two keys, a bare Bearer): never decoded here.
+_BAD_KEY = "\x00refused key headers"
 
 
 # Pieces of one forwarded answer waiting for a slow client: as many as the event bus keeps
@@ -241,8 +243,8 @@ class ForwardRoute:
         headers_in = dict(raw_headers)
         try:
             key = api_key(headers_in)
-        except InfergateError:  # the engine answers it (a 400 or 401), as for any request
-            key = None
+        except InfergateError:  # the engine answers it (a 400 or 401), not decoded here
+            key = _BAD_KEY
         path = (key, name, version)
         both = pack(whole, headers_in, self._max_body) if self._decodes(path, arrived) else None
         decoded, packed = (None, None) if both is None else both

@@ -33,6 +33,16 @@ class Gateway(NamedTuple):
     route: InferRoute  # the app's infer route, for the HTTP protocol's lane (infer_lane.py)
 
 
+def private_models_without_admin_keys(fix: str) -> str:
+    """Why `private_models` without `admin_keys` does not start, and `fix`, the command
+    that adds an admin key to the profile."""
+    return (
+        "server.private_models is set but server.admin_keys is empty: without admin keys "
+        f"every caller counts as an operator and sees every model. Fix: {fix} (adds an "
+        "admin key's hash to the profile), or leave private_models off"
+    )
+
+
 def build_gateway(
     profile: Profile,
     models_dir: Path,
@@ -53,11 +63,7 @@ def build_gateway(
     key that does not read, an NVML backend that does not answer)."""
     settings = profile.server
     if settings.private_models and not settings.admin_keys:
-        raise ConfigError(
-            "server.private_models is set but server.admin_keys is empty: without admin keys "
-            "every caller counts as an operator and sees every model. Add server.admin_keys "
-            "(infergate key new --admin --write), or leave private_models off"
-        )
+        raise ConfigError(private_models_without_admin_keys("infergate key new --admin --write"))
     keys = tuple(load_public_key(k) for k in settings.trusted_keys)
     devices = profile.devices
     try:

@@ -192,7 +192,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # (server/body_framing.py).
         self._in_body = False
         self._body_pieces = self._body_data = self._body_raw = 0
-        self._dropped = 0  # bytes dropped since the connection took no more requests
+        self._lingering = False  # closing after the last answer, FIN sent (see _linger)
+        self._dropped = 0  # bytes dropped since
 
     def departure(self) -> Departure:
         """The client's leaving, for the requests on this connection that wait on work
@@ -352,9 +353,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refusal is not None or self.transport.is_closing():
-            if self._refusal is not None:  # dropped (lingering, or past the pipeline)
+            if self._lingering:  # told that nothing more is read (FIN sent), and sending on
                 self._dropped += len(data)
-                if self._dropped > DROP_AT_MOST:  # a client that does not read its answer
+                if self._dropped > DROP_AT_MOST:
                     self.transport.close()
             return
         self._idle_at = None  # uvicorn's _unset_keepalive_if_required
@@ -372,8 +373,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         except httptools.HttpParserError as exc:
             if self._refusal is None:
                 self._refusal = error_message(400, f"malformed HTTP request: {exc}")
-            if self._refusal:  # (b"": it ends after the answers owed, see _end_with_answers_owed)
+            if self._refusal:
                 self._answer_and_close(self._refusal)
+            else:  # it ends after the answers owed (_end_with_answers_owed): no deadline
+                self._clear_deadline()
             return
         if self._in_body:  # the read ended inside a body: all of it counts (body_framing.py)
             raw = self._body_raw = self._body_raw + len(data)
@@ -507,6 +510,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             # An answer on its way cannot be replaced, nor one owed to a request before
             # this pipelined one overtaken: the connection just ends.
             if cycle.response_started or self.pipeline:
+                self._refusal = b""
                 self.transport.close()
                 return
             cycle.disconnected = True  # the app, waiting for the body, sees the client go
@@ -560,6 +564,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             transport.close()
             return
         transport.write_eof()
+        self._lingering = True
         self.flow.resume_reading()
         self._set_idle()
 

@@ -77,7 +77,7 @@ def api_key(headers: dict[bytes, bytes]) -> str | None:
                     "Authorization: Bearer names no key. Hint: send the key after it, or "
                     "no Authorization header for anonymous access"
                 )
-            if key is not None and key.decode("latin-1").strip() != token:
+            if key and key.strip() and key.decode("latin-1").strip() != token:
                 raise BadRequest(
                     "the request names two different keys (Authorization: Bearer and "
                     "X-API-Key); send one"

@@ -446,9 +446,11 @@ class InferRoute:
             if isinstance(served, RemoteServedVersion):
                 if len(body) > INLINE_MAX_BYTES:  # its mapping is let go of off the loop
                     keeper.keep_buffer(body)
-                doc = await unless_gone(
-                    departure, self._decoder.pass_through_header(body, length, tenant.tenant.name)
-                )
+                reading = self._decoder.pass_through_header(body, length, tenant.tenant.name)
+                if len(body) > INLINE_MAX_BYTES:  # it may wait for the helper
+                    doc = await unless_gone(departure, reading)
+                else:
+                    doc = await reading
                 if doc is not None:  # no tensor decoded: the body goes on as it came
                     params = doc.get("parameters") or {}
                     if not isinstance(params, dict):

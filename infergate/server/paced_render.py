@@ -7,7 +7,7 @@ Each answer is rendered after it was asked for, so that a client that acts and t
 sees what it did; those who ask while a render waits to start share it; and a render
 starts no sooner after the one before than the time that one took, times
 `(1 - busy_share) / busy_share`, so rendering takes at most `busy_share` of the time
-however many ask. A lone scrape of a small server waits for nothing.
+however many ask (at most MAX_REST_S). A lone scrape of a small server waits for nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from infergate.clock import Clock, MonotonicClock
 T = TypeVar("T")
 
 BUSY_SHARE = 0.25
+# The longest pause between renders: a render's time includes waits that are not its work
+# (a slow NVML sample for /metrics), and Prometheus gives up on a scrape after 10 s.
+MAX_REST_S = 1.0
 
 
 class PacedRender(Generic[T]):
@@ -62,7 +65,8 @@ class PacedRender(Generic[T]):
                 shared.set_exception(exc)
             finally:
                 took = self._clock.now() - started
-                self._not_before = started + took + took * self._rest_per_busy
+                rest = min(took * self._rest_per_busy, MAX_REST_S)
+                self._not_before = started + took + rest
         except asyncio.CancelledError:  # the gateway stops
             if self._next is shared:
                 self._next = None

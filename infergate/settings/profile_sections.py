@@ -53,7 +53,11 @@ class ServerSection(Section):
         unit="MB",
     )
     load_timeout_s: float = setting(
-        120.0, "a worker that has not loaded and warmed up by then is killed", ge=1, unit="s"
+        120.0,
+        "a worker that has not loaded and warmed up by then is killed (a remote model's "
+        "load asks its silent upstreams again for at most 10 s)",
+        ge=1,
+        unit="s",
     )
     model_control: Literal["poll", "explicit"] = setting(
         "poll", "poll: watch the models folder; explicit: only API calls load"
@@ -194,7 +198,12 @@ class BreakerSection(Section):
         ge=0.001,
         unit="s",
     )
-    backoff_max_s: float = setting(_BREAKER.backoff_max_s, "... up to this", ge=0.001, unit="s")
+    backoff_max_s: float = setting(
+        _BREAKER.backoff_max_s,
+        "... up to this (a tenant cut off alone: doubling on to 600 s)",
+        ge=0.001,
+        unit="s",
+    )
     probes: int = setting(
         _BREAKER.probes, "half-open: this many requests go through; all must succeed", ge=1
     )

@@ -105,15 +105,6 @@ class BreakerPolicy:
 # off (a query of death): one may be chance, a second is its inputs.
 WORKER_DEATHS = 2
 CUT_OFF_MAX_S = 600.0  # a cut-off tenant's longest backoff (see the module docstring)
-_PROBE_FAILED = "a probe failed ("
-
-
-def _first_reason(reason: str) -> str:
-    """Why the breaker first opened, under the probes that failed since (each reopening
-    nested it once more: 17 bytes a time, unbounded, in every 503)."""
-    while reason.startswith(_PROBE_FAILED) and reason.endswith(")"):
-        reason = reason[len(_PROBE_FAILED) : -1]
-    return reason
 
 
 @dataclass(slots=True)
@@ -153,6 +144,7 @@ class Breaker:
         # The last two distinct tenants served well since the breaker last opened (None:
         # none yet): is there another tenant than one failing alone that the model serves?
         self._served: Hashable = None
+        self._opened_for = ""  # why it last opened from closed (probes that fail since name it)
         self._served_before: Hashable = None
         # When each tenant's lone requests ended a worker, within the window (oldest first).
         self._deaths: dict[Hashable, deque[float]] = {}
@@ -236,14 +228,19 @@ class Breaker:
             if self._state != "half_open":
                 return
             if not ok:
-                if tenant is not None and self._served_another(tenant):
+                if (
+                    tenant is not None
+                    and self._served_another(tenant)
+                    and not any(c.until > now for c in self._cut.values())
+                ):
                     # Another tenant's probe succeeded: the model works, for them. This
-                    # tenant alone is cut off, and its probe's place goes to the others.
+                    # tenant alone is cut off, and its probe's place goes to the others;
+                    # a second tenant's failing (one is cut off already) opens it for all.
                     why = "its probe failed while another tenant's succeeded"
                     self._cut_tenant_off(tenant, why, now)
                     self._probes_left = min(self._probes_left + 1, self.policy.probes)
                     return
-                self._open(f"a probe failed ({_first_reason(self.reason)})")
+                self._open(f"a probe failed ({self._opened_for})")
                 return
             if tenant is not None and (latency_s is None or latency_s <= self._limit_s):
                 self._served_well(tenant)
@@ -451,6 +448,8 @@ class Breaker:
     def _open(self, why: str) -> None:
         if self._state == "half_open":
             self._backoff = min(self._backoff * 2, self.policy.backoff_max_s)
+        else:  # why it opened, which the probes that fail since name (not nested in turn)
+            self._opened_for = why
         self._open_until = self._clock.now() + self._backoff
         self._bad_evaluations = 0
         self._buckets.clear()

@@ -42,6 +42,9 @@ from infergate.settings.table import read_toml
 from infergate.tensors import V2_TO_NUMPY, Array
 
 log = logging.getLogger("infergate.remote")
+# How long a load asks again while no endpoint answers at all (an upstream starting with
+# the gateway): the load holds the gateway's readiness and the model's other changes.
+LOAD_RETRY_S = 10.0
 REMOTE = "remote"
 
 
@@ -167,22 +170,23 @@ class RemoteServedVersion(ServedVersion):
     async def _described(self) -> dict[str, _Described]:
         """What each endpoint says of the model. While none answers at all (refused, or
         no answer in time), the upstream may be starting beside the gateway (compose,
-        Kubernetes): each is asked again, after 1 s, doubling to 10 s, until
-        load_timeout_s has passed."""
-        clock, delay = self._context.clock, 1.0
-        started = clock.now()
+        Kubernetes): each is asked again, after 1 s, then 2 and 4, for at most
+        LOAD_RETRY_S (the load holds the gateway's readiness and the model's reloads)."""
+        loop, delay = asyncio.get_running_loop(), 1.0
+        started = loop.time()
         while True:
             results = await asyncio.gather(*(self._describe(e) for e in self.remote.endpoints))
             found = dict(zip(self.remote.endpoints, results, strict=True))
             if not all(isinstance(r, _NoAnswer) for r in found.values()):
-                return found
-            waited = clock.now() - started
-            if waited + delay > self._context.load_timeout_s:
-                return found
+                break
+            if loop.time() - started + delay > min(LOAD_RETRY_S, self._context.load_timeout_s):
+                break
             why = "; ".join(f"{e}: {r}" for e, r in found.items())
             self._why = f"no endpoint answers yet; asking again in {delay:.0f} s: {why}"
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            delay *= 2
+        self._why = None
+        return found
 
     def _fail(self, why: str) -> None:
         self._state, self._why = "failed", why
