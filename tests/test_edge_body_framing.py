@@ -12,8 +12,14 @@ import socket
 
 import httpx
 
-from infergate.server.body_framing import DROP_AT_MOST, FRAMING_ALLOWANCE, FREE_PIECES
-from tests.edge_raw import closed_by_server, connect, head, read_reply
+from infergate.server.body_framing import (
+    DROP_AT_MOST,
+    FRAMING_ALLOWANCE,
+    FREE_PIECES,
+    MIN_PIECE_BYTES,
+    READ_CREDIT,
+)
+from tests.edge_raw import closed_by_server, connect, head, read_replies, read_reply
 from tests.server import ServerProcess
 
 CHUNKED = {"Transfer-Encoding": "chunked", "Content-Type": "application/json"}
@@ -65,7 +71,7 @@ def test_a_served_request_s_endless_chunk_extension_is_a_400(server: ServerProce
     with connect(server.port) as sock:
         sock.sendall(head("POST", "/v2/models/mlp/infer", server.port, CHUNKED) + b"1;")
         # Past the allowance, and not more: all of it is read by the time the server stops.
-        _send_all_we_can(sock, b"a" * (FRAMING_ALLOWANCE + 65536))
+        _send_all_we_can(sock, b"a" * (READ_CREDIT + FRAMING_ALLOWANCE + 65536))
         reply = read_reply(sock, timeout_s=20)
         assert reply is not None
         assert reply.status == 400
@@ -86,9 +92,12 @@ def test_one_byte_chunks_are_refused_after_a_few(server: ServerProcess) -> None:
 
 
 def test_a_chunked_body_in_reasonable_chunks_is_served(server: ServerProcess) -> None:
+    """Past FREE_PIECES, chunks of MIN_PIECE_BYTES pass (a pretty-printed document
+    streamed a line a chunk)."""
     body = b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
-    body += b" " * (300 * FREE_PIECES * 2 - len(body))  # (JSON may end in whitespace)
-    chunks = [body[i : i + 300] for i in range(0, len(body), 300)]  # 128 of 300 bytes
+    pieces = FREE_PIECES + 100
+    body += b" " * (MIN_PIECE_BYTES * pieces - len(body))  # (JSON may end in whitespace)
+    chunks = [body[i : i + MIN_PIECE_BYTES] for i in range(0, len(body), MIN_PIECE_BYTES)]
     answer = httpx.post(
         f"{server.url}/v2/models/mlp/infer", content=iter(chunks), headers=CHUNKED, timeout=20
     )
@@ -126,3 +135,23 @@ def test_a_large_upload_refused_before_its_body_is_not_read_to_its_end(
         again = read_reply(sock, timeout_s=20)
         assert again is not None
         assert again.status == 200  # the same connection, kept
+
+
+def test_a_pipelined_request_refused_for_its_framing_gets_its_400_after_the_answers_owed(
+    server: ServerProcess,
+) -> None:
+    """A valid request, then in the same write one whose chunks are too small: the first is
+    answered, then the second's 400, then the connection ends (the first's answer was
+    lost: the connection just closed)."""
+    valid = b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
+    sized = {"Content-Type": "application/json", "Content-Length": str(len(valid))}
+    first = head("POST", "/v2/models/mlp/infer", server.port, sized) + valid
+    tiny = b"1\r\n \r\n" * (FREE_PIECES + 100) + b"0\r\n\r\n"
+    second = head("POST", "/v2/models/mlp/infer", server.port, CHUNKED) + tiny
+    with connect(server.port) as sock:
+        sock.sendall(first + second)
+        replies = read_replies(sock, 2, timeout_s=20)
+        closed, _ = closed_by_server(sock, timeout_s=10)
+    assert [r.status for r in replies] == [200, 400]
+    assert "pieces" in str(replies[1].json()["error"])
+    assert closed

@@ -69,7 +69,7 @@ from infergate.tensors import Array, read_bytes_elements
 
 T = TypeVar("T")
 INLINE_MAX_BYTES = 1 << 18  # bodies up to this size decode in one go, on the loop...
-_INLINE_TOKENS = 2_000  # ...if they hold at most this many JSON arrays and strings
+_INLINE_TOKENS = 2_000  # ...if they hold at most this many JSON arrays, objects and strings
 ALWAYS_INLINE = 4_096  # (a body this small cannot hold more)
 _ELEMENTS = 2_000  # BYTES elements built per slice (a few milliseconds)
 
@@ -264,10 +264,11 @@ class BodyDecoder:
         """Whether `decode` decodes `body` on the spot (its caller may then call
         `codec.decode_request` itself, without a coroutine): a small body, whose JSON
         holds few arrays and strings. What a byte of JSON costs to decode varies 30 times
-        over: a flat list of numbers 1-3 ms for 250 KB, nested rows (`[[0],[0],...]`) or
-        strings 26-42 ms for 170-210 KB, which one client sending such bodies (to be
-        refused, even, after decoding) held every tenant's requests behind. Counting the
-        brackets and quotes (bytes.count: a few µs for 64 KB) says which."""
+        over: a flat list of numbers 1-3 ms for 250 KB, nested rows (`[[0],[0],...]`),
+        strings or empty objects 26-42 ms for 170-250 KB (a 343-byte gzip body of `{}`s
+        held the loop 35 ms), which one client sending such bodies (to be refused, even,
+        after decoding) held every tenant's requests behind. Counting the brackets, braces
+        and quotes (bytes.count: a few µs for 64 KB) says which."""
         size = len(body)
         if size > self._inline_max:
             return False
@@ -278,7 +279,9 @@ class BodyDecoder:
         json_part = body
         if header_length is not None and header_length.isdigit():
             json_part = body[: int(header_length)]  # the binary tensors after it: not JSON
-        return json_part.count(b"[") + json_part.count(b'"') <= _INLINE_TOKENS
+        return (
+            json_part.count(b"[") + json_part.count(b"{") + json_part.count(b'"') <= _INLINE_TOKENS
+        )
 
     async def decode(
         self,

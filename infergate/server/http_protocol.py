@@ -72,6 +72,7 @@ from infergate.server.body_framing import (
     FRAMING_ALLOWANCE,
     FREE_PIECES,
     MIN_PIECE_BYTES,
+    READ_CREDIT,
     framing_too_large,
     rest_is_large,
     too_many_pieces,
@@ -81,6 +82,13 @@ from infergate.server.one_write import HeadWithBody
 from infergate.server.read_gate import GatedFlowControl, ReadGate
 
 if TYPE_CHECKING:  # (at run time the lane comes with its class: no engine import here)
+    from uvicorn._types import (
+        ASGI3Application,
+        ASGIReceiveCallable,
+        ASGISendCallable,
+        Scope,
+    )
+
     from infergate.server.infer_lane import InferLane
 
 
@@ -134,6 +142,18 @@ def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
         if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" 0")):
             return True
     return False
+
+
+def _refused_app(message: str) -> ASGI3Application:
+    """An ASGI app answering a 400 with `message`: a pipelined request's, in its turn."""
+    body = orjson.dumps({"error": message})
+
+    async def refused(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 400, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return refused
 
 
 class _Refused(Exception):
@@ -439,7 +459,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._in_body = True
-        self._body_pieces = self._body_data = self._body_raw = 0
+        self._body_pieces = self._body_data = 0
+        self._body_raw = -READ_CREDIT  # (the read it begins in: see body_framing.py)
         if self.parser.should_upgrade() and _declares_body(self.headers):
             # httptools reads no body after an Upgrade head: the request would see none
             # (curl --http2 on http:// sends Upgrade: h2c; a 100 Continue invited the body)
@@ -507,9 +528,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         answered already, then the lingering close (its answer is not lost to a reset)."""
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
-            # An answer on its way cannot be replaced, nor one owed to a request before
-            # this pipelined one overtaken: the connection just ends.
-            if cycle.response_started or self.pipeline:
+            if self.pipeline and self.pipeline[0][0] is cycle:
+                # Pipelined behind answers owed: its 400 takes its turn after them, and
+                # ends the connection; nothing more is read.
+                cycle.more_body = False
+                cycle.keep_alive = False
+                self.pipeline[0] = (cycle, _refused_app(message))
+                self._refusal = b""
+                self._clear_deadline()
+                return
+            if cycle.response_started:  # an answer on its way cannot be replaced
                 self._refusal = b""
                 self.transport.close()
                 return
