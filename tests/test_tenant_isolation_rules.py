@@ -13,7 +13,12 @@ import orjson
 import pytest
 
 from infergate.clock import FakeClock
-from infergate.engine.admission.breaker import CUT_OFF_MAX_S, Breaker, BreakerPolicy
+from infergate.engine.admission.breaker import (
+    CUT_OFF_MAX_S,
+    PROBE_GRACE_S,
+    Breaker,
+    BreakerPolicy,
+)
 from infergate.engine.admission.breaker_blame import SHARED_SETS
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Fairness, Job, JobQueue, QueueFull, QueuePolicy
@@ -515,8 +520,12 @@ def test_half_open_a_tenant_whose_probe_fails_after_another_s_succeeded_is_cut_o
         outcomes(breaker, clock, alice=False, bob=False)
     assert state(breaker) == "open"
     first = breaker.reason
-    for _ in range(3):  # probes failing with none succeeded: reopened, one reason
+    for failed in range(3):  # probes failing with none succeeded: reopened, one reason
         clock.advance(breaker.retry_after() + 0.01)
+        if failed:  # bob's probe failed since it opened: the others probe first
+            assert breaker.allow("bob") == "refused"
+            assert breaker.retry_after("bob") == pytest.approx(PROBE_GRACE_S)
+            clock.advance(PROBE_GRACE_S)
         assert breaker.allow("bob") == "probe"
         breaker.record("probe", False, 0.01, "bob")
         assert state(breaker) == "open"
@@ -524,6 +533,7 @@ def test_half_open_a_tenant_whose_probe_fails_after_another_s_succeeded_is_cut_o
     clock.advance(breaker.retry_after() + 0.01)
     assert breaker.allow("alice") == "probe"
     breaker.record("probe", True, 0.01, "alice")
+    clock.advance(PROBE_GRACE_S)  # (bob, whose probes failed, probes after the others)
     assert breaker.allow("bob") == "probe"
     breaker.record("probe", False, 0.01, "bob")
     assert state(breaker) == "half_open"  # bob alone is cut off
@@ -556,3 +566,29 @@ def test_half_open_probes_failing_for_a_second_tenant_open_it_for_everyone() -> 
     breaker.record("probe", False, 0.01, "alice")
     assert state(breaker) == "open"
     assert breaker.reason.startswith("a probe failed (failure rate")
+
+
+def test_a_tenant_whose_probe_failed_lets_the_others_probe_first() -> None:
+    """Two tenants' keys, one sender: it opens the breaker for everyone (the model fails
+    for two), then times a failing request to be the first probe of each half-open
+    period. Each identity whose probe failed waits PROBE_GRACE_S into the next period,
+    so another tenant's requests probe, and succeed, and close it."""
+    clock = FakeClock()
+    policy = BreakerPolicy(**{**POLICY.__dict__, "probes": 2})
+    breaker = Breaker(policy, clock)
+    for _ in range(3):
+        outcomes(breaker, clock, mallory=False, trudy=False)
+    assert state(breaker) == "open"
+    for attacker in ("mallory", "trudy"):  # each identity's first probe reopens it
+        clock.advance(breaker.retry_after() + 0.001)
+        assert breaker.allow(attacker) == "probe"
+        breaker.record("probe", False, 0.01, attacker)
+        assert state(breaker) == "open"
+    clock.advance(breaker.retry_after() + 0.001)
+    assert breaker.allow("mallory") == "refused"
+    assert breaker.allow("trudy") == "refused"
+    for _ in range(policy.probes):
+        assert breaker.allow("victim") == "probe"
+        breaker.record("probe", True, 0.01, "victim")
+    assert state(breaker) == "closed"
+    assert breaker.allow("victim") == "normal"
