@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import gc
 import inspect
 import re
 from pathlib import Path
@@ -16,6 +17,21 @@ from infergate import errors
 OUTSIDE = {"ClientError", "UrlError", "InputsTooLarge", "SourceError", "_Refused"}
 
 
+def _parse(text: str) -> ast.Module:
+    """ast.parse, with no other thread's Python run in the middle of it. CPython 3.11.2
+    (Debian's, which install.sh chooses) keeps the AST builder's recursion depth per
+    interpreter, not per thread: a collection during the build ran another thread (one
+    this xdist worker's earlier tests left) that built an AST too, and the parse failed
+    with "SystemError: AST constructor recursion depth mismatch" (fixed in later 3.11s)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(text)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _exceptions_defined_in_infergate() -> dict[str, str]:
     """Every class deriving from an exception, by name -> module, read from the sources (no
     imports: the torch runtime alone takes seconds to import)."""
@@ -23,7 +39,7 @@ def _exceptions_defined_in_infergate() -> dict[str, str]:
     classes: list[tuple[str, str, list[str]]] = []
     for source in sorted(root.rglob("*.py")):
         module = ".".join(("infergate", *source.relative_to(root).with_suffix("").parts))
-        for node in ast.walk(ast.parse(source.read_text())):
+        for node in ast.walk(_parse(source.read_text())):
             if isinstance(node, ast.ClassDef):
                 names = [
                     b.id if isinstance(b, ast.Name) else b.attr

@@ -181,6 +181,8 @@ class BatchRunner:
         except asyncio.CancelledError:
             if batch.future.done():
                 self._release(batch)
+            else:  # its worker's death, if that is how it ends, is nobody's to read now
+                batch.future.add_done_callback(_read_quietly)
             raise  # else the reply is still to come, and whoever awaits it releases it
         except WorkerFailed as exc:  # it died, or was killed for its memory
             self._again_or_fail(jobs, exc, batch.instance)  # queued again before the pump
@@ -411,3 +413,10 @@ def _how(exc: InfergateError) -> str:
     if isinstance(exc, DeadlineExceeded):
         return "ran past the model's timeout and was killed"
     return "crashed"
+
+
+def _read_quietly(future: asyncio.Future[Any]) -> None:
+    """Read a batch's outcome that no caller awaits any more, so that asyncio does not
+    log it as "never retrieved" when the future is collected."""
+    if not future.cancelled():
+        future.exception()
