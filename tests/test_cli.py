@@ -399,6 +399,14 @@ def test_model_list_says_each_failure_once_on_the_version_it_belongs_to() -> Non
             "versions": [version(1, "unavailable", missing)],
             "failures": {"1": missing},
         },
+        {  # a model.toml edit refused: the row says refused, not "ready" beside its reason
+            "name": "edited",
+            "state": "ready",
+            "default_version": 1,
+            "reason": "model.toml: bad value; version 1 keeps serving",
+            "versions": [version(1, "ready", None)],
+            "failures": {},
+        },
     ]
     rows = [[str(cell) for cell in row] for row in model_rows(models)]
     assert [(r[0], r[1], r[2], r[5]) for r in rows] == [
@@ -407,4 +415,6 @@ def test_model_list_says_each_failure_once_on_the_version_it_belongs_to() -> Non
         ("twice", "1", "failed", missing),  # two versions failing alike: a row each
         ("twice", "2", "failed", missing),
         ("encoder", "1*", "unavailable", missing),
+        ("edited", "1*", "ready", ""),
+        ("edited", "-", "refused", "model.toml: bad value; version 1 keeps serving"),
     ]

@@ -454,7 +454,10 @@ def test_model_list_shows_a_failed_new_version_and_a_refused_model_toml(
         assert mlp["2"][2] == "failed"
         assert mlp["2"][5] == models["mlp"]["failures"]["2"]
         digits = [r for r in rows if r[0] == "digits"]
-        assert any(r[5] == models["digits"]["reason"] and "instances" in r[5] for r in digits)
+        refused = [r for r in digits if r[5] == models["digits"]["reason"]]
+        assert len(refused) == 1
+        assert "instances" in refused[0][5]
+        assert refused[0][2] == "refused"  # the edit's row, not "ready" beside its reason
     finally:
         toml.unlink()
         shutil.rmtree(broken.parent)

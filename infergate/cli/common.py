@@ -267,6 +267,7 @@ STATE_STYLES = {
     "loading": "yellow",
     "restarting": "yellow",
     "failed": "red",
+    "refused": "red",
     "unavailable": "red",
     "stopped": "dim",
 }

@@ -88,7 +88,10 @@ def model_rows(models: list[dict[str, Any]]) -> list[list[str | Text]]:
         # serving) repeats that version's row.
         repeats = any(reason.startswith(f"version {v}: {why}") for v, why in failures.items())
         if not model["versions"] and not failures or reason and not repeats and reason not in shown:
-            rows.append([model["name"], "-", styled_state(model["state"]), "-", "-", reason])
+            # With versions serving, it is a change that was refused (a model.toml edit):
+            # its row says so, not the state of what keeps serving.
+            state = "refused" if model["versions"] else model["state"]
+            rows.append([model["name"], "-", styled_state(state), "-", "-", reason])
     return rows
 
 
