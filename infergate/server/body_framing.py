@@ -29,6 +29,13 @@ connection. So:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import orjson
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
+
 FREE_PIECES = 1024
 MIN_PIECE_BYTES = 64
 FRAMING_ALLOWANCE = 64 * 1024
@@ -65,3 +72,16 @@ def rest_is_large(headers: list[tuple[bytes, bytes]], received: int) -> bool:
             except ValueError:
                 return True
     return True  # chunked: no length to go by
+
+
+def refused_app(message: str) -> ASGI3Application:
+    """An ASGI app answering a 400 with `message`: a pipelined request refused for its
+    framing, answered in its turn, after the answers owed before it."""
+    body = orjson.dumps({"error": message})
+
+    async def refused(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 400, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return refused

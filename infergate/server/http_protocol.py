@@ -74,6 +74,7 @@ from infergate.server.body_framing import (
     MIN_PIECE_BYTES,
     READ_CREDIT,
     framing_too_large,
+    refused_app,
     rest_is_large,
     too_many_pieces,
 )
@@ -82,13 +83,6 @@ from infergate.server.one_write import HeadWithBody
 from infergate.server.read_gate import GatedFlowControl, ReadGate
 
 if TYPE_CHECKING:  # (at run time the lane comes with its class: no engine import here)
-    from uvicorn._types import (
-        ASGI3Application,
-        ASGIReceiveCallable,
-        ASGISendCallable,
-        Scope,
-    )
-
     from infergate.server.infer_lane import InferLane
 
 
@@ -142,18 +136,6 @@ def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
         if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" 0")):
             return True
     return False
-
-
-def _refused_app(message: str) -> ASGI3Application:
-    """An ASGI app answering a 400 with `message`: a pipelined request's, in its turn."""
-    body = orjson.dumps({"error": message})
-
-    async def refused(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": 400, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-    return refused
 
 
 class _Refused(Exception):
@@ -533,7 +515,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 # ends the connection; nothing more is read.
                 cycle.more_body = False
                 cycle.keep_alive = False
-                self.pipeline[0] = (cycle, _refused_app(message))
+                self.pipeline[0] = (cycle, refused_app(message))
                 self._refusal = b""
                 self._clear_deadline()
                 return
