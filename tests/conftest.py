@@ -277,6 +277,7 @@ LONGEST_FIRST = (  # by their wall seconds in full parallel runs (INFERGATE_TEST
     "test_timing_rules_engine.py",
     "test_sequences.py",
     "test_tenant_isolation_rules.py",
+    "test_breaker_tenants.py",
     "test_errors_tree.py",
 )
 

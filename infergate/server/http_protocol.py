@@ -138,6 +138,13 @@ def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
     return False
 
 
+def _client_gone(cycle: RequestResponseCycle) -> None:
+    """The app, if it waits for the body, sees the client go: the answer it would make has
+    nowhere to go (another answer is sent instead, and the connection ends)."""
+    cycle.disconnected = True
+    cycle.message_event.set()
+
+
 class _Refused(Exception):
     """Raised inside a parser callback to stop parsing; the answer is already chosen."""
 
@@ -523,8 +530,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 self._refusal = b""
                 self.transport.close()
                 return
-            cycle.disconnected = True  # the app, waiting for the body, sees the client go
-            cycle.message_event.set()
+            _client_gone(cycle)
             self.transport.write(error_message(400, message))
         self._clear_deadline()
         self._refusal = b""  # nothing more is read
@@ -667,10 +673,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 # (on_response_complete), and nothing more is read.
                 self._refusal = response
                 return
-            # The app, if it is waiting for the body, sees the client go: its own answer
-            # would have nowhere to go.
-            cycle.disconnected = True
-            cycle.message_event.set()
+            _client_gone(cycle)
         if not self.transport.is_closing():
             self.transport.write(response)
             self.transport.close()

@@ -1,0 +1,503 @@
+"""The breaker's tenant rules, in-process on an injected clock: it cuts off the one tenant
+that fails it (and opens for everyone only when it cannot tell the tenant from the model),
+in the closed state and among the half-open probes, and a tenant that keeps at it stays cut
+off longer than the breaker's own backoff. tests/test_tenant_isolation.py holds the same
+promises end to end, on one real server."""
+
+from __future__ import annotations
+
+import pytest
+
+from infergate.clock import FakeClock
+from infergate.engine.admission.breaker import (
+    CUT_OFF_MAX_S,
+    PROBE_GRACE_S,
+    Breaker,
+    BreakerPolicy,
+)
+from infergate.engine.admission.breaker_blame import SHARED_SETS
+
+POLICY = BreakerPolicy(
+    window_seconds=1,
+    failure_rate=0.3,
+    latency_p99_ms=100,
+    consecutive_windows=1,
+    min_requests=4,
+    backoff_initial_s=2,
+    backoff_max_s=5,
+    probes=1,
+)
+
+
+def state(breaker: Breaker) -> str:
+    """The breaker's state now (a call: mypy would narrow a property read twice)."""
+    return breaker.state
+
+
+def outcomes(breaker: Breaker, clock: FakeClock, **tenants: bool) -> None:
+    """A request of each tenant named (True: it succeeds) that the breaker lets through,
+    then one bucket later."""
+    for tenant, ok in tenants.items():
+        if breaker.allow(tenant) == "normal":
+            breaker.record("normal", ok, 0.01, tenant)
+    clock.advance(0.1)
+
+
+def test_a_breaker_cuts_off_the_one_tenant_that_fails_it() -> None:
+    clock = FakeClock()
+    cut: list[tuple[object, float]] = []
+    breaker = Breaker(POLICY, clock, on_cut_off=lambda t, _, backoff: cut.append((t, backoff)))
+    for _ in range(3):
+        outcomes(breaker, clock, alice=True, bob=False)
+    assert cut == [("bob", 2)]
+    assert breaker.state == "closed"
+    assert breaker.allow("bob") == "refused"
+    assert breaker.allow("alice") == "normal"
+    assert breaker.retry_after("bob") == pytest.approx(1.9)
+    assert breaker.retry_after("alice") == 0
+    clock.advance(2)  # over: it keeps at it, and is cut off for twice as long
+    for _ in range(3):
+        outcomes(breaker, clock, alice=True, bob=False)
+    assert cut[-1] == ("bob", 4)
+    breaker.reset()
+    assert breaker.allow("bob") == "normal"
+
+
+def test_a_breaker_opens_when_the_model_fails_for_two_tenants_or_the_only_one() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for _ in range(3):
+        outcomes(breaker, clock, alice=False, bob=False)
+    assert breaker.state == "open"
+    lone = Breaker(POLICY, clock)
+    for _ in range(5):
+        outcomes(lone, clock, bob=False)  # no one else's requests: it cannot tell
+    assert lone.state == "open"
+
+
+def test_a_tenant_failing_alone_is_cut_off_once_the_model_served_another() -> None:
+    """No other tenant's requests in the window, but A was served well before: B alone is
+    cut off, saying so. A failing too (B cut off) opens it for everyone."""
+    clock = FakeClock()
+    cut: list[tuple[object, str]] = []
+    breaker = Breaker(POLICY, clock, on_cut_off=lambda t, why, _: cut.append((t, why)))
+    outcomes(breaker, clock, alice=True)
+    clock.advance(POLICY.window_seconds)  # A's request has left the window
+    for _ in range(5):
+        outcomes(breaker, clock, bob=False)
+    assert state(breaker) == "closed"
+    [(tenant, why)] = cut
+    assert tenant == "bob"
+    assert why == (
+        "4 of its 4 requests in the window failed; no other tenant's requests came in "
+        "the window, and another tenant's were served well before"
+    )
+    assert breaker.allow("bob") == "refused"
+    assert breaker.allow("alice") == "normal"
+    for _ in range(5):
+        outcomes(breaker, clock, alice=False)
+    assert state(breaker) == "open"
+
+
+def test_a_tenant_running_slow_alone_is_cut_off_once_the_model_served_another() -> None:
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    outcomes(breaker, clock, alice=True)
+    clock.advance(POLICY.window_seconds)
+    for _ in range(5):
+        if breaker.allow("bob") == "normal":
+            breaker.record("normal", True, 0.5, "bob")  # above the 100 ms p99 limit
+        clock.advance(0.1)
+    assert state(breaker) == "closed"
+    assert "p99 latency of its requests" in (breaker.cut_off("bob") or "")
+    assert "no other tenant's requests came" in (breaker.cut_off("bob") or "")
+
+
+def test_a_tenant_failing_alone_opens_it_when_no_other_was_served_well_since_it_opened() -> None:
+    """A window of one tenant's requests opens it for everyone unless another tenant was
+    served well since it last opened: not the tenant's own successes, not another's slow
+    ones, not another's from before the model failed for all (the default tenant alone,
+    where no tenants are configured, is the first case)."""
+    clock = FakeClock()
+    own = Breaker(POLICY, clock)
+    outcomes(own, clock, bob=True)
+    clock.advance(POLICY.window_seconds)
+    for _ in range(5):
+        outcomes(own, clock, bob=False)
+    assert state(own) == "open"
+    slow = Breaker(POLICY, clock)
+    slow.record(slow.allow("alice"), True, 0.5, "alice")  # served, above the p99 limit
+    clock.advance(POLICY.window_seconds)
+    for _ in range(5):
+        outcomes(slow, clock, bob=False)
+    assert state(slow) == "open"
+    before = Breaker(POLICY, clock)
+    outcomes(before, clock, alice=True)
+    for _ in range(5):
+        outcomes(before, clock, alice=False, bob=False)  # the model fails for two
+    assert state(before) == "open"
+    clock.advance(POLICY.backoff_initial_s)
+    assert before.allow("bob") == "probe"
+    before.record("probe", True, 0.01, "bob")
+    assert state(before) == "closed"
+    for _ in range(5):
+        outcomes(before, clock, bob=False)
+    assert state(before) == "open"  # A's success came before the model failed for all
+
+
+def test_a_tenant_whose_requests_alone_run_slow_is_cut_off() -> None:
+    """B's inputs make the model slow (its p99 above the limit), A's run fast: B alone."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for _ in range(3):
+        for tenant, latency in (("alice", 0.01), ("bob", 0.5)):
+            if breaker.allow(tenant) == "normal":
+                breaker.record("normal", True, latency, tenant)
+        clock.advance(0.1)
+    assert breaker.state == "closed"
+    assert breaker.cut_off("bob") is not None
+    assert "p99 latency" in (breaker.cut_off("bob") or "")
+    assert breaker.cut_off("alice") is None
+
+
+def test_a_cut_off_tenant_s_answers_in_flight_do_not_open_it_for_the_others() -> None:
+    """B's requests admitted before its cut-off (in flight then) end after it, failing or
+    slow, while A is served: they do not count, neither as the model failing nor as a
+    second tenant failing it. Before, the next evaluation opened it for everyone."""
+    for late_ok, late_latency in ((False, None), (True, 0.5)):  # failing, then slow
+        clock = FakeClock()
+        breaker = Breaker(POLICY, clock)
+        in_flight = [breaker.allow("bob") for _ in range(8)]
+        assert in_flight == ["normal"] * 8
+        for _ in range(3):
+            if breaker.allow("alice") == "normal":
+                breaker.record("normal", True, 0.01, "alice")
+            if breaker.allow("bob") == "normal":
+                breaker.record("normal", late_ok, late_latency or 0.01, "bob")
+            clock.advance(0.1)
+        assert breaker.cut_off("bob") is not None
+        for admission in in_flight:  # they end now, one a bucket, among A's successes
+            breaker.record(admission, late_ok, late_latency, "bob")
+            outcomes(breaker, clock, alice=True)
+        assert state(breaker) == "closed", breaker.reason
+        assert breaker.allow("alice") == "normal"
+        assert breaker.window_stats()[1] == 0  # A's alone
+        clock.advance(2)  # its cut-off is over: its answers count again
+        for _ in range(3):
+            outcomes(breaker, clock, alice=True, bob=False)
+        assert breaker.cut_off("bob") is not None  # cut off again, not opened
+        assert state(breaker) == "closed"
+
+
+def batch(breaker: Breaker, latency_s: float | None, *tenants: str, ok: bool = True) -> None:
+    """One batch of a request of each of `tenants` (several: a batch they shared, each
+    request as slow, or failing, as the batch), each let through and recorded."""
+    shared = frozenset(tenants) if len(set(tenants)) > 1 else None
+    for tenant in tenants:
+        if breaker.allow(tenant) == "normal":
+            breaker.record("normal", ok, latency_s, tenant, shared)
+
+
+def test_a_tenant_whose_rows_slow_the_batches_it_shares_is_cut_off_not_its_batch_mates() -> None:
+    """B's rows make every batch they are in slow, A's alone run fast: the requests of A
+    batched with B's are as slow as B's. Before, those counted as A's own, A looked slow
+    too, and the breaker opened for everyone; the batches without B show the model does
+    well without it, so B alone is cut off. So too where B never runs alone."""
+    for b_alone in (True, False):
+        clock = FakeClock()
+        breaker = Breaker(POLICY, clock)
+        for _ in range(3):
+            batch(breaker, 0.01, "alice")
+            batch(breaker, 0.5, "alice", "bob", "alice")
+            if b_alone:
+                batch(breaker, 0.5, "bob")
+            clock.advance(0.1)
+        assert state(breaker) == "closed", breaker.reason
+        assert breaker.cut_off("bob") == (
+            "the p99 latency of its requests is above 100 ms, while other tenants' requests did not"
+        )
+        assert breaker.allow("alice") == "normal"
+        for _ in range(12):  # A goes on, alone now: the batches B shared were taken out
+            batch(breaker, 0.01, "alice")
+            clock.advance(0.1)
+        assert state(breaker) == "closed", breaker.reason
+
+
+def test_a_busy_tenant_whose_batches_another_joins_is_not_cut_off_in_its_place() -> None:
+    """Bob sends only while Alice's requests queue, so his slow rows always ride in her
+    batches; Alice's batches of her own and Carol's run fast. Before, Alice (tried first:
+    as many slow outcomes as Bob, and batches of her own) was cut off, since the batches
+    without hers (Carol's) were fine; Bob went on alone, and his next window opened the
+    breaker for everyone ("while another tenant is cut off"). A tenant whose own batches
+    are within the limits is not the one: Bob is cut off, Carol and Alice are served."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for _ in range(3):
+        batch(breaker, 0.01, "alice")
+        batch(breaker, 0.01, "carol")
+        batch(breaker, 0.5, "alice", "bob")
+        clock.advance(0.1)
+    assert breaker.cut_off("alice") is None
+    assert breaker.cut_off("bob") is not None
+    for _ in range(12):  # Bob's rows now run alone, and slow; the others go on
+        batch(breaker, 0.01, "carol")
+        batch(breaker, 0.01, "alice")
+        if breaker.allow("bob") == "normal":
+            batch(breaker, 0.5, "bob")
+        clock.advance(0.1)
+    assert state(breaker) == "closed", breaker.reason
+    assert breaker.allow("carol") == breaker.allow("alice") == "normal"
+
+
+def test_a_model_slow_for_every_tenant_opens_whoever_shares_its_batches() -> None:
+    """Shared batches are nobody's alone: where the batches of each tenant alone are slow
+    too, or every batch held one tenant's requests with the others' (nothing to tell the
+    tenant from the model by), the breaker opens for everyone, as before."""
+    clock = FakeClock()
+    alone_too = Breaker(POLICY, clock)
+    for _ in range(3):
+        batch(alone_too, 0.5, "alice")
+        batch(alone_too, 0.5, "alice", "bob")
+        batch(alone_too, 0.5, "bob")
+        clock.advance(0.1)
+    assert state(alone_too) == "open"
+    always_shared = Breaker(POLICY, clock)
+    batch(always_shared, 0.01, "alice")  # A served well before: no help, B never ran alone
+    clock.advance(POLICY.window_seconds)
+    for _ in range(3):
+        batch(always_shared, 0.5, "alice", "bob")
+        batch(always_shared, 0.5, "bob", "alice", "carol")
+        clock.advance(0.1)
+    assert state(always_shared) == "open"
+
+
+def test_a_tenant_whose_requests_fail_the_batches_it_shares_is_cut_off_alone() -> None:
+    """A batch that failed for all its requests (one that could not run again alone, as
+    a sequence's): B's, shared with A, and B's alone fail, A's alone succeed. B alone is
+    cut off, and its reason counts the requests of its batches."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for _ in range(3):
+        batch(breaker, 0.01, "alice")
+        batch(breaker, 0.01, "alice")
+        batch(breaker, None, "alice", "bob", ok=False)
+        batch(breaker, None, "bob", ok=False)
+        clock.advance(0.1)
+    assert state(breaker) == "closed", breaker.reason
+    assert breaker.cut_off("bob") == (
+        "3 of the 3 requests of its batches in the window failed, while other tenants' "
+        "requests did not"
+    )
+    assert breaker.cut_off("alice") is None
+
+
+def test_many_tenants_sharing_batches_keep_a_bucket_s_counts_bounded() -> None:
+    """300 tenants each share a slow batch with B, and run fast alone: a bucket counts at
+    most SHARED_SETS sets of tenants, the batches of further sets together, as anybody's
+    (every batch a set of its own would make the window grow with the traffic). B is still
+    the one cut off, and with it goes what may have held its requests."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for i in range(300):
+        batch(breaker, 0.01, f"t{i}")
+        batch(breaker, 0.5, f"t{i}", "bob")
+    for bucket in breaker._buckets:
+        assert sum(isinstance(k, frozenset) for k in bucket.tenants or {}) == SHARED_SETS
+    clock.advance(0.1)
+    batch(breaker, 0.01, "alice")  # the next bucket: the window is judged
+    assert state(breaker) == "closed", breaker.reason
+    assert breaker.cut_off("bob") is not None
+    assert breaker.window_stats()[:2] == (301, 0)  # B's batches (and anybody's) are out
+    assert all(
+        key != "bob" and "bob" not in str(key) for b in breaker._buckets for key in b.tenants or {}
+    )
+
+
+def test_batches_that_held_a_cut_off_tenant_s_requests_do_not_count_for_the_others() -> None:
+    """B is cut off: the outcomes of the batches A's requests shared with B's, before it
+    (in the window) and after it (in flight when it was cut off, or running while it
+    was), count neither as A's nor as the model's, slow or failing, with a third tenant's
+    requests in them too. Before, the next evaluation opened it for everyone."""
+    for late_ok, late_latency in ((True, 0.5), (False, None)):  # slow, then failing
+        clock = FakeClock()
+        breaker = Breaker(POLICY, clock)
+        both, three = frozenset({"alice", "bob"}), frozenset({"alice", "bob", "carol"})
+        in_flight = [
+            (breaker.allow(t), t, shared) for t in ("alice", "bob") for shared in (both, three)
+        ]
+        in_flight += [(breaker.allow("carol"), "carol", three)]
+        for _ in range(3):
+            batch(breaker, 0.01, "alice")
+            batch(breaker, 0.01, "carol")
+            batch(breaker, 0.01, "alice", "bob")  # shared, and fine
+            for _ in range(3):
+                batch(breaker, late_latency, "bob", ok=late_ok)
+            clock.advance(0.1)
+        assert breaker.cut_off("bob") is not None
+        batch(breaker, 0.5, "alice", "bob")  # B refused: A's alone, and fast
+        for admission, tenant, shared in in_flight:  # they end now, among A's successes
+            breaker.record(admission, late_ok, late_latency, tenant, shared)
+            batch(breaker, 0.01, "alice")
+            clock.advance(0.1)
+        assert state(breaker) == "closed", breaker.reason
+        assert breaker.window_stats()[1] == 0
+        assert breaker.allow("alice") == breaker.allow("carol") == "normal"
+
+
+def test_a_tenant_whose_lone_requests_end_two_workers_is_cut_off() -> None:
+    """A query of death: B's requests, each running alone, end a worker twice within the
+    window, once A was served well: B is cut off, without min_requests, saying why, and
+    neither run gets another try (it would end a sibling). Where nobody else was served
+    (the default tenant alone, no tenants configured) nobody is cut off, and a lone
+    request gets its try unless its tenant ended another worker within the window."""
+    clock = FakeClock()
+    cut: list[tuple[object, str]] = []
+    breaker = Breaker(POLICY, clock, on_cut_off=lambda t, why, _: cut.append((t, why)))
+    outcomes(breaker, clock, alice=True)
+    assert breaker.worker_ended("bob", "crashed") is False
+    assert not cut
+    clock.advance(0.5)
+    assert breaker.worker_ended("bob", "was killed for its memory") is False
+    assert cut == [
+        (
+            "bob",
+            "its requests ended 2 workers of this version within 1 s, each running alone "
+            "(the last was killed for its memory)",
+        )
+    ]
+    assert state(breaker) == "closed"
+    assert breaker.allow("bob") == "refused"
+    assert breaker.allow("alice") == "normal"
+    assert breaker.worker_ended("bob", "crashed") is False  # one admitted before its cut-off
+    assert len(cut) == 1
+    # Deaths further apart than the window: none cut it off.
+    apart = Breaker(POLICY, clock)
+    outcomes(apart, clock, alice=True)
+    apart.worker_ended("bob", "crashed")
+    clock.advance(POLICY.window_seconds)
+    apart.worker_ended("bob", "crashed")
+    assert apart.cut_off("bob") is None
+    # The default tenant alone: nobody to protect, and a first death may be chance.
+    lone = Breaker(POLICY, clock)
+    outcomes(lone, clock, default=True)
+    assert lone.worker_ended("default", "crashed") is True
+    assert lone.worker_ended("default", "crashed") is False  # it ended one already
+    clock.advance(POLICY.window_seconds)
+    assert lone.worker_ended("default", "crashed") is True
+    assert lone.cut_off("default") is None
+    assert state(lone) == "closed"
+    assert lone.worker_ended(None, "crashed") is True  # an outcome naming nobody
+    # A second tenant ending workers while one is cut off: the model, for everyone.
+    two = Breaker(POLICY, clock)
+    outcomes(two, clock, carol=True)
+    for tenant in ("bob", "bob", "alice", "alice"):
+        two.worker_ended(tenant, "crashed")
+    assert state(two) == "open"
+    assert "a second tenant's requests ended 2 workers" in two.reason
+
+
+def test_a_tenant_that_keeps_at_it_stays_cut_off_longer_than_the_breaker_s_cap() -> None:
+    """A query of death a second: capped at the breaker's 30 s, a tenant's cut-off kept a
+    shared model restarting every 30 s at its longest restart backoff (36% of another
+    tenant's requests failed). It doubles on past the breaker's cap, to CUT_OFF_MAX_S,
+    well past the 60 s after which a restarted worker counts as stable."""
+    clock = FakeClock()
+    backoffs: list[float] = []
+    breaker = Breaker(POLICY, clock, on_cut_off=lambda _t, _why, s: backoffs.append(s))
+    outcomes(breaker, clock, alice=True)
+    for _ in range(12):
+        breaker.worker_ended("bob", "crashed")
+        breaker.worker_ended("bob", "crashed")
+        assert breaker.cut_off("bob") is not None
+        clock.advance(breaker.retry_after("bob") + 0.01)  # back as soon as it may, at it again
+        outcomes(breaker, clock, alice=True)
+    assert backoffs[:3] == [2, 4, 8]  # POLICY's backoff_max_s is 5: passed
+    assert max(backoffs) == CUT_OFF_MAX_S
+    assert state(breaker) == "closed"
+    assert breaker.allow("alice") == "normal"
+
+
+def test_half_open_a_tenant_whose_probe_fails_after_another_s_succeeded_is_cut_off_alone() -> None:
+    """A tenant failing as fast as another succeeds kept the breaker open for both, each of
+    its failed probes reopening it (the victim at 100% 503s for 45 s). Once another
+    tenant's probe succeeded, a failed probe cuts off its own tenant; with none, it
+    reopens the breaker, its reason not nested once more each time."""
+    clock = FakeClock()
+    policy = BreakerPolicy(**{**POLICY.__dict__, "probes": 2})
+    breaker = Breaker(policy, clock)
+    for _ in range(3):  # the model fails for both: open for everyone
+        outcomes(breaker, clock, alice=False, bob=False)
+    assert state(breaker) == "open"
+    first = breaker.reason
+    for failed in range(3):  # probes failing with none succeeded: reopened, one reason
+        clock.advance(breaker.retry_after() + 0.01)
+        if failed:  # bob's probe failed since it opened: the others probe first
+            assert breaker.allow("bob") == "refused"
+            assert breaker.retry_after("bob") == pytest.approx(PROBE_GRACE_S)
+            clock.advance(PROBE_GRACE_S)
+        assert breaker.allow("bob") == "probe"
+        breaker.record("probe", False, 0.01, "bob")
+        assert state(breaker) == "open"
+        assert breaker.reason == f"a probe failed ({first})"
+    clock.advance(breaker.retry_after() + 0.01)
+    assert breaker.allow("alice") == "probe"
+    breaker.record("probe", True, 0.01, "alice")
+    clock.advance(PROBE_GRACE_S)  # (bob, whose probes failed, probes after the others)
+    assert breaker.allow("bob") == "probe"
+    breaker.record("probe", False, 0.01, "bob")
+    assert state(breaker) == "half_open"  # bob alone is cut off
+    assert breaker.allow("bob") == "refused"
+    assert breaker.cut_off("bob") == "its probe failed while another tenant's succeeded"
+    assert breaker.allow("alice") == "probe"  # bob's place went back to the probes
+    breaker.record("probe", True, 0.01, "alice")
+    assert state(breaker) == "closed"
+    assert breaker.allow("alice") == "normal"
+    assert breaker.allow("bob") == "refused"
+
+
+def test_half_open_probes_failing_for_a_second_tenant_open_it_for_everyone() -> None:
+    """The model fails for all after some probes succeeded: the first tenant whose probe
+    fails is cut off alone, a second one's opens it for everyone (as in the closed state),
+    not a cut-off each for as long as the model stays broken."""
+    clock = FakeClock()
+    policy = BreakerPolicy(**{**POLICY.__dict__, "probes": 3})
+    breaker = Breaker(policy, clock)
+    for _ in range(3):
+        outcomes(breaker, clock, alice=False, bob=False)
+    clock.advance(breaker.retry_after() + 0.01)
+    for tenant in ("alice", "bob"):
+        assert breaker.allow(tenant) == "probe"
+        breaker.record("probe", True, 0.01, tenant)
+    assert breaker.allow("carol") == "probe"
+    breaker.record("probe", False, 0.01, "carol")
+    assert state(breaker) == "half_open"
+    assert breaker.allow("alice") == "probe"
+    breaker.record("probe", False, 0.01, "alice")
+    assert state(breaker) == "open"
+    assert breaker.reason.startswith("a probe failed (failure rate")
+
+
+def test_a_tenant_whose_probe_failed_lets_the_others_probe_first() -> None:
+    """Two tenants' keys, one sender: it opens the breaker for everyone (the model fails
+    for two), then times a failing request to be the first probe of each half-open
+    period. Each identity whose probe failed waits PROBE_GRACE_S into the next period,
+    so another tenant's requests probe, and succeed, and close it."""
+    clock = FakeClock()
+    policy = BreakerPolicy(**{**POLICY.__dict__, "probes": 2})
+    breaker = Breaker(policy, clock)
+    for _ in range(3):
+        outcomes(breaker, clock, mallory=False, trudy=False)
+    assert state(breaker) == "open"
+    for attacker in ("mallory", "trudy"):  # each identity's first probe reopens it
+        clock.advance(breaker.retry_after() + 0.001)
+        assert breaker.allow(attacker) == "probe"
+        breaker.record("probe", False, 0.01, attacker)
+        assert state(breaker) == "open"
+    clock.advance(breaker.retry_after() + 0.001)
+    assert breaker.allow("mallory") == "refused"
+    assert breaker.allow("trudy") == "refused"
+    for _ in range(policy.probes):
+        assert breaker.allow("victim") == "probe"
+        breaker.record("probe", True, 0.01, "victim")
+    assert state(breaker) == "closed"
+    assert breaker.allow("victim") == "normal"
