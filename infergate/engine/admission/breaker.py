@@ -20,12 +20,19 @@ it to everyone. "Only because of one tenant's": either other tenants' requests c
 window and, without that one's, are within the limits; or no other tenant's requests came
 in it at all, and the model served another tenant's request well (a success, within the
 latency limit) since the breaker last opened: the model has shown it works for others,
-and they are who the cut-off keeps it open for. Never while another tenant is cut off
-already: failures of a second tenant open it for everyone, as does a window of one
-tenant's requests where no other tenant was served (a deployment without tenants, where
+and they are who the cut-off keeps it open for. A window of one tenant's requests where
+no other tenant was served opens it for everyone (a deployment without tenants, where
 every request is the default tenant's, or a model only that tenant uses): with nobody
 shown to be served well, and perhaps nobody to protect, it cannot tell the tenant from
 the model.
+
+"Another tenant" is never one cut off itself: while one is, a second tenant failing is
+cut off too when the window without both is within the limits, or (failing alone in the
+window, a failed probe, a query of death) when the model served a third tenant, not cut
+off, well since it last opened; else it opens for everyone, as a model failing for all
+its tenants does. Once, a second tenant failing opened it for everyone whatever the
+others saw: one sender with two tenants' keys reopened a shared model after each
+recovery, a victim served 123 of 298 requests over 60 s.
 
 A cut-off tenant's backoff doubles past `backoff_max_s`, to `CUT_OFF_MAX_S` (10 minutes):
 only that tenant waits it out, and a worker restarted after a query of death counts as
@@ -83,7 +90,7 @@ from infergate.engine.admission.breaker_blame import (
     SAMPLES,
     SHARED_SETS,
     Bucket,
-    culprit,
+    culprits,
     p99,
     p99_above,
 )
@@ -110,6 +117,9 @@ class BreakerPolicy:
 # off (a query of death): one may be chance, a second is its inputs.
 WORKER_DEATHS = 2
 CUT_OFF_MAX_S = 600.0  # a cut-off tenant's longest backoff (see the module docstring)
+# The tenants served well that a breaker keeps (the latest): a sender with more tenants'
+# keys than this could push the others out, and a failing tenant then opens it for all.
+SERVED_KEPT = 8
 # Half-open, for this long the tenants whose probes failed since it opened wait, and the
 # other tenants' requests are the probes (see the module docstring).
 PROBE_GRACE_S = 2.0
@@ -149,13 +159,13 @@ class Breaker:
         self._random = random.Random(0)  # which latencies a full bucket keeps
         self._cut: dict[Hashable, _CutOff] = {}  # tenants refused on their own
         self._on_cut_off = on_cut_off
-        # The last two distinct tenants served well since the breaker last opened (None:
-        # none yet): is there another tenant than one failing alone that the model serves?
-        self._served: Hashable = None
+        # The tenants served well since the breaker last opened, the latest last (at most
+        # SERVED_KEPT): is there another, not cut off, than one failing alone?
+        self._served: Hashable = None  # the latest of them (None: none yet)
+        self._served_recently: dict[Hashable, None] = {}
         self._opened_for = ""  # why it last opened from closed (probes that fail since name it)
         self._failed_probers: set[Hashable] = set()  # since it opened: see PROBE_GRACE_S
         self._half_open_at = 0.0
-        self._served_before: Hashable = None
         # When each tenant's lone requests ended a worker, within the window (oldest first).
         self._deaths: dict[Hashable, deque[float]] = {}
 
@@ -245,14 +255,10 @@ class Breaker:
             if self._state != "half_open":
                 return
             if not ok:
-                if (
-                    tenant is not None
-                    and self._served_another(tenant)
-                    and not any(c.until > now for c in self._cut.values())
-                ):
+                if tenant is not None and self._served_another(tenant, now):
                     # Another tenant's probe succeeded: the model works, for them. This
                     # tenant alone is cut off, and its probe's place goes to the others;
-                    # a second tenant's failing (one is cut off already) opens it for all.
+                    # with every tenant served cut off, it opens for all.
                     why = "its probe failed while another tenant's succeeded"
                     self._cut_tenant_off(tenant, why, now)
                     self._probes_left = min(self._probes_left + 1, self.policy.probes)
@@ -342,26 +348,37 @@ class Breaker:
             deaths.popleft()
         before = len(deaths)
         deaths.append(now)
-        judged = self._state == "closed" and self._served_another(tenant)
-        if judged and len(deaths) >= WORKER_DEATHS:
+        judged = self._state == "closed" and self._served_another(tenant, now)
+        if len(deaths) >= WORKER_DEATHS and self._state == "closed":
             why = (
                 f"{len(deaths)} workers of this version within "
                 f"{self.policy.window_seconds:g} s, each running alone (the last {how})"
             )
-            if any(c.until > now for c in self._cut.values()):
-                self._open(f"a second tenant's requests ended {why}")  # as `_culprit`
-            else:
+            if judged:
                 self._cut_tenant_off(tenant, f"its requests ended {why}", now)
+            elif self._cut_any(now):  # every tenant served well is cut off: it fails for all
+                self._open(f"a second tenant's requests ended {why}")
         return not judged and before == 0
 
     def _served_well(self, tenant: Hashable) -> None:
         if tenant != self._served:
-            self._served_before, self._served = self._served, tenant
+            self._served = tenant
+            recent = self._served_recently
+            recent.pop(tenant, None)
+            recent[tenant] = None
+            if len(recent) > SERVED_KEPT:
+                del recent[next(iter(recent))]
 
-    def _served_another(self, tenant: Hashable) -> bool:
-        """Whether the model served a tenant other than `tenant` well since the breaker
-        last opened."""
-        return any(t is not None and t != tenant for t in (self._served, self._served_before))
+    def _served_another(self, tenant: Hashable, now: float) -> bool:
+        """Whether the model served a tenant other than `tenant`, and not cut off, well
+        since the breaker last opened."""
+        return any(
+            t is not None and t != tenant and not self._cut_now(t, now)
+            for t in self._served_recently
+        )
+
+    def _cut_any(self, now: float) -> bool:
+        return any(c.until > now for c in self._cut.values())
 
     def _uniform(self) -> float:
         """A random number in (0, 1)."""
@@ -375,7 +392,8 @@ class Breaker:
         self._buckets.clear()
         self._cut.clear()
         self._deaths.clear()
-        self._served = self._served_before = None
+        self._served = None
+        self._served_recently.clear()
         self._backoff = self.policy.backoff_initial_s
         self._bad_evaluations = 0
         self._move("closed", "reset by an operator")
@@ -418,13 +436,13 @@ class Breaker:
         slow = sum(b.slow for b in self._buckets)
         return (slow, measured) if p99_above(slow, measured) else None
 
-    def _culprit(self, failures: bool, now: float) -> tuple[Hashable, str] | None:
-        """The tenant alone to cut off for a bad window, and why (breaker_blame.py); None
-        when it opens for everyone, as it always does while another tenant is cut off
-        already (the model then fails for two)."""
-        if any(c.until > now for c in self._cut.values()):
-            return None
-        return culprit(self._buckets, self.policy, failures, self._served_another)
+    def _culprits(self, failures: bool, now: float) -> list[tuple[Hashable, str]]:
+        """The tenants to cut off for a bad window, and why (breaker_blame.py); none when
+        it opens for everyone. Cut-off tenants' outcomes are out of the window already,
+        and they are not "another tenant served well" (`_served_another`)."""
+        return culprits(
+            self._buckets, self.policy, failures, lambda t: self._served_another(t, now)
+        )
 
     def _cut_tenant_off(self, tenant: Hashable, reason: str, now: float) -> None:
         """Refuse `tenant` alone for a while, saying why: the others go on as if it had
@@ -459,11 +477,11 @@ class Breaker:
                     why = f"p99 latency above {limit_ms:.0f} ms ({slow[0]} of {slow[1]} slower)"
         self._bad_evaluations = self._bad_evaluations + 1 if why else 0
         if why and self._bad_evaluations >= self.policy.consecutive_windows:
-            culprit = self._culprit(failing, now)
-            if culprit is None:
+            cut = self._culprits(failing, now)
+            if not cut:
                 self._open(why)
-            else:
-                self._cut_tenant_off(*culprit, now)
+            for tenant, reason in cut:
+                self._cut_tenant_off(tenant, reason, now)
 
     def _open(self, why: str) -> None:
         if self._state == "half_open":
@@ -475,7 +493,8 @@ class Breaker:
         self._buckets.clear()
         self._cut.clear()  # every tenant is refused now
         self._deaths.clear()
-        self._served = self._served_before = None  # served before the model failed for all
+        self._served = None  # served before the model failed for all
+        self._served_recently.clear()
         self._move("open", why)
 
     def _close(self) -> None:

@@ -63,32 +63,45 @@ class Bucket:
             self.slow -= counts[3]
 
 
-def culprit(
-    buckets: Iterable[Bucket],
-    policy: BreakerPolicy,
-    failures: bool,
-    served_another: Callable[[Hashable], bool],
-) -> tuple[Hashable, str] | None:
-    """The one tenant whose requests alone make the window bad (`failures`: by its
-    failure rate, else by its p99), and why it is cut off; None when the breaker is to
-    open for everyone. A tenant is the culprit when other requests came in the window
-    and, without the batches that held its requests, are within the limits; or when no
-    other request came in it and the model served another tenant well since the breaker
-    last opened (`served_another`). Never when the outcomes named no tenant. Candidates
-    go from the most failures (or slow latencies) in their batches down: a batch several
-    tenants shared counts for each of them, and the first whose batches the rest can do
-    without is the one that made them fail or run slow."""
-    buckets = list(buckets)
-    own: dict[Hashable, list[int]] = {}  # per tenant: its batches of its own
-    shared: dict[frozenset[Hashable], list[int]] = {}  # per set of tenants: theirs
+@dataclass(slots=True)
+class _Window:
+    """A window's outcomes, [ok, failed, measured, slow], by who they are of."""
+
+    own: dict[Hashable, list[int]]  # per tenant: its batches of its own
+    shared: dict[frozenset[Hashable], list[int]]  # per set of tenants: theirs
+    anybody: list[int] | None  # batches past SHARED_SETS sets in a bucket
+    # Per tenant: the outcomes of every batch that held (or may have held) its requests.
+    per: dict[Hashable, list[int]]
+    total: list[int]  # all of them
+
+    def sharing(self, tenant: Hashable) -> bool:
+        return self.anybody is not None or any(tenant in s for s in self.shared)
+
+    def without(self, tenants: set[Hashable]) -> list[int]:
+        """The outcomes of the batches that held none of `tenants`' requests."""
+        rest = list(self.total)
+        held = [c for t, c in self.own.items() if t in tenants]
+        held += [c for s, c in self.shared.items() if not tenants.isdisjoint(s)]
+        if self.anybody is not None:
+            held.append(self.anybody)
+        for counts in held:
+            for i, n in enumerate(counts):
+                rest[i] -= n
+        return rest
+
+
+def _window(buckets: Iterable[Bucket]) -> _Window:
+    own: dict[Hashable, list[int]] = {}
+    shared: dict[frozenset[Hashable], list[int]] = {}
+    total = [0, 0, 0, 0]
     for bucket in buckets:
+        _add(total, [bucket.ok, bucket.failed, bucket.measured, bucket.slow])
         for key, counts in (bucket.tenants or {}).items():
             if isinstance(key, frozenset):
                 add_counts(shared, key, counts)
             else:
                 add_counts(own, key, counts)
     anybody = own.pop(ANYBODY, None)
-    # Per tenant: the outcomes of every batch that held (or may have held) its requests.
     per = {tenant: list(counts) for tenant, counts in own.items()}
     for tenants, counts in shared.items():
         for tenant in tenants:
@@ -97,23 +110,81 @@ def culprit(
     if anybody is not None:
         for tenant in per:
             add_counts(per, tenant, anybody)
-    ok = sum(b.ok for b in buckets)
-    failed = sum(b.failed for b in buckets)
-    measured = sum(b.measured for b in buckets)
-    slow = sum(b.slow for b in buckets)
+    return _Window(own, shared, anybody, per, total)
+
+
+def culprits(
+    buckets: Iterable[Bucket],
+    policy: BreakerPolicy,
+    failures: bool,
+    served_another: Callable[[Hashable], bool],
+) -> list[tuple[Hashable, str]]:
+    """The tenants whose requests alone make the window bad (`failures`: by its failure
+    rate, else by its p99), each with why it is cut off; none when the breaker is to open
+    for everyone. One when one is enough (`culprit`); else the fewest, from the worst
+    down, each beyond the limits itself, whose batches, left out, leave the others'
+    within them: one sender with two tenants' keys, both failing beside a victim served
+    well, opened it for everyone. A model failing for every tenant leaves nobody within
+    the limits, and opens."""
+    window = _window(buckets)
+    one = _culprit(window, policy, failures, served_another)
+    if one is not None:
+        return [one]
+    worst_first = sorted(
+        window.per, key=lambda t: window.per[t][1 if failures else 3], reverse=True
+    )
+    bad = [
+        t
+        for t in worst_first
+        if not within(window.per[t], failures, policy)
+        and not _runs_well_alone(window, t, failures, policy)
+    ]
+    for n in range(2, len(bad) + 1):
+        rest = window.without(set(bad[:n]))
+        if rest[0] + rest[1] > 0 and within(rest, failures, policy):
+            what = "failed" if failures else "ran above the latency limit"
+            why = (
+                f"its requests {what} in the window, as did {n - 1} other tenant(s)', "
+                "while the others' did not"
+            )
+            return [(t, why) for t in bad[:n]]
+    return []
+
+
+def _runs_well_alone(
+    window: _Window, tenant: Hashable, failures: bool, policy: BreakerPolicy
+) -> bool:
+    """Its requests run well in batches of their own: the batches it shared went wrong by
+    another's rows (a busy tenant whose queue another's slow requests join would be cut
+    off in its place, then the breaker opened for everyone once the joiner went on
+    alone)."""
+    alone = window.own.get(tenant)
+    return window.sharing(tenant) and alone is not None and within(alone, failures, policy)
+
+
+def _culprit(
+    window: _Window,
+    policy: BreakerPolicy,
+    failures: bool,
+    served_another: Callable[[Hashable], bool],
+) -> tuple[Hashable, str] | None:
+    """The one tenant whose requests alone make the window bad, and why it is cut off;
+    None when no one is. A tenant is the culprit when other requests came in the window
+    and, without the batches that held its requests, are within the limits; or when no
+    other request came in it and the model served another tenant well since the breaker
+    last opened (`served_another`). Never when the outcomes named no tenant. Candidates
+    go from the most failures (or slow latencies) in their batches down: a batch several
+    tenants shared counts for each of them, and the first whose batches the rest can do
+    without is the one that made them fail or run slow."""
+    per = window.per
+    ok, failed, measured, slow = window.total
     limit_ms = policy.latency_p99_ms
-    sharers = frozenset[Hashable]().union(*shared)
     worst_first = sorted(per, key=lambda t: per[t][1 if failures else 3], reverse=True)
     for worst in worst_first:
         mine = per[worst]
         count = mine[0] + mine[1]
-        sharing = anybody is not None or worst in sharers
-        alone = own.get(worst)
-        if sharing and alone is not None and within(alone, failures, policy):
-            # Its requests run well in batches of their own: the batches it shared
-            # went wrong by another's rows (a busy tenant whose queue another's slow
-            # requests join would be cut off in its place, then the breaker opened
-            # for everyone once the joiner went on alone).
+        sharing = window.sharing(worst)
+        if _runs_well_alone(window, worst, failures, policy):
             continue
         if not failures:
             what = f"the p99 latency of its requests is above {limit_ms:.0f} ms"
@@ -173,7 +244,10 @@ K = TypeVar("K", bound=Hashable)
 
 
 def add_counts(into: dict[K, list[int]], key: K, counts: list[int]) -> None:
-    total = into.setdefault(key, [0, 0, 0, 0])
+    _add(into.setdefault(key, [0, 0, 0, 0]), counts)
+
+
+def _add(total: list[int], counts: list[int]) -> None:
     for i, n in enumerate(counts):
         total[i] += n
 
