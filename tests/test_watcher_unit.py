@@ -21,7 +21,15 @@ from watchdog.observers.inotify_c import InotifyConstants
 
 from infergate.clock import FakeClock
 from infergate.engine.repository.scan import model_name_for
-from infergate.engine.repository.watcher import Settler, _Handler, look, snapshot, watch_tree
+from infergate.engine.repository.watcher import (
+    LOOK_DEPTH,
+    Settler,
+    _Handler,
+    look,
+    snapshot,
+    watch_tree,
+)
+from tests.polling import wait_until
 
 ROOT = Path("/models")
 
@@ -82,6 +90,76 @@ def test_the_watch_asks_for_no_event_that_reading_makes(tmp_path: Path) -> None:
         InotifyConstants.IN_CLOSE_WRITE,
     )
     assert all(mask & event for event in changing)
+
+
+def deep_tree(folder: Path, levels: int) -> None:
+    """`levels` nested folders under `folder`, made relative to each other (a path past
+    PATH_MAX needs no long path)."""
+    folder.mkdir()
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+
+
+def remove_deep_tree(folder: Path) -> None:
+    """What `deep_tree` made (shutil.rmtree recurses a level at a time too)."""
+    fds = [os.open(folder, os.O_RDONLY)]
+    try:
+        while True:
+            try:
+                fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+            except FileNotFoundError:
+                break
+        while len(fds) > 1:
+            os.close(fds.pop())
+            os.rmdir("d", dir_fd=fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    folder.rmdir()
+
+
+def test_a_deep_folder_tree_in_one_model_leaves_the_others_watched(tmp_path: Path) -> None:
+    """A tree of 1,100 empty folders renamed into one model's folder raised RecursionError
+    in watchdog's one inotify thread (Python 3.11's os.walk recurses a level at a time),
+    which died unseen: no model was reloaded again. A snapshot looks LOOK_DEPTH folders
+    deep, no deeper (each look walked the whole tree, its cost the square of its depth)."""
+    models = tmp_path / "models"
+    (models / "alice" / "1").mkdir(parents=True)
+    deep_tree(tmp_path / "staging", 1100)
+    (models / "bob" / "1" / "weights").mkdir(parents=True)
+    (models / "bob" / "1" / "weights" / "w.bin").write_bytes(b"w")
+    seen: list[str] = []
+
+    class Handler(FileSystemEventHandler):
+        def on_any_event(self, event: FileSystemEvent) -> None:
+            seen.append(os.fsdecode(event.src_path))
+
+    observer = watch_tree(models, Handler())
+    try:
+        os.rename(tmp_path / "staging", models / "bob" / "junk")
+        wait_until(lambda: any(p.endswith("/junk") for p in seen), what="the rename's event")
+        model = models / "alice" / "1" / "model.onnx"
+        model.write_bytes(b"new")
+        wait_until(lambda: str(model) in seen, what="alice's file's event")
+        deepest = models / "bob" / "junk" / Path(*["d"] * (LOOK_DEPTH - 1))
+        inside, beyond = deepest / "in.bin", deepest / "d" / "beyond.bin"
+        inside.write_bytes(b"x")
+        beyond.write_bytes(b"x")
+        files = [row[0] for row in look(models, "bob")[0]]
+        assert files == ["bob/1/weights/w.bin", str(inside.relative_to(models))]
+        inside.unlink()
+        beyond.unlink()
+    finally:
+        observer.stop()
+        observer.join(5)
+        remove_deep_tree(models / "bob" / "junk")
 
 
 def test_settles_only_after_files_stop_changing() -> None:

@@ -21,6 +21,12 @@ falls in between.
 
 A model with a symlink among its paths may change behind the link, outside the models
 folder, where no event tells: it is looked at again every CHECK_S (`_check_links`).
+
+A folder tree however deep is walked (`WALK_RECURSION_LIMIT`): Python 3.11's `os.walk`
+recurses once a level, in watchdog's walks, and a tree of 1,100 empty folders renamed into
+one model's folder raised RecursionError in watchdog's one inotify thread, which died
+unseen: no model was reloaded again, the gauge still reading 1. A snapshot looks only
+`LOOK_DEPTH` folders deep.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import contextlib
 import logging
 import os
 import stat
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -113,6 +120,13 @@ def _stat_row(path: Path, name: str, rows: list[Row]) -> bool:
     return linked
 
 
+# Folders a model's snapshot looks into below its own (its versions' are the first):
+# a file deeper is none of the model's (a loader reads its version's files and their
+# external data beside them). A walk's cost grows with the square of a tree's depth (each
+# path is resolved from the top): a tenant's 2,000 nested folders cost 4.5 s a look.
+LOOK_DEPTH = 8
+
+
 def snapshot(root: Path, name: str) -> Snapshot:
     """Size, mtime and inode of every file that makes up model `name`."""
     return look(root, name)[0]
@@ -127,12 +141,15 @@ def look(root: Path, name: str) -> tuple[Snapshot, bool]:
     folder = root / name
     linked = folder.is_symlink()  # (a dangling one too: its target may come back)
     if folder.is_dir():
+        top = len(folder.parts)
         for dirpath, dirnames, filenames in os.walk(folder):
-            dirnames[:] = [d for d in dirnames if not is_ignored(Path(d))]
             here = Path(dirpath)
+            if len(here.parts) - top >= LOOK_DEPTH:
+                dirnames[:] = []  # deeper is no model's: see LOOK_DEPTH
+            dirnames[:] = [d for d in dirnames if not is_ignored(Path(d))]
             # os.walk does not follow the links among its folders: a version folder's
             # files are read through one, so they are in the snapshot (one level).
-            for linked_dir in [here / d for d in dirnames if (here / d).is_symlink()]:
+            for linked_dir in [here / d for d in dirnames if _is_link(here / d)]:
                 linked = True
                 if here == folder:
                     _linked_folder_rows(root, linked_dir, rows)
@@ -145,6 +162,13 @@ def look(root: Path, name: str) -> tuple[Snapshot, bool]:
         for path in (root / f"{name}{suffix}", root / f"{name}{suffix}.sig"):
             linked = _stat_row(path, path.name, rows) or linked
     return tuple(sorted(rows)), linked
+
+
+def _is_link(path: Path) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:  # gone, or a path past PATH_MAX in a tree that deep: not one to follow
+        return False
 
 
 def _linked_folder_rows(root: Path, folder: Path, rows: list[Row]) -> None:
@@ -455,8 +479,18 @@ class RepositoryWatcher:
             task.cancel()
 
 
+# A path reaches at most PATH_MAX (4,096) bytes, so `os.walk`, which joins each folder's
+# path to its parent's, goes at most 2,048 levels deep ("/x" a level) before the kernel
+# refuses the path and the walk skips it: with room for the frames beneath, a walk of any
+# tree stays under this. (A frame of a walk is about 0.5 KB of C stack: 2,048 of them fit
+# a thread's 8 MB many times.)
+WALK_RECURSION_LIMIT = 6000
+
+
 def watch_tree(root: Path, handler: FileSystemEventHandler) -> BaseObserver:
     """A started observer of the tree under `root`, for the changes in _EVENTS."""
+    if sys.getrecursionlimit() < WALK_RECURSION_LIMIT:
+        sys.setrecursionlimit(WALK_RECURSION_LIMIT)  # (see the module docstring)
     observer = Observer()
     try:
         observer.schedule(handler, str(root), recursive=True, event_filter=list(_EVENTS))
