@@ -79,8 +79,9 @@ def test_health_stays_fast_while_models_reload_and_workers_die(tmp_path: Path) -
             server.stop()
     assert len(latencies) > 20
     assert max(latencies) < 0.1, sorted(latencies)[-5:]
-    # At most LIMIT loads at once, restarts included; and loads were seen (300 ms each).
-    assert 1 <= most_loading <= LIMIT
+    # At most LIMIT loads at once, and restarts one more (load_slots.py); and loads were
+    # seen (300 ms each).
+    assert 1 <= most_loading <= LIMIT + 1
     assert "infergate_event_loop_lag_seconds" in metrics
 
 

@@ -6,7 +6,6 @@ assignment (Engine.apply_settings)."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 from infergate.clock import Clock, MonotonicClock
 from infergate.engine.admission.tenants import Tenants
 from infergate.engine.events import EventBus
+from infergate.engine.lifecycle.load_slots import LoadSlots
 from infergate.engine.placement.devices import DeviceBackend, HostBackend
 from infergate.engine.placement.placer import Placer
 from infergate.engine.repository.verify import VerifyPolicy
@@ -45,7 +45,7 @@ class EngineContext:
     store_dir: Path | None = None  # verified copies of model files; None: a temp folder
     max_concurrent_loads: int = 4  # workers loading at once ([server])
     shared_limits: SharedLimits | None = None  # [cluster]: limits shared through Redis
-    load_slots: asyncio.Semaphore = field(init=False)
+    load_slots: LoadSlots = field(init=False)
     # instance -> why its worker process cannot be started now (/v2/health/ready says so)
     start_failing: dict[object, str] = field(init=False, default_factory=dict)
     stats: RequestStats = field(init=False)
@@ -59,4 +59,4 @@ class EngineContext:
         )
         self.stats = RequestStats(self.clock)
         self.placer = Placer(self.devices)
-        self.load_slots = asyncio.Semaphore(self.max_concurrent_loads)
+        self.load_slots = LoadSlots(self.max_concurrent_loads)

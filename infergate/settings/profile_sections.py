@@ -103,7 +103,11 @@ class ServerSection(Section):
         "triton", 'the name GET /v2 answers (Triton\'s clients check for "triton")'
     )
     max_concurrent_loads: int = setting(
-        4, "worker processes loading (spawn, load, warm up) at once; the rest wait", ge=1, le=256
+        4,
+        "worker processes loading (spawn, load, warm up) at once; the rest wait (restarts of "
+        "serving workers first, and a quarter more of them)",
+        ge=1,
+        le=256,
     )
     max_header_kb: float = setting(64.0, "request line + headers; larger gets 431", ge=1, unit="KB")
     header_timeout_s: float = setting(

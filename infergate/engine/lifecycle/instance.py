@@ -5,7 +5,8 @@ backoff resets after the worker has stayed up for a while. A file that never loa
 not retried in a loop: the instance is marked failed with the reason. A process that could
 not even be started (out of fds, memory, processes: the machine's fault, not the model's)
 is retried with backoff and jitter, each failure an event; a first load gives up after the
-load timeout. At most `max_concurrent_loads` workers load at once, gateway-wide.
+load timeout. At most `max_concurrent_loads` workers load at once, gateway-wide, but a
+restart of a worker that served goes at once (load_slots.py).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ class Instance:
         spec: WorkerSpec,
         index: int,
         context: EngineContext,
+        tenant: Hashable = None,
         backoff_initial_s: float = 0.25,
         backoff_max_s: float = 10.0,
         stable_after_s: float = 60.0,
     ) -> None:
         self.spec = spec
         self.index = index
+        self.tenant = tenant  # whose load slots it takes (load_slots.py)
         self.state: InstanceState = "loading"
         self.reason: str | None = None
         self.restarts = 0
@@ -123,9 +126,10 @@ class Instance:
         finally:
             self._context.start_failing.pop(self._key, None)
 
-    async def _start(self) -> tuple[Worker, Ready]:
-        """A started worker, loaded and warm; waits for a load slot first."""
-        async with self._context.load_slots:
+    async def _start(self, restart: bool) -> tuple[Worker, Ready]:
+        """A started worker, loaded and warm; waits for a load slot first (`restart`: of
+        a worker that served, it takes one at once)."""
+        async with self._context.load_slots.slot(self.tenant, restart):
             handle = self._context.worker_factory(self.spec)
             self.handle = handle
             ready = await handle.start(self._load_timeout_s)
@@ -161,7 +165,7 @@ class Instance:
         while not self._stopping:
             try:
                 starting = self._clock.now()
-                handle, ready = await self._start()
+                handle, ready = await self._start(restart=ever_ready)
                 self._load_s = self._clock.now() - starting
             except WorkerStartError as exc:
                 self._start_failed(exc, self._backoff)

@@ -87,7 +87,8 @@ class ServedVersion:
             nice=context.worker_nice,
             warmup=entry.config.warmup,
         )
-        self.instances = [Instance(spec, i, context) for i in range(entry.config.instances)]
+        tenant = entry.config.tenant
+        self.instances = [Instance(spec, i, context, tenant) for i in range(entry.config.instances)]
         # This version's own reservations: released by its stop, never by another's.
         self._reservations = Reservations(entry.name, entry.config, context.placer, context.tenants)
         self.breaker = version_breaker.version_breaker(
