@@ -174,6 +174,7 @@ def _tenant(entry: Table, name: str, class_names: list[str]) -> Tenant:
         models=tuple(t.models),
         devices=tuple(t.devices),
         memory_mb=t.memory_mb,
+        memory_enforced="memory_mb" in t.model_fields_set,
         api_keys=tuple(t.api_keys),
         weight=t.weight,
     )

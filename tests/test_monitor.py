@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from infergate.clock import FakeClock
+from infergate.engine.admission.tenants import DEFAULT_TENANT, Tenant
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.lifecycle.instance import with_hint
 from infergate.engine.placement.devices import DeviceUsage, ProcessUsage
 from infergate.engine.placement.monitor import MemoryMonitor
+from infergate.engine.settings import LiveSettings
 from infergate.engine.snapshots import WorkerView
 from tests.fake_workers import FakeWorkers
 from tests.polling import eventually
@@ -144,3 +146,60 @@ def test_a_load_killed_over_memory_says_to_raise_the_limit_not_to_fix_the_file()
     assert with_hint("took too long. Hint: raise load_timeout_s") == (
         "took too long. Hint: raise load_timeout_s"
     )
+
+
+async def test_a_tenant_s_workers_without_a_limit_share_its_memory_quota(tmp_path: Path) -> None:
+    """Bob's quota is 1,000 MB: a model without memory_mb reserved none of it and was never
+    watched (a warm-up of 3 GB served). Where the profile sets a tenant's memory_mb, the
+    workers of its models without one share what its reservations leave (here 700 MB):
+    past it together, the one using most is killed, saying so. A tenant whose memory_mb
+    the profile leaves at its default is not held to it (a model may be larger)."""
+    models = tmp_path / "models"
+    tomls = {
+        "reserved": 'tenant = "bob"\nmemory_mb = 300\n',
+        "small": 'tenant = "bob"\n',
+        "large": 'tenant = "bob"\n',
+        "default": "",
+    }
+    for name, toml in tomls.items():
+        make_scripted(models / name / "1" / "model.scripted", controls=())
+        (models / name / "model.toml").write_text(toml)
+    tenants = (Tenant(DEFAULT_TENANT), Tenant("bob", memory_mb=1000, memory_enforced=True))
+    devices, workers = FakeDevices(), FakeWorkers()
+    context = EngineContext(
+        clock=FakeClock(),
+        worker_factory=workers,
+        devices=devices,
+        monitor_interval_s=3600,
+        settings=LiveSettings(tenants=tenants),
+    )
+    engine = Engine(EngineSettings(models, "explicit"), context)
+    await engine.start()
+    try:
+        await eventually(lambda: engine.ready, what="the models to load")
+        ready = lambda: all(engine.version(name).ready for name in tomls)  # noqa: E731
+        await eventually(ready, what="every model to load")
+        monitor = MemoryMonitor(engine.worker_views, engine.kill_over_memory, context)
+        pid: dict[str, int] = {}
+        for name in tomls:
+            worker_pid = engine.version(name).instances[0].pid
+            assert worker_pid is not None
+            pid[name] = worker_pid
+        views = {v.model: v for v in engine.worker_views()}
+        assert set(views) == {"reserved", "small", "large"}
+        assert (views["large"].tenant, views["large"].tenant_left_mb) == ("bob", 700)
+        devices.used_mb = {pid["reserved"]: 250, pid["small"]: 300, pid["large"]: 390}
+        devices.used_mb[pid["default"]] = 5000  # (the default tenant: not held to 4,096)
+        await monitor.sample()
+        assert all(w.alive for w in workers.made)
+        devices.used_mb[pid["large"]] = 450  # 750 together
+        await monitor.sample()
+        [killed] = [w for w in workers.made if not w.alive]
+        assert killed.pid == pid["large"]
+        assert killed.over_memory
+        assert "the most of tenant 'bob''s workers without a memory_mb" in killed.death_reason
+        assert "750 MB together, over the 700 MB its memory quota leaves them" in (
+            killed.death_reason
+        )
+    finally:
+        await engine.stop()

@@ -131,11 +131,23 @@ class Engine:
 
     def worker_views(self) -> list[WorkerView]:
         """Live workers with a memory limit, of loading versions too (the monitor's)."""
-        return worker_views(self.registry.instances())
+        return worker_views(self.registry.instances(), self._quota_left)
 
-    def kill_over_memory(self, worker: WorkerView, used_mb: float) -> None:
-        """A command, not a read: kill `worker` for its memory, if it still runs."""
-        self.registry.kill_over_memory(worker, used_mb)
+    def _quota_left(self, tenant: str) -> float | None:
+        """What is left of `tenant`'s memory quota beside its reservations, when the
+        profile holds its use to it (memory_mb set); else None."""
+        try:
+            quota = self.context.tenants.get(tenant).tenant
+        except KeyError:
+            return None
+        if not quota.memory_enforced:
+            return None
+        return max(0.0, quota.memory_mb - self.context.placer.reserved(tenant=tenant))
+
+    def kill_over_memory(self, worker: WorkerView, used_mb: float, tenant_mb: float = 0.0) -> None:
+        """A command, not a read: kill `worker` for its memory, if it still runs
+        (`tenant_mb`: what its tenant's workers without a limit of their own use)."""
+        self.registry.kill_over_memory(worker, used_mb, tenant_mb)
 
     def tenant_views(self) -> list[TenantView]:
         placer = self.context.placer

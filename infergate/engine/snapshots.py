@@ -10,7 +10,7 @@ cheap next to the JSON built from it, and never stale.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,24 +99,38 @@ class ModelView:
 
 @dataclass(frozen=True)
 class WorkerView:
-    """A live worker with a memory limit, loading or serving: what the monitor watches."""
+    """A live worker with a memory limit, loading or serving: what the monitor watches.
+    Its own (memory_mb in model.toml), or, with none, its tenant's quota: then `tenant`
+    names the tenant and `memory_limit_mb` is 0."""
 
     model: str
     version: int
     instance: int
     pid: int
     memory_limit_mb: int
+    tenant: str | None = None
+    tenant_left_mb: float = 0.0  # the tenant's quota less what its models reserve
 
 
-def worker_views(instances: Iterable[Instance]) -> list[WorkerView]:
-    """The workers among `instances` that are alive and have a memory limit."""
+def worker_views(
+    instances: Iterable[Instance], left: Callable[[str], float | None] = lambda _: None
+) -> list[WorkerView]:
+    """The workers among `instances` that are alive and have a memory limit: their own,
+    or what is `left` of their tenant's quota (None: the tenant's use is not held to it)."""
     out = []
     for instance in instances:
         limit = instance.placement.memory_mb if instance.placement else None
         pid = instance.pid
-        if limit and pid is not None:
-            spec = instance.spec
+        if pid is None:
+            continue
+        spec = instance.spec
+        if limit:
             out.append(WorkerView(spec.model, spec.version, instance.index, pid, limit))
+        elif isinstance(instance.tenant, str) and (room := left(instance.tenant)) is not None:
+            view = WorkerView(
+                spec.model, spec.version, instance.index, pid, 0, instance.tenant, room
+            )
+            out.append(view)
     return out
 
 

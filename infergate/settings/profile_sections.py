@@ -238,7 +238,8 @@ class TenantSection(Section):
     )
     memory_mb: int = setting(
         _TENANT.memory_mb,
-        "the memory all its models' instances may reserve together",
+        "the memory all its models' instances may reserve together; set, it also bounds what "
+        "its models without memory_mb use together",
         ge=1,
         unit="MB",
     )

@@ -48,6 +48,9 @@ class Tenant:
     models: tuple[str, ...] = ("*",)  # glob patterns of the models it may use
     devices: tuple[str, ...] = ("auto",)
     memory_mb: int = 4096
+    # The profile set memory_mb: what its models' workers that reserve nothing (no memory_mb
+    # in model.toml) use is held to the quota too (engine/placement/monitor.py).
+    memory_enforced: bool = False
     api_keys: tuple[str, ...] = ()  # "sha256:<hex>"
     weight: float = 1.0  # its share of a queue against tenants of the same class
 

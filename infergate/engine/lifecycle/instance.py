@@ -228,20 +228,37 @@ class Instance:
         self.state = state
         await asyncio.sleep(backoff * random.uniform(0.75, 1.25))
 
-    def kill_over_memory(self, used_mb: float, limit_mb: int) -> None:
-        """The monitor saw this worker past its limit: kill it (its requests get 503)."""
+    def kill_over_memory(
+        self, used_mb: float, limit_mb: float, tenant: str | None = None, tenant_mb: float = 0.0
+    ) -> None:
+        """The monitor saw this worker past its limit: kill it (its requests get 503).
+        Its own limit, or (`tenant`) what its tenant's quota leaves the tenant's workers
+        without a limit of their own, which together used `tenant_mb`."""
         if self.handle is None or not self.handle.alive:
             return
         self._killed_running = self.running
-        self.handle.kill_over_memory(
-            f"it used {used_mb:.0f} MB, over its memory limit of {limit_mb} MB "
-            "(memory_mb in model.toml)"
-        )
+        if tenant is None:
+            said = f"used {used_mb:.0f} MB, over its limit of {limit_mb:.0f} MB"
+            why = (
+                f"it used {used_mb:.0f} MB, over its memory limit of {limit_mb:.0f} MB "
+                "(memory_mb in model.toml)"
+            )
+        else:
+            said = (
+                f"used {used_mb:.0f} MB, the most of tenant {tenant!r}'s workers without a "
+                f"memory_mb of their own, which used {tenant_mb:.0f} MB together, over the "
+                f"{limit_mb:.0f} MB its memory quota leaves them"
+            )
+            why = (
+                f"it {said} (memory_mb of [tenants.{tenant}] in the profile). Hint: set "
+                "memory_mb in model.toml to reserve the model's share of the quota"
+            )
+        self.handle.kill_over_memory(why)
         self._context.metrics.worker_kills.labels(self.spec.model, "memory").inc()
         self._context.events.publish(
             "worker_killed",
             self.spec.model,
-            f"instance {self.index} used {used_mb:.0f} MB, over its limit of {limit_mb} MB",
+            f"instance {self.index} {said}",
             self.spec.version,
             instance=self.index,
         )

@@ -111,14 +111,18 @@ class Registry:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._disk, functools.partial(fn, *args))
 
-    def kill_over_memory(self, worker: WorkerView, used_mb: float) -> None:
+    def kill_over_memory(self, worker: WorkerView, used_mb: float, tenant_mb: float = 0.0) -> None:
         """The monitor saw `worker` past its memory limit: kill it, if that instance still
         runs that pid (it may have exited, and its pid gone to another instance's worker)."""
         for instance in self.instances():
             spec = instance.spec
             seen = (spec.model, spec.version, instance.index, instance.pid)
             if seen == (worker.model, worker.version, worker.instance, worker.pid):
-                instance.kill_over_memory(used_mb, worker.memory_limit_mb)
+                if worker.tenant is None:
+                    instance.kill_over_memory(used_mb, worker.memory_limit_mb)
+                else:
+                    left = worker.tenant_left_mb
+                    instance.kill_over_memory(used_mb, left, worker.tenant, tenant_mb)
                 return
 
     def instances(self) -> Iterator[Instance]:

@@ -24,7 +24,7 @@ class MemoryMonitor:
     def __init__(
         self,
         workers: Callable[[], list[WorkerView]],
-        kill: Callable[[WorkerView, float], None],
+        kill: Callable[[WorkerView, float, float], None],
         context: EngineContext,
     ) -> None:
         self._workers = workers  # a snapshot of every live worker that has a memory limit
@@ -53,14 +53,26 @@ class MemoryMonitor:
         return out
 
     async def sample(self) -> None:
-        """One look at every worker that has a memory limit, loading ones included."""
+        """One look at every worker that has a memory limit, loading ones included: its
+        own, or its tenant's quota, which a tenant's workers without one share: past it,
+        the largest of them is killed (one a look: the next look sees what that freed)."""
         watched = self._workers()
         if not watched:
             return
         used = await asyncio.to_thread(self._usage, [w.pid for w in watched])
+        shared: dict[str, list[tuple[float, WorkerView]]] = {}
         for worker, mb in zip(watched, used, strict=True):
-            if mb is not None and mb > worker.memory_limit_mb:
-                self._kill(worker, mb)
+            if mb is None:
+                continue
+            if worker.tenant is not None:
+                shared.setdefault(worker.tenant, []).append((mb, worker))
+            elif mb > worker.memory_limit_mb:
+                self._kill(worker, mb, 0.0)
+        for workers in shared.values():
+            together = sum(mb for mb, _ in workers)
+            if together > workers[0][1].tenant_left_mb:
+                mb, largest = max(workers, key=lambda pair: pair[0])
+                self._kill(largest, mb, together)
 
     async def _run(self) -> None:
         while True:
