@@ -3,6 +3,7 @@ passed, and only regular files (with a size cap on signatures) are ever read."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import signal
@@ -18,6 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
+from infergate.engine.context import EngineContext
+from infergate.engine.lifecycle import registry as registry_module
+from infergate.engine.lifecycle.registry import Registry
 from infergate.engine.repository.verify import (
     MAX_SIGNATURE_BYTES,
     Digests,
@@ -29,6 +33,7 @@ from infergate.engine.repository.verify import (
     verify_file,
 )
 from tests.conftest import write_profile
+from tests.fake_workers import FakeWorkers
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
@@ -270,15 +275,17 @@ def test_a_small_file_system_keeps_a_share_free_not_a_gibibyte(
         store.admit(model, None, VerifyPolicy())
 
 
-def test_a_file_that_did_not_change_is_not_hashed_again(
+async def test_a_file_is_read_once_a_change_and_not_while_it_does_not_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each sync of a model hashed every file it serves to find it unchanged: a 10 GB
-    model was read whole on every event in its folder. A settled file (times over 2 s
-    old when hashed) is hashed once while stat says the same of it; a change, even of the
-    same size under a restored mtime, moves its ctime and is hashed again. A file written
-    within the last 2 s is hashed every time (a second write in the same clock tick would
-    leave its times as they were)."""
+    model was read whole on every event in its folder; and a changed file was read twice,
+    hashed to see that it changed, then again as it was copied. A changed file is now
+    read once (hashed as it is copied); a settled one (times over 2 s old when hashed)
+    not again while stat says the same of it; a change, even of the same size under a
+    restored mtime, moves its ctime and is read again. A file written within the last
+    2 s is read at each sync (a second write in the same clock tick would leave its times
+    as they were), its copy let go when it is what serves."""
     hashed: list[int] = []
     real = hashlib.sha256
 
@@ -287,22 +294,116 @@ def test_a_file_that_did_not_change_is_not_hashed_again(
         return real()
 
     monkeypatch.setattr(hashlib, "sha256", counting)  # (verify.py calls it by this name)
-    model = tmp_path / "model.onnx"
-    model.write_bytes(b"first bytes")
-    digests = Digests()
+    model = tmp_path / "models" / "m" / "1" / "model.scripted"
+    make_scripted(model, controls=())
+    registry = Registry(tmp_path / "models", EngineContext(worker_factory=FakeWorkers()))
+    sha = real(model.read_bytes()).hexdigest()
     # "Just written", on a machine of any speed: its times within the hour.
     monkeypatch.setattr(Digests, "SETTLED_NS", 3600 * 10**9)
-    assert digests.verify(model, None, VerifyPolicy()) == real(b"first bytes").hexdigest()
-    digests.verify(model, None, VerifyPolicy())
-    assert len(hashed) == 2  # just written: not trusted
-    old = time.time_ns() - 10**10
-    os.utime(model, ns=(old, old))
-    monkeypatch.setattr(Digests, "SETTLED_NS", 0)  # (ctime cannot be set back: let it be)
-    for _ in range(3):
-        digests.verify(model, None, VerifyPolicy())
-    assert len(hashed) == 3  # hashed once more, then known
-    model.write_bytes(b"other bytes")  # the same size
-    os.utime(model, ns=(old, old))
-    assert digests.verify(model, None, VerifyPolicy()) == real(b"other bytes").hexdigest()
-    with pytest.raises(VerificationFailed, match="pins"):  # the checks run on a known one
-        digests.verify(model, real(b"first bytes").hexdigest(), VerifyPolicy())
+    try:
+        await registry.sync("m")
+        assert len(hashed) == 1  # read once: hashed as it was copied
+        await registry.sync("m")
+        assert len(hashed) == 2  # just written: not trusted
+        old = time.time_ns() - 10**10
+        os.utime(model, ns=(old, old))
+        monkeypatch.setattr(Digests, "SETTLED_NS", 0)  # (ctime cannot be set back)
+        for _ in range(3):
+            await registry.sync("m")
+        assert len(hashed) == 3  # read once more, then known
+        assert [p.name for p in registry.store.root.iterdir()] == [sha]  # copies let go
+        make_scripted(model, controls=("crash",))  # changed
+        os.utime(model, ns=(old, old))
+        await registry.sync("m")
+        assert len(hashed) == 4
+        assert registry.record("m").versions[1].sha256 == real(model.read_bytes()).hexdigest()
+    finally:
+        await registry.stop()
+
+
+async def test_a_small_model_loads_while_large_files_are_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two of a tenant's 1.5 GB files held both of the registry's disk threads, and
+    another tenant's small model, changed meanwhile, served 8.5 s later instead of 0.7.
+    Large files are hashed and copied on a thread of their own (here, the copies of two
+    "large" files of 2 KB are held until the small model has loaded)."""
+    monkeypatch.setattr(registry_module, "LARGE_FILE_BYTES", 2048)
+    release = threading.Event()
+    admit = VerifiedStore.admit
+
+    def held(store: VerifiedStore, source: Path, *args: Any) -> tuple[str, Path]:
+        if source.stat().st_size >= 2048:
+            assert release.wait(30), "the large copies were never let go"
+        return admit(store, source, *args)
+
+    monkeypatch.setattr(VerifiedStore, "admit", held)
+    models = tmp_path / "models"
+    for name in ("large1", "large2"):
+        make_scripted(models / name / "1" / "model.scripted", controls=())
+        with (models / name / "1" / "model.scripted").open("a") as f:
+            f.write("#" * 4096 + "\n")
+    make_scripted(models / "small" / "1" / "model.scripted", controls=())
+    registry = Registry(models, EngineContext(worker_factory=FakeWorkers()))
+    large = [asyncio.create_task(registry.sync(name)) for name in ("large1", "large2")]
+    try:
+        await asyncio.wait_for(registry.sync("small"), 30)
+        assert 1 in registry.record("small").versions
+        assert not any(task.done() for task in large)
+    finally:
+        release.set()
+        await asyncio.gather(*large)
+        await registry.stop()
+
+
+def test_copies_under_way_count_against_the_room_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each copy checked the room for itself alone: two at once, each fitting, could
+    together fill the disk. A copy under way counts as written (here two of 40 MiB, with
+    74 MiB free past the reserve: the second is refused while the first copies)."""
+    (tmp_path / "store").mkdir()
+    real = os.fstatvfs
+
+    def small(fd: int) -> os.statvfs_result:
+        fields = list(real(fd))
+        fields[1], fields[2], fields[4] = 4096, 131_072, 25_600  # 512 MiB, 100 MiB free
+        return os.statvfs_result(fields)
+
+    monkeypatch.setattr(os, "fstatvfs", small)
+    started, release = threading.Event(), threading.Event()
+    sha256 = hashlib.sha256
+
+    class Held:
+        """The first copy's digest: it waits, mid-copy, until the test lets it go."""
+
+        def __init__(self) -> None:
+            self._digest = sha256()
+
+        def update(self, chunk: bytes) -> None:
+            started.set()
+            assert release.wait(30)
+            self._digest.update(chunk)
+
+        def hexdigest(self) -> str:
+            return self._digest.hexdigest()
+
+    files = []
+    for name in ("a.onnx", "b.onnx"):
+        with (tmp_path / name).open("wb") as f:
+            f.truncate(40 << 20)
+        files.append(tmp_path / name)
+    store = VerifiedStore(tmp_path / "store")
+    monkeypatch.setattr(hashlib, "sha256", Held)
+    first = threading.Thread(target=store.admit, args=(files[0], None, VerifyPolicy()))
+    first.start()
+    try:
+        assert started.wait(30)
+        monkeypatch.setattr(hashlib, "sha256", sha256)
+        with pytest.raises(VerificationFailed, match="MiB free"):
+            store.admit(files[1], None, VerifyPolicy())
+    finally:
+        release.set()
+        first.join(30)
+    _, copy = store.admit(files[1], None, VerifyPolicy())  # the first is done: it fits
+    assert copy.stat().st_size == 40 << 20

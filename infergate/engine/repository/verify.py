@@ -24,7 +24,6 @@ import shutil
 import stat
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -207,36 +206,53 @@ class Digests:
     that did not change again (a 10 GB model was read whole on every event in its folder,
     to find it unchanged). A stamp is trusted only for a file whose times were SETTLED_NS
     old when it was hashed: a write in the clock tick of the one before leaves them as
-    they were (git's "racily clean" entries). What serves is still hashed as it is copied
-    (VerifiedStore.admit): this only decides whether a file changed."""
+    they were (git's "racily clean" entries). The digests are those of the copies
+    (VerifiedStore.admit hashes a file as it copies it): this only decides whether a
+    file changed."""
 
     SETTLED_NS = 2_000_000_000
     MAX_FILES = 4096
 
     def __init__(self) -> None:
         self._known: dict[Path, tuple[_Stamp, str]] = {}
+        self._lock = threading.Lock()  # (the registry's disk threads remember at once)
 
-    def verify(self, model_file: Path, pinned_sha256: str | None, policy: VerifyPolicy) -> str:
-        """`verify_file`, hashing only a file whose stamp changed."""
-        with os.fdopen(open_regular(model_file), "rb") as f:
-            st = os.fstat(f.fileno())
-            stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            known = self._known.get(model_file)
-            if known is not None and known[0] == stamp:
-                sha = known[1]
-            else:
-                hashed_at = time.time_ns()
-                digest = hashlib.sha256()
-                while chunk := f.read(_CHUNK):
-                    digest.update(chunk)
-                sha = digest.hexdigest()
-                self._known.pop(model_file, None)
-                if hashed_at - max(st.st_mtime_ns, st.st_ctime_ns) >= self.SETTLED_NS:
-                    if len(self._known) >= self.MAX_FILES:  # (the oldest go first)
-                        del self._known[next(iter(self._known))]
-                    self._known[model_file] = (stamp, sha)
-        check_digest(model_file, sha, pinned_sha256, policy)
-        return sha
+    def cached(self, model_file: Path) -> str | None:
+        """The file's SHA256 when its stamp is the one it had when hashed; else None (it
+        is not read)."""
+        known = self._known.get(model_file)
+        if known is None:
+            return None
+        try:
+            st = os.stat(model_file)
+        except OSError:
+            return None
+        return known[1] if known[0] == _stamp(st) else None
+
+    def remember(
+        self,
+        model_file: Path,
+        before: os.stat_result,
+        after: os.stat_result,
+        sha: str,
+        hashed_at: int,
+    ) -> None:
+        """`sha`, hashed at `hashed_at` (ns) from a read between two stats of the file:
+        trusted for that stamp while the stamp stays, if it did not change meanwhile and
+        the file's times were settled when it was read."""
+        stamp = _stamp(before)
+        with self._lock:
+            self._known.pop(model_file, None)
+            if stamp != _stamp(after):
+                return
+            if hashed_at - max(before.st_mtime_ns, before.st_ctime_ns) >= self.SETTLED_NS:
+                if len(self._known) >= self.MAX_FILES:  # (the oldest go first)
+                    del self._known[next(iter(self._known))]
+                self._known[model_file] = (stamp, sha)
+
+
+def _stamp(st: os.stat_result) -> _Stamp:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def check_digest(
@@ -305,10 +321,11 @@ def _remove_orphans() -> None:
 STORE_RESERVE_BYTES = 1 << 30
 
 
-def _check_room(source: Path, stat_result: os.stat_result, fd: int) -> None:
-    """Refuse to copy `source` (`stat_result`) to the file system of `fd` without room."""
+def _check_room(source: Path, stat_result: os.stat_result, fd: int, coming: int = 0) -> None:
+    """Refuse to copy `source` (`stat_result`) to the file system of `fd` without room,
+    `coming` bytes of other copies under way being as good as written."""
     fs = os.fstatvfs(fd)
-    free = fs.f_bavail * fs.f_frsize
+    free = fs.f_bavail * fs.f_frsize - coming
     reserve = min(STORE_RESERVE_BYTES, fs.f_blocks * fs.f_frsize // 20)
     size = stat_result.st_size
     if size > free - reserve:
@@ -333,6 +350,7 @@ class VerifiedStore:
         self._root = root
         self._held: int | None = None  # the lock on a store made here (`_hold`)
         self._users: dict[Path, int] = {}
+        self._coming = 0  # bytes of the copies under way
         self._lock = threading.Lock()
 
     @property
@@ -360,10 +378,17 @@ class VerifiedStore:
         tmp = Path(tmp_name)
         try:
             with os.fdopen(open_regular(source), "rb") as src, os.fdopen(fd, "wb") as dst:
-                _check_room(source, os.fstat(src.fileno()), dst.fileno())
-                while chunk := src.read(_CHUNK):
-                    digest.update(chunk)
-                    dst.write(chunk)
+                st = os.fstat(src.fileno())
+                with self._lock:  # two copies at once each saw the room for one
+                    _check_room(source, st, dst.fileno(), self._coming)
+                    self._coming += st.st_size
+                try:
+                    while chunk := src.read(_CHUNK):
+                        digest.update(chunk)
+                        dst.write(chunk)
+                finally:
+                    with self._lock:
+                        self._coming -= st.st_size
             sha = digest.hexdigest()
             check_digest(source, sha, pinned_sha256, policy)
             folder = root / sha
