@@ -83,6 +83,13 @@ def test_every_models_statistics_and_metrics_are_the_admins(server: ServerProces
         assert get(server, path, None).status_code == 401, path
         assert get(server, path, NARROW).status_code == 403, path
         assert get(server, path, ADMIN).status_code == 200, path
+        # A narrow key, then the admin's (as a client's header after a proxy's): the last
+        # one ran. Two keys are a 400, here and on /admin.
+        keys = [("Authorization", f"Bearer {NARROW}"), ("Authorization", f"Bearer {ADMIN}")]
+        twice = httpx.get(f"{server.url}{path}", headers=keys)
+        assert twice.status_code == 400, (path, twice.text)
+    admin = httpx.get(f"{server.url}/admin/tenants", headers=keys)
+    assert admin.status_code == 400, admin.text
     # Health and the server's own metadata say nothing of models: open.
     for path in ("/v2/health/live", "/v2/health/ready", "/v2"):
         assert get(server, path, None).status_code == 200, path

@@ -157,6 +157,16 @@ def test_keys_allow_lists_and_rates(shared_server: ServerProcess) -> None:
         url, headers={"X-API-Key": BOB, "Authorization": f"Bearer {BOB}"}, json=one_row
     )
     assert same.status_code == 200
+    # One header twice: the last one ran, so a client's header after a proxy's won.
+    for name, values in (
+        ("Authorization", [f"Bearer {BOB}", f"Bearer {ALICE}"]),
+        ("X-API-Key", [BOB, ALICE]),
+    ):
+        twice = httpx.post(url, headers=[(name, v) for v in values], json=one_row)
+        assert twice.status_code == 400, (name, twice.text)
+        assert f"sends {name.lower()} twice, with different values" in twice.json()["error"]
+    repeated = httpx.post(url, headers=[("X-API-Key", BOB), ("X-API-Key", BOB)], json=one_row)
+    assert repeated.status_code == 200
     empty = httpx.post(
         url, headers={"X-API-Key": "", "Authorization": f"Bearer {BOB}"}, json=one_row
     )

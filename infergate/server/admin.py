@@ -149,10 +149,11 @@ def _check_admin_key(engine: Engine, key: str | None) -> None:
 
 def admin_guard(engine: Engine) -> Guard:
     async def guard(request: Request) -> None:
-        headers = {k.lower(): v for k, v in request.headers.raw}
+        raw = [(k.lower(), v) for k, v in request.headers.raw]
+        headers = dict(raw)
         # The key first, from the headers alone: a caller without the admin key is refused
         # before any of its body is read (else a keyless 1 GB POST cost 1 GB for its 401).
-        _check_admin_key(engine, api_key(headers))
+        _check_admin_key(engine, api_key(headers, raw))
         body = b"" if request.method in _SAFE_METHODS else await _small_body(request, headers)
         check_not_from_a_browser_page(request.method, headers, body, request.url.path)
 

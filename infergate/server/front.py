@@ -242,7 +242,7 @@ class ForwardRoute:
         arrived = time.monotonic()
         headers_in = dict(raw_headers)
         try:
-            key = api_key(headers_in)
+            key = api_key(headers_in, raw_headers)
         except InfergateError:  # the engine answers it (a 400 or 401), not decoded here
             key = _BAD_KEY
         path = (key, name, version)

@@ -5,6 +5,7 @@ checked (400 naming what is wrong); and the engine's request made from them."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from infergate.engine.inference import InferenceRequest
@@ -62,10 +63,20 @@ def header_text(headers: dict[bytes, bytes], name: bytes) -> str | None:
         ) from None
 
 
-def api_key(headers: dict[bytes, bytes]) -> str | None:
+_KEY_HEADERS = (b"authorization", b"x-api-key")
+
+
+def api_key(
+    headers: dict[bytes, bytes], raw: Sequence[tuple[bytes, bytes]] | None = None
+) -> str | None:
     """The caller's key from `Authorization: Bearer <key>` or `X-API-Key: <key>`: 401 for
     a Bearer with no key (a client that meant to send one, not an anonymous one), 400 for
-    two different keys (which one the request runs as would be the gateway's guess)."""
+    two different keys (which one the request runs as would be the gateway's guess).
+    `raw`: the headers as they came, `headers` made of them: one of the two sent twice
+    with different values is two keys too (the dict kept the last: a client's header
+    after a proxy's ran as the client's key)."""
+    if raw is not None and len(raw) != len(headers):  # a header came twice: which?
+        _one_of_each(raw)
     key = headers.get(b"x-api-key")
     auth = headers.get(b"authorization")
     if auth is not None:
@@ -84,6 +95,15 @@ def api_key(headers: dict[bytes, bytes]) -> str | None:
                 )
             return token
     return key.decode("latin-1").strip() if key else None
+
+
+def _one_of_each(raw: Sequence[tuple[bytes, bytes]]) -> None:
+    seen: dict[bytes, bytes] = {}
+    for name, value in raw:
+        if name in _KEY_HEADERS and seen.setdefault(name, value) != value:
+            raise BadRequest(
+                f"the request sends {name.decode()} twice, with different values; send one key"
+            )
 
 
 def inference_request(name: str, number: int | None, decoded: DecodedRequest) -> InferenceRequest:

@@ -148,7 +148,7 @@ class InferRoute:
         large: Unfinished | None = None
         try:
             headers_in = dict(raw_headers)
-            state = context.tenants.authenticate(api_key(headers_in))
+            state = context.tenants.authenticate(api_key(headers_in, raw_headers))
             status = 200
             headers, body = await self._answer(
                 name, version, headers_in, receive, whole, state, keeper, departure
@@ -199,7 +199,7 @@ class InferRoute:
         started = context.clock.now()
         state: TenantState | None = None
         try:
-            state = context.tenants.authenticate(api_key(headers_in))
+            state = context.tenants.authenticate(api_key(headers_in, raw_headers))
             served, number = self._served(name, version, state)
             if isinstance(served, RemoteServedVersion):
                 return None

@@ -35,20 +35,21 @@ class PrivateModels:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             try:
-                self._check(scope["path"], dict(scope["headers"]))
+                self._check(scope["path"], scope["headers"])
             except InfergateError as exc:
                 await _refuse(send, exc)
                 return
         await self._app(scope, receive, send)
 
-    def _check(self, path: str, headers: dict[bytes, bytes]) -> None:
+    def _check(self, path: str, raw: list[tuple[bytes, bytes]]) -> None:
+        headers = dict(raw)
         if path == "/metrics" or path == _MODELS + "stats":
-            self._admin_only(headers, path)
+            self._admin_only(headers, raw, path)
             return
         if not path.startswith(_MODELS):
             return
         name = path[len(_MODELS) :].split("/", 1)[0]
-        key = api_key(headers)
+        key = api_key(headers, raw)
         tenants = self._engine.context.tenants
         if tenants.is_admin(key):
             return
@@ -57,8 +58,10 @@ class PrivateModels:
         # 404 naming only its own models, before the app's (which names every model)
         self._engine.registry.record(name, state.tenant.may_use)
 
-    def _admin_only(self, headers: dict[bytes, bytes], path: str) -> None:
-        key = api_key(headers)
+    def _admin_only(
+        self, headers: dict[bytes, bytes], raw: list[tuple[bytes, bytes]], path: str
+    ) -> None:
+        key = api_key(headers, raw)
         if self._engine.context.tenants.is_admin(key):
             return
         what = "metrics" if path == "/metrics" else "every model's statistics"
