@@ -18,11 +18,11 @@ class Loads:
         self.slots = slots
         self.order: list[str] = []
         self._done: dict[str, asyncio.Event] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self.tasks: list[asyncio.Task[None]] = []
 
     def start(self, name: str, tenant: Hashable, restart: bool = False) -> None:
         self._done[name] = asyncio.Event()
-        self._tasks.append(asyncio.create_task(self._load(name, tenant, restart)))
+        self.tasks.append(asyncio.create_task(self._load(name, tenant, restart)))
 
     async def _load(self, name: str, tenant: Hashable, restart: bool) -> None:
         async with self.slots.slot(tenant, restart):
@@ -38,9 +38,9 @@ class Loads:
         try:
             yield self
         finally:
-            for task in self._tasks:
+            for task in self.tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 async def settle() -> None:
@@ -103,3 +103,23 @@ async def test_a_waiter_that_leaves_gives_its_place_back() -> None:
         await loads.finish("first")
         assert loads.order == ["first", "third"]
         assert slots.busy == 1
+
+
+async def test_a_waiter_cancelled_as_a_slot_is_released_takes_nothing() -> None:
+    """A version stopping cancels its instances: the one holding a slot, then the one
+    waiting for it, in one tick. The release handed the slot to the cancelled waiter,
+    and it was held by nobody for good (after `limit` such stops nothing loaded)."""
+    slots = LoadSlots(1)
+    async with Loads(slots).running() as loads:
+        loads.start("holder", "bob")
+        await settle()
+        loads.start("waiter", "bob")
+        await settle()
+        holder, waiter = loads.tasks
+        holder.cancel()
+        waiter.cancel()
+        await settle()
+        assert slots.busy == 0
+        loads.start("next", "alice")
+        await settle()
+        assert loads.order == ["holder", "next"]

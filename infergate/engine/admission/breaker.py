@@ -26,13 +26,14 @@ every request is the default tenant's, or a model only that tenant uses): with n
 shown to be served well, and perhaps nobody to protect, it cannot tell the tenant from
 the model.
 
-"Another tenant" is never one cut off itself: while one is, a second tenant failing is
-cut off too when the window without both is within the limits, or (failing alone in the
-window, a failed probe, a query of death) when the model served a third tenant, not cut
-off, well since it last opened; else it opens for everyone, as a model failing for all
-its tenants does. Once, a second tenant failing opened it for everyone whatever the
-others saw: one sender with two tenants' keys reopened a shared model after each
-recovery, a victim served 123 of 298 requests over 60 s.
+Several tenants failing are cut off together, or one more while another is cut off
+already, only on the window's evidence: the other tenants' requests in it, at least
+`min_requests` of them, within the limits without theirs. Else (one more failing alone in
+the window, a failed probe, a query of death, too few others' requests to tell) a second
+tenant failing opens it for everyone: the model may fail for all. Once, two tenants
+failing opened it for everyone whatever the others' requests showed: one sender with two
+tenants' keys, both failing while a victim sent 5 requests a second, kept the victim at
+124 of 296 requests served over 60 s; now 292 of 292.
 
 A cut-off tenant's backoff doubles past `backoff_max_s`, to `CUT_OFF_MAX_S` (10 minutes):
 only that tenant waits it out, and a worker restarted after a query of death counts as
@@ -117,9 +118,6 @@ class BreakerPolicy:
 # off (a query of death): one may be chance, a second is its inputs.
 WORKER_DEATHS = 2
 CUT_OFF_MAX_S = 600.0  # a cut-off tenant's longest backoff (see the module docstring)
-# The tenants served well that a breaker keeps (the latest): a sender with more tenants'
-# keys than this could push the others out, and a failing tenant then opens it for all.
-SERVED_KEPT = 8
 # Half-open, for this long the tenants whose probes failed since it opened wait, and the
 # other tenants' requests are the probes (see the module docstring).
 PROBE_GRACE_S = 2.0
@@ -159,13 +157,13 @@ class Breaker:
         self._random = random.Random(0)  # which latencies a full bucket keeps
         self._cut: dict[Hashable, _CutOff] = {}  # tenants refused on their own
         self._on_cut_off = on_cut_off
-        # The tenants served well since the breaker last opened, the latest last (at most
-        # SERVED_KEPT): is there another, not cut off, than one failing alone?
-        self._served: Hashable = None  # the latest of them (None: none yet)
-        self._served_recently: dict[Hashable, None] = {}
+        # The last two distinct tenants served well since the breaker last opened (None:
+        # none yet): is there another tenant than one failing alone that the model serves?
+        self._served: Hashable = None
         self._opened_for = ""  # why it last opened from closed (probes that fail since name it)
         self._failed_probers: set[Hashable] = set()  # since it opened: see PROBE_GRACE_S
         self._half_open_at = 0.0
+        self._served_before: Hashable = None
         # When each tenant's lone requests ended a worker, within the window (oldest first).
         self._deaths: dict[Hashable, deque[float]] = {}
 
@@ -255,10 +253,14 @@ class Breaker:
             if self._state != "half_open":
                 return
             if not ok:
-                if tenant is not None and self._served_another(tenant, now):
+                if (
+                    tenant is not None
+                    and self._served_another(tenant)
+                    and not any(c.until > now for c in self._cut.values())
+                ):
                     # Another tenant's probe succeeded: the model works, for them. This
                     # tenant alone is cut off, and its probe's place goes to the others;
-                    # with every tenant served cut off, it opens for all.
+                    # a second tenant's failing (one is cut off already) opens it for all.
                     why = "its probe failed while another tenant's succeeded"
                     self._cut_tenant_off(tenant, why, now)
                     self._probes_left = min(self._probes_left + 1, self.policy.probes)
@@ -348,37 +350,26 @@ class Breaker:
             deaths.popleft()
         before = len(deaths)
         deaths.append(now)
-        judged = self._state == "closed" and self._served_another(tenant, now)
-        if len(deaths) >= WORKER_DEATHS and self._state == "closed":
+        judged = self._state == "closed" and self._served_another(tenant)
+        if judged and len(deaths) >= WORKER_DEATHS:
             why = (
                 f"{len(deaths)} workers of this version within "
                 f"{self.policy.window_seconds:g} s, each running alone (the last {how})"
             )
-            if judged:
+            if any(c.until > now for c in self._cut.values()):
+                self._open(f"a second tenant's requests ended {why}")  # as `_culprit`
+            else:
                 self._cut_tenant_off(tenant, f"its requests ended {why}", now)
-            elif self._cut_any(now):  # every tenant served well is cut off: it fails for all
-                self._open(f"a second tenant's requests ended {why}")
         return not judged and before == 0
 
     def _served_well(self, tenant: Hashable) -> None:
         if tenant != self._served:
-            self._served = tenant
-            recent = self._served_recently
-            recent.pop(tenant, None)
-            recent[tenant] = None
-            if len(recent) > SERVED_KEPT:
-                del recent[next(iter(recent))]
+            self._served_before, self._served = self._served, tenant
 
-    def _served_another(self, tenant: Hashable, now: float) -> bool:
-        """Whether the model served a tenant other than `tenant`, and not cut off, well
-        since the breaker last opened."""
-        return any(
-            t is not None and t != tenant and not self._cut_now(t, now)
-            for t in self._served_recently
-        )
-
-    def _cut_any(self, now: float) -> bool:
-        return any(c.until > now for c in self._cut.values())
+    def _served_another(self, tenant: Hashable) -> bool:
+        """Whether the model served a tenant other than `tenant` well since the breaker
+        last opened."""
+        return any(t is not None and t != tenant for t in (self._served, self._served_before))
 
     def _uniform(self) -> float:
         """A random number in (0, 1)."""
@@ -392,8 +383,7 @@ class Breaker:
         self._buckets.clear()
         self._cut.clear()
         self._deaths.clear()
-        self._served = None
-        self._served_recently.clear()
+        self._served = self._served_before = None
         self._backoff = self.policy.backoff_initial_s
         self._bad_evaluations = 0
         self._move("closed", "reset by an operator")
@@ -438,11 +428,10 @@ class Breaker:
 
     def _culprits(self, failures: bool, now: float) -> list[tuple[Hashable, str]]:
         """The tenants to cut off for a bad window, and why (breaker_blame.py); none when
-        it opens for everyone. Cut-off tenants' outcomes are out of the window already,
-        and they are not "another tenant served well" (`_served_another`)."""
-        return culprits(
-            self._buckets, self.policy, failures, lambda t: self._served_another(t, now)
-        )
+        it opens for everyone. While a tenant is cut off already (its outcomes are out of
+        the window), only on the other requests' evidence (see the module docstring)."""
+        others_cut = any(c.until > now for c in self._cut.values())
+        return culprits(self._buckets, self.policy, failures, self._served_another, others_cut)
 
     def _cut_tenant_off(self, tenant: Hashable, reason: str, now: float) -> None:
         """Refuse `tenant` alone for a while, saying why: the others go on as if it had
@@ -493,8 +482,7 @@ class Breaker:
         self._buckets.clear()
         self._cut.clear()  # every tenant is refused now
         self._deaths.clear()
-        self._served = None  # served before the model failed for all
-        self._served_recently.clear()
+        self._served = self._served_before = None  # served before the model failed for all
         self._move("open", why)
 
     def _close(self) -> None:

@@ -118,37 +118,52 @@ def culprits(
     policy: BreakerPolicy,
     failures: bool,
     served_another: Callable[[Hashable], bool],
+    others_cut: bool = False,
 ) -> list[tuple[Hashable, str]]:
     """The tenants whose requests alone make the window bad (`failures`: by its failure
     rate, else by its p99), each with why it is cut off; none when the breaker is to open
-    for everyone. One when one is enough (`culprit`); else the fewest, from the worst
-    down, each beyond the limits itself, whose batches, left out, leave the others'
+    for everyone. One when one is enough (`_culprit`); else the fewest, each beyond the
+    limits itself, whose batches, left out, leave at least `min_requests` of the others'
     within them: one sender with two tenants' keys, both failing beside a victim served
-    well, opened it for everyone. A model failing for every tenant leaves nobody within
-    the limits, and opens."""
+    well, opened it for everyone. `others_cut`: a tenant is cut off already, and only such
+    evidence cuts off another. A model failing for every tenant leaves nobody within the
+    limits, and opens."""
     window = _window(buckets)
-    one = _culprit(window, policy, failures, served_another)
+    one = _culprit(window, policy, failures, served_another, others_cut)
     if one is not None:
         return [one]
-    worst_first = sorted(
-        window.per, key=lambda t: window.per[t][1 if failures else 3], reverse=True
-    )
     bad = [
         t
-        for t in worst_first
+        for t in _worst_first(window, failures)
         if not within(window.per[t], failures, policy)
         and not _runs_well_alone(window, t, failures, policy)
     ]
     for n in range(2, len(bad) + 1):
-        rest = window.without(set(bad[:n]))
-        if rest[0] + rest[1] > 0 and within(rest, failures, policy):
+        if _shown_well(window.without(set(bad[:n])), failures, policy):
+            chosen = bad[:n]
+            for tenant in reversed(bad[:n]):  # the least bad first: one not needed stays
+                fewer = [t for t in chosen if t != tenant]
+                if len(fewer) > 1 and _shown_well(window.without(set(fewer)), failures, policy):
+                    chosen = fewer
             what = "failed" if failures else "ran above the latency limit"
             why = (
-                f"its requests {what} in the window, as did {n - 1} other tenant(s)', "
-                "while the others' did not"
+                f"its requests {what} in the window, as did {len(chosen) - 1} other "
+                "tenant(s)', while the others' did not"
             )
-            return [(t, why) for t in bad[:n]]
+            return [(t, why) for t in chosen]
     return []
+
+
+def _worst_first(window: _Window, failures: bool) -> list[Hashable]:
+    """The window's tenants, most failures (or slow latencies) in their batches first."""
+    return sorted(window.per, key=lambda t: window.per[t][1 if failures else 3], reverse=True)
+
+
+def _shown_well(rest: list[int], failures: bool, policy: BreakerPolicy) -> bool:
+    """Whether outcomes ([ok, failed, measured, slow]) show the model works: at least
+    `min_requests` of them (measured ones, for the p99), within the limits."""
+    enough = (rest[0] + rest[1] if failures else rest[2]) >= policy.min_requests
+    return enough and within(rest, failures, policy)
 
 
 def _runs_well_alone(
@@ -167,20 +182,21 @@ def _culprit(
     policy: BreakerPolicy,
     failures: bool,
     served_another: Callable[[Hashable], bool],
+    others_cut: bool,
 ) -> tuple[Hashable, str] | None:
     """The one tenant whose requests alone make the window bad, and why it is cut off;
     None when no one is. A tenant is the culprit when other requests came in the window
     and, without the batches that held its requests, are within the limits; or when no
     other request came in it and the model served another tenant well since the breaker
-    last opened (`served_another`). Never when the outcomes named no tenant. Candidates
+    last opened (`served_another`); with `others_cut`, only the first, and on the evidence
+    of at least `min_requests` others'. Never when the outcomes named no tenant. Candidates
     go from the most failures (or slow latencies) in their batches down: a batch several
     tenants shared counts for each of them, and the first whose batches the rest can do
     without is the one that made them fail or run slow."""
     per = window.per
     ok, failed, measured, slow = window.total
     limit_ms = policy.latency_p99_ms
-    worst_first = sorted(per, key=lambda t: per[t][1 if failures else 3], reverse=True)
-    for worst in worst_first:
+    for worst in _worst_first(window, failures):
         mine = per[worst]
         count = mine[0] + mine[1]
         sharing = window.sharing(worst)
@@ -192,6 +208,10 @@ def _culprit(
             what = f"{mine[1]} of the {count} requests of its batches in the window failed"
         else:
             what = f"{mine[1]} of its {count} requests in the window failed"
+        if others_cut:  # one more, only on the others' evidence (`culprits`)
+            if not _shown_well(window.without({worst}), failures, policy):
+                continue
+            return worst, f"{what}, while other tenants' requests did not"
         if count == ok + failed:
             # Its requests, and any in batches with them, alone came in the window: by
             # them it cannot tell the tenant from the model. Unless the window is its

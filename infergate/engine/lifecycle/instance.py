@@ -5,8 +5,9 @@ backoff resets after the worker has stayed up for a while. A file that never loa
 not retried in a loop: the instance is marked failed with the reason. A process that could
 not even be started (out of fds, memory, processes: the machine's fault, not the model's)
 is retried with backoff and jitter, each failure an event; a first load gives up after the
-load timeout. At most `max_concurrent_loads` workers load at once, gateway-wide, but a
-restart of a worker that served goes at once (load_slots.py).
+load timeout. At most `max_concurrent_loads` workers load at once, gateway-wide; a
+restart of a worker that served goes first, past them by a few (load_slots.py), unless
+its last restart failed to load (a crash loop keeps no place ahead of others' loads).
 """
 
 from __future__ import annotations
@@ -161,11 +162,12 @@ class Instance:
     async def _keep_alive(self) -> None:
         self._backoff = self._backoff_initial_s
         ever_ready = False
+        restart_failed = False  # the last restart of a worker that served did not load
         first_try = self._clock.now()
         while not self._stopping:
             try:
                 starting = self._clock.now()
-                handle, ready = await self._start(restart=ever_ready)
+                handle, ready = await self._start(restart=ever_ready and not restart_failed)
                 self._load_s = self._clock.now() - starting
             except WorkerStartError as exc:
                 self._start_failed(exc, self._backoff)
@@ -188,11 +190,12 @@ class Instance:
                     self._fail(f"load failed: {with_hint(self._said(exc), failed.over_memory)}")
                     return
                 self.reason = f"reload after a crash failed: {self._said(exc)}"
+                restart_failed = True
                 if failed.over_memory and self._too_many_kills():
                     return
             else:
                 self.ready_info = ready
-                ever_ready = True
+                ever_ready, restart_failed = True, False
                 self._killed_running = False
                 self.state, self.reason = "ready", None
                 if self.placement is not None:

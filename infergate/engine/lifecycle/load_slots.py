@@ -54,7 +54,7 @@ class LoadSlots:
             except BaseException:
                 if waiter.granted.done() and not waiter.granted.cancelled():
                     self._release(tenant)  # granted as it was cancelled: passed on
-                else:
+                elif waiter in self._waiting:
                     self._waiting.remove(waiter)
                 raise
         try:
@@ -83,6 +83,9 @@ class LoadSlots:
 
     def _next(self) -> _Waiter | None:
         """The waiter a free slot goes to now, if any (see the module docstring)."""
+        # A waiter cancelled in the tick of a release is still listed until its task runs:
+        # the slot is not its (given, it would be held by nobody for good).
+        self._waiting = [w for w in self._waiting if not w.granted.done()]
         restart = next((w for w in self._waiting if w.restart), None)
         if restart is not None:
             return restart if self._free_for(True) else None
