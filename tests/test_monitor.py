@@ -203,3 +203,27 @@ async def test_a_tenant_s_workers_without_a_limit_share_its_memory_quota(tmp_pat
         )
     finally:
         await engine.stop()
+
+
+async def test_over_its_tenant_s_quota_a_loading_worker_goes_before_a_serving_one() -> None:
+    """A reload of a model without memory_mb: its new worker and the serving one are
+    counted together against the tenant's quota, and the larger, serving, one was killed,
+    its requests failing. The loading one goes first: the reload fails, as a reservation
+    without room would refuse it."""
+    devices = FakeDevices(used_mb={1: 500.0, 2: 300.0, 3: 100.0})
+    views = [
+        WorkerView("m", 1, 0, 1, 0, "bob", 700.0),
+        WorkerView("m", 2, 0, 2, 0, "bob", 700.0, loading=True),
+        WorkerView("n", 1, 0, 3, 0, "bob", 700.0),
+    ]
+    killed: list[tuple[int, float, float]] = []
+    context = EngineContext(clock=FakeClock(), devices=devices)
+    monitor = MemoryMonitor(
+        lambda: views, lambda w, mb, all_mb: killed.append((w.pid, mb, all_mb)), context
+    )
+    await monitor.sample()
+    assert killed == [(2, 300.0, 900.0)]
+    killed.clear()
+    views[1] = WorkerView("m", 2, 0, 2, 0, "bob", 700.0)  # swapped in: both serve
+    await monitor.sample()
+    assert killed == [(1, 500.0, 900.0)]  # the one using most

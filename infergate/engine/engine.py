@@ -131,7 +131,9 @@ class Engine:
 
     def worker_views(self) -> list[WorkerView]:
         """Live workers with a memory limit, of loading versions too (the monitor's)."""
-        return worker_views(self.registry.instances(), self._quota_left)
+        return worker_views(
+            self.registry.instances(), self._quota_left, self.registry.loading_instances()
+        )
 
     def _quota_left(self, tenant: str) -> float | None:
         """What is left of `tenant`'s memory quota beside its reservations, when the

@@ -10,7 +10,7 @@ cheap next to the JSON built from it, and never stale.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,13 +110,17 @@ class WorkerView:
     memory_limit_mb: int
     tenant: str | None = None
     tenant_left_mb: float = 0.0  # the tenant's quota less what its models reserve
+    loading: bool = False  # of a version not serving yet (a reload's new one, say)
 
 
 def worker_views(
-    instances: Iterable[Instance], left: Callable[[str], float | None] = lambda _: None
+    instances: Iterable[Instance],
+    left: Callable[[str], float | None] = lambda _: None,
+    loading: Collection[int] = (),
 ) -> list[WorkerView]:
     """The workers among `instances` that are alive and have a memory limit: their own,
-    or what is `left` of their tenant's quota (None: the tenant's use is not held to it)."""
+    or what is `left` of their tenant's quota (None: the tenant's use is not held to it).
+    `loading`: the ids of the instances of versions not serving yet."""
     out = []
     for instance in instances:
         limit = instance.placement.memory_mb if instance.placement else None
@@ -127,8 +131,9 @@ def worker_views(
         if limit:
             out.append(WorkerView(spec.model, spec.version, instance.index, pid, limit))
         elif isinstance(instance.tenant, str) and (room := left(instance.tenant)) is not None:
+            serving = id(instance) not in loading
             view = WorkerView(
-                spec.model, spec.version, instance.index, pid, 0, instance.tenant, room
+                spec.model, spec.version, instance.index, pid, 0, instance.tenant, room, not serving
             )
             out.append(view)
     return out

@@ -33,7 +33,8 @@ the window, a failed probe, a query of death, too few others' requests to tell) 
 tenant failing opens it for everyone: the model may fail for all. Once, two tenants
 failing opened it for everyone whatever the others' requests showed: one sender with two
 tenants' keys, both failing while a victim sent 5 requests a second, kept the victim at
-124 of 296 requests served over 60 s; now 292 of 292.
+124 of 296 requests served over 60 s; now 262 of 297, all 35 refused in the first
+10 s, before the window held `min_requests` (20) of the victim's.
 
 A cut-off tenant's backoff doubles past `backoff_max_s`, to `CUT_OFF_MAX_S` (10 minutes):
 only that tenant waits it out, and a worker restarted after a query of death counts as

@@ -158,6 +158,10 @@ class Registry:
         for served in list(self._loading):
             yield from served.instances
 
+    def loading_instances(self) -> set[int]:
+        """The ids of the instances of versions loading, not serving yet."""
+        return {id(i) for served in self._loading for i in served.instances}
+
     def records(self) -> list[ModelRecord]:
         return [self._records[k] for k in sorted(self._records)]
 

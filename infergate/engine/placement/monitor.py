@@ -71,7 +71,11 @@ class MemoryMonitor:
         for workers in shared.values():
             together = sum(mb for mb, _ in workers)
             if together > workers[0][1].tenant_left_mb:
-                mb, largest = max(workers, key=lambda pair: pair[0])
+                # A loading worker first: a reload's new worker beside the serving one
+                # fails its load, as a reservation without room would refuse it; the one
+                # serving, killed, failed its requests.
+                loading = [pair for pair in workers if pair[1].loading]
+                mb, largest = max(loading or workers, key=lambda pair: pair[0])
                 self._kill(largest, mb, together)
 
     async def _run(self) -> None:
