@@ -33,6 +33,7 @@ InfergateError                    500
 
 Signals inside the engine (plain exceptions, never an HTTP answer):
   VerificationFailed   a model file may not serve (hash, signature, open); the load fails
+    NoRoom             its copy would leave too little room; a sync may still hash it
   RuntimeUnavailable   a runtime's library is not installed; the version is "unavailable"
   WarmupInputError     (ValueError) model.toml's warm-up sample cannot feed the model
   WarmupFailed         the warm-up input made the model fail, in the worker
@@ -297,6 +298,11 @@ class ConfigError(InfergateError):
 
 class VerificationFailed(Exception):
     """The file may not serve; the message says why and how to fix it."""
+
+
+class NoRoom(VerificationFailed):
+    """A model file's verified copy would leave too little room on the copies' file
+    system (its bytes may still be what serves: a sync then hashes it without a copy)."""
 
 
 class RuntimeUnavailable(Exception):

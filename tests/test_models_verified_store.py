@@ -4,6 +4,7 @@ passed, and only regular files (with a size cap on signatures) are ever read."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import signal
@@ -34,6 +35,7 @@ from infergate.engine.repository.verify import (
 )
 from tests.conftest import write_profile
 from tests.fake_workers import FakeWorkers
+from tests.polling import eventually
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
@@ -407,3 +409,70 @@ def test_copies_under_way_count_against_the_room_left(
         first.join(30)
     _, copy = store.admit(files[1], None, VerifyPolicy())  # the first is done: it fits
     assert copy.stat().st_size == 40 << 20
+
+
+async def test_a_touched_file_that_serves_needs_no_room_for_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose stamp changed (touched, chmod) is read again, copied as it is hashed:
+    on a disk without room for a second copy, a file that is what serves failed to load
+    ("verification failed") and its model showed a failure. Without the room, its digest
+    alone tells it serves already."""
+    model = tmp_path / "models" / "m" / "1" / "model.scripted"
+    make_scripted(model, controls=())
+    registry = Registry(tmp_path / "models", EngineContext(worker_factory=FakeWorkers()))
+    try:
+        await registry.sync("m")
+        serving = registry.record("m").versions[1]
+        real = os.fstatvfs
+
+        def full(fd: int) -> os.statvfs_result:
+            fields = list(real(fd))
+            fields[4] = 0  # no block free
+            return os.statvfs_result(fields)
+
+        monkeypatch.setattr(os, "fstatvfs", full)
+        os.chmod(model, 0o640)  # its ctime moves: read again
+        await registry.sync("m")
+        assert registry.record("m").versions[1] is serving
+        assert registry.record("m").failures == {}
+        make_scripted(model, controls=("crash",))  # changed: no room is a failure now
+        await registry.sync("m")
+        assert "MiB is kept free" in registry.record("m").failures[1]
+        assert registry.record("m").versions[1] is serving
+    finally:
+        await registry.stop()
+
+
+async def test_a_copy_cancelled_midway_is_let_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway stopping cancels a sync while a disk thread copies a file: the copy,
+    finished after, was counted as used for good (its bytes kept until exit)."""
+    entered, release = threading.Event(), threading.Event()
+    admit = VerifiedStore.admit
+
+    def held(store: VerifiedStore, source: Path, *args: Any) -> tuple[str, Path]:
+        entered.set()
+        assert release.wait(30)
+        return admit(store, source, *args)
+
+    monkeypatch.setattr(VerifiedStore, "admit", held)
+    make_scripted(tmp_path / "models" / "m" / "1" / "model.scripted", controls=())
+    registry = Registry(tmp_path / "models", EngineContext(worker_factory=FakeWorkers()))
+    try:
+        syncing = asyncio.create_task(registry.sync("m"))
+        await eventually(entered.is_set, what="the copy to start")
+        syncing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await syncing
+        release.set()
+        store = registry.store.root
+
+        def emptied() -> bool:
+            return not any(p.is_file() for p in store.rglob("*"))
+
+        await eventually(emptied, what="the cancelled copy to be let go")
+    finally:
+        release.set()
+        await registry.stop()

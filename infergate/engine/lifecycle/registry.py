@@ -27,10 +27,12 @@ from infergate.engine.repository.scan import model_names, scan_model
 from infergate.engine.repository.spec import ModelConfig, ModelEntry, ModelVersionFile
 from infergate.engine.repository.verify import (
     Digests,
+    NoRoom,
     VerificationFailed,
     VerifiedStore,
     VerifyPolicy,
     check_digest,
+    verify_file,
 )
 from infergate.errors import ModelNotFound, shown
 
@@ -39,6 +41,15 @@ if TYPE_CHECKING:  # snapshots read the registry's records
 
 # A model file this large is hashed and copied on a thread of its own (Registry._disk_large).
 LARGE_FILE_BYTES = 64 * 2**20
+
+
+def _large(path: Path) -> bool:
+    try:
+        return os.stat(path).st_size >= LARGE_FILE_BYTES
+    except OSError:
+        return False  # (the copy says what is wrong with it)
+
+
 _T = TypeVar("_T")
 
 
@@ -125,15 +136,6 @@ class Registry:
     async def _off_loop(self, fn: Callable[..., _T], *args: object) -> _T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._disk, functools.partial(fn, *args))
-
-    async def _off_loop_for(self, path: Path, fn: Callable[..., _T], *args: object) -> _T:
-        """`_off_loop`, on the large files' thread for a file of LARGE_FILE_BYTES or more."""
-        try:
-            large = os.stat(path).st_size >= LARGE_FILE_BYTES
-        except OSError:
-            large = False  # (`fn` says what is wrong with it)
-        pool = self._disk_large if large else self._disk
-        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args))
 
     def kill_over_memory(self, worker: WorkerView, used_mb: float, tenant_mb: float = 0.0) -> None:
         """The monitor saw `worker` past its memory limit: kill it, if that instance still
@@ -276,17 +278,56 @@ class Registry:
         """The file's SHA256, checked (the pin, the signature), and its verified copy when
         it had to be read: a file unchanged since it was hashed is not read (no copy:
         None); one that changed is read once, hashed as it is copied. (It was read twice,
-        hashed to see whether it changed, then again as it was copied.)"""
+        hashed to see whether it changed, then again as it was copied.) Even `stat` runs
+        off the loop: a hung network mount stalls a disk thread, not every request."""
+        cached, large = await self._off_loop(self._known, path, pin, policy)
+        if cached is not None:
+            return cached, None
+        return await self._copied(path, pin, policy, large, or_hash=True)
+
+    def _known(self, path: Path, pin: str | None, policy: VerifyPolicy) -> tuple[str | None, bool]:
+        """(in a disk thread) The file's digest, checked, if it is known for its stamp; else
+        None, and whether it is large (LARGE_FILE_BYTES or more)."""
         cached = self._digests.cached(path)
         if cached is not None:
-            await self._off_loop(check_digest, path, cached, pin, policy)
-            return cached, None
-        return await self._off_loop_for(path, self._admit, path, pin, policy)
+            check_digest(path, cached, pin, policy)
+            return cached, False
+        return None, _large(path)
 
-    def _admit(self, path: Path, pin: str | None, policy: VerifyPolicy) -> tuple[str, Path]:
-        """`store.admit`, its digest remembered for the file's stamp (in a disk thread)."""
+    async def _copied(
+        self, path: Path, pin: str | None, policy: VerifyPolicy, large: bool, or_hash: bool
+    ) -> tuple[str, Path | None]:
+        """`_admit` on the disk threads (the large files' own, for a large one). Cancelled
+        meanwhile (the gateway stops), the copy is let go once the thread is done with it."""
+        pool = self._disk_large if large else self._disk
+        loop = asyncio.get_running_loop()
+        copying = loop.run_in_executor(pool, self._admit, path, pin, policy, or_hash)
+        try:
+            return await asyncio.shield(copying)
+        except asyncio.CancelledError:
+            copying.add_done_callback(self._let_go)
+            raise
+
+    def _let_go(self, copying: asyncio.Future[tuple[str, Path | None]]) -> None:
+        if not copying.cancelled() and copying.exception() is None:
+            stored = copying.result()[1]
+            if stored is not None:
+                self._disk.submit(self.store.release, stored)
+
+    def _admit(
+        self, path: Path, pin: str | None, policy: VerifyPolicy, or_hash: bool = False
+    ) -> tuple[str, Path | None]:
+        """`store.admit`, its digest remembered for the file's stamp (in a disk thread).
+        `or_hash`: with no room for a copy, the digest alone (no copy: None), for a file
+        that may be what serves already (touched, its stamp changed, its bytes the same)."""
         before, hashed_at = os.stat(path), time.time_ns()
-        sha, stored = self.store.admit(path, pin, policy)
+        stored: Path | None
+        try:
+            sha, stored = self.store.admit(path, pin, policy)
+        except NoRoom:
+            if not or_hash:
+                raise
+            sha, stored = verify_file(path, pin, policy), None
         with contextlib.suppress(OSError):
             self._digests.remember(path, before, os.stat(path), sha, hashed_at)
         return sha, stored
@@ -321,9 +362,8 @@ class Registry:
                         await self._off_loop(self.store.release, stored)
                     continue
                 if not remote and stored is None:  # unchanged since hashed: copied now
-                    sha, stored = await self._off_loop_for(
-                        file.path, self.store.admit, file.path, pin, policy
-                    )
+                    large = await self._off_loop(_large, file.path)
+                    sha, stored = await self._copied(file.path, pin, policy, large, or_hash=False)
             except (VerificationFailed, OSError) as exc:
                 self._failed(record, file.version, f"verification failed: {exc}")
                 continue

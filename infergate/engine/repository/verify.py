@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infergate.errors import ConfigError
+from infergate.errors import NoRoom as NoRoom  # raised here
 from infergate.errors import VerificationFailed as VerificationFailed  # raised here
 
 # cryptography (25 ms of CPU to import) only where a key is made, read or used: every
@@ -330,7 +331,7 @@ def _check_room(source: Path, stat_result: os.stat_result, fd: int, coming: int 
     size = stat_result.st_size
     if size > free - reserve:
         sparse = stat_result.st_blocks * 512 < size // 2
-        raise VerificationFailed(
+        raise NoRoom(
             f"{source} holds {size / 2**20:,.0f} MiB{' (sparse)' if sparse else ''}, and the "
             f"verified copies' file system has {free / 2**20:,.0f} MiB free, of which "
             f"{reserve / 2**20:,.0f} MiB is kept free. Hint: free room in "
@@ -379,16 +380,22 @@ class VerifiedStore:
         try:
             with os.fdopen(open_regular(source), "rb") as src, os.fdopen(fd, "wb") as dst:
                 st = os.fstat(src.fileno())
-                with self._lock:  # two copies at once each saw the room for one
+                # Two copies at once each saw the room for one: what a copy under way has
+                # still to write counts as written (what it wrote is gone from the room).
+                with self._lock:
                     _check_room(source, st, dst.fileno(), self._coming)
                     self._coming += st.st_size
+                left = st.st_size
                 try:
                     while chunk := src.read(_CHUNK):
                         digest.update(chunk)
                         dst.write(chunk)
+                        with self._lock:
+                            self._coming -= min(len(chunk), left)
+                        left -= min(len(chunk), left)
                 finally:
                     with self._lock:
-                        self._coming -= st.st_size
+                        self._coming -= left
             sha = digest.hexdigest()
             check_digest(source, sha, pinned_sha256, policy)
             folder = root / sha

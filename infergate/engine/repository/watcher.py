@@ -37,6 +37,7 @@ import logging
 import os
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -485,12 +486,17 @@ class RepositoryWatcher:
 # tree stays under this. (A frame of a walk is about 0.5 KB of C stack: 2,048 of them fit
 # a thread's 8 MB many times.)
 WALK_RECURSION_LIMIT = 6000
+WALK_STACK_BYTES = 16 << 20  # threads' stacks from the watch on: address space, not memory
 
 
 def watch_tree(root: Path, handler: FileSystemEventHandler) -> BaseObserver:
     """A started observer of the tree under `root`, for the changes in _EVENTS."""
     if sys.getrecursionlimit() < WALK_RECURSION_LIMIT:
         sys.setrecursionlimit(WALK_RECURSION_LIMIT)  # (see the module docstring)
+    # And the stack those frames need, in watchdog's threads (made from here on): a small
+    # `ulimit -s` (512 KiB) would end the process with SIGSEGV where the limit was passed.
+    if threading.stack_size() < WALK_STACK_BYTES:
+        threading.stack_size(WALK_STACK_BYTES)
     observer = Observer()
     try:
         observer.schedule(handler, str(root), recursive=True, event_filter=list(_EVENTS))
