@@ -123,3 +123,20 @@ async def test_a_waiter_cancelled_as_a_slot_is_released_takes_nothing() -> None:
         loads.start("next", "alice")
         await settle()
         assert loads.order == ["holder", "next"]
+
+
+async def test_with_several_tenants_one_holds_at_most_half_the_slots() -> None:
+    """Bob's loads whose warm-up never ended held every slot, and alice's new model waited
+    for the load timeout. With several tenants defined, bob's first loads hold half the
+    slots, and alice's load finds one free; with one, its loads take them all."""
+    slots = LoadSlots(4, several=lambda: True)
+    async with Loads(slots).running() as loads:
+        for i in range(4):
+            loads.start(f"bob{i}", "bob")
+        await settle()
+        assert loads.order == ["bob0", "bob1"]
+        loads.start("alice", "alice")
+        await settle()
+        assert loads.order[-1] == "alice"
+        await loads.finish("bob0")
+        assert loads.order[-1] == "bob2"

@@ -12,16 +12,18 @@ tenant's models:
   warm-up never ended held every slot until the load timeout, and another tenant's
   crashed worker stayed down 19 s (8,370 of its requests failed). Bounded, so that many
   workers dying at once (the kernel's OOM killer) do not all load at once.
-- A slot freed for a first load goes to the first waiting one whose tenant holds fewer
-  than half the slots (rounded up); when every waiting load's tenant holds that many, to
-  the first. A tenant alone still loads `limit` at once.
+- Where the profile defines several tenants, a tenant's first loads hold at most half the
+  slots (rounded up; its restarts count), so that another's always find room: before, a
+  tenant's loads whose warm-up never ended held them all, and another tenant's new model
+  waited for the load timeout. A slot freed goes to the first waiting load whose tenant
+  holds less than that. With one tenant (or none defined), its loads take every slot.
 """
 
 from __future__ import annotations
 
 import contextlib
 from asyncio import Future, get_running_loop
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
 
 
@@ -33,8 +35,9 @@ class _Waiter:
 
 
 class LoadSlots:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, several: Callable[[], bool] = lambda: False) -> None:
         self.limit = limit
+        self._several = several  # whether the profile defines several tenants, now
         self.overflow = max(1, limit // 4)  # more, for restarts only
         self._share = max(1, (limit + 1) // 2)
         self._held: dict[Hashable, int] = {}  # per tenant, restarts included
@@ -44,7 +47,10 @@ class LoadSlots:
     @contextlib.asynccontextmanager
     async def slot(self, tenant: Hashable, restart: bool = False) -> AsyncIterator[None]:
         """Hold a slot while the block runs (`restart`: of a worker that served)."""
-        if self._free_for(restart) and not any(w.restart or not restart for w in self._waiting):
+        # Ahead of it: a restart waiting; for a first load, any load that could go now
+        # (one whose tenant waits for its share is not).
+        ahead = any(w.restart or not (restart or self._capped(w.tenant)) for w in self._waiting)
+        if self._free_for(restart) and not ahead and (restart or not self._capped(tenant)):
             self._take(tenant)
         else:
             waiter = _Waiter(tenant, restart)
@@ -64,6 +70,10 @@ class LoadSlots:
 
     def _free_for(self, restart: bool) -> bool:
         return self.busy < self.limit + (self.overflow if restart else 0)
+
+    def _capped(self, tenant: Hashable) -> bool:
+        """Whether `tenant`'s first loads wait for its share (see the module docstring)."""
+        return self._held.get(tenant, 0) >= self._share and self._several()
 
     def _take(self, tenant: Hashable) -> None:
         self.busy += 1
@@ -92,4 +102,4 @@ class LoadSlots:
         if not self._waiting or not self._free_for(False):
             return None
         fair = (w for w in self._waiting if self._held.get(w.tenant, 0) < self._share)
-        return next(fair, self._waiting[0])
+        return next(fair, None if self._several() else self._waiting[0])
