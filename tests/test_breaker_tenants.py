@@ -569,3 +569,32 @@ def test_a_tenant_whose_probe_failed_lets_the_others_probe_first() -> None:
         breaker.record("probe", True, 0.01, "victim")
     assert state(breaker) == "closed"
     assert breaker.allow("victim") == "normal"
+
+
+def test_a_second_tenant_s_query_of_death_beside_others_served_well_cuts_it_off() -> None:
+    """While mallory is cut off, trudy's requests end two workers: with carol's requests
+    in the window within the limits (min_requests of them), trudy alone is cut off, not the
+    model for carol (two tenants' keys, one sender, through crashes). With too few of
+    them, it opens for everyone, as before."""
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock)
+    for _ in range(POLICY.min_requests + 1):
+        outcomes(breaker, clock, carol=True)
+    failures(breaker, "mallory", 4)
+    outcomes(breaker, clock, carol=True)
+    outcomes(breaker, clock, carol=True)  # (evaluated)
+    assert breaker.cut_off("mallory") is not None
+    for _ in range(2):
+        breaker.worker_ended("trudy", "crashed")
+    assert state(breaker) == "closed"
+    assert breaker.cut_off("trudy") is not None
+    assert breaker.allow("carol") == "normal"
+    few = Breaker(POLICY, clock)
+    outcomes(few, clock, carol=True)
+    failures(few, "mallory", 4)
+    outcomes(few, clock, carol=True)
+    outcomes(few, clock, carol=True)
+    assert few.cut_off("mallory") is not None
+    for _ in range(2):
+        few.worker_ended("trudy", "crashed")
+    assert state(few) == "open"

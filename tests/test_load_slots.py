@@ -71,6 +71,8 @@ async def test_a_restart_goes_at_once_while_another_tenant_s_loads_hold_every_sl
         await loads.finish("alice-restart")
         assert loads.order[-1] == "carol-restart"  # 5 busy: a first load waits for the limit
         await loads.finish("bob1")
+        assert loads.order[-1] == "carol-restart"  # bob holds half the slots: his wait
+        await loads.finish("bob2")
         assert loads.order[-1] == "bob-more"
 
 
@@ -86,7 +88,9 @@ async def test_a_freed_slot_goes_to_a_tenant_holding_less_than_half_of_them() ->
         await loads.finish("bob0")
         assert loads.order[-1] == "alice"  # bob holds 3 of 4: alice's goes first
         await loads.finish("bob1")
-        assert loads.order[-1] == "bob4"  # nobody else waits: bob's
+        assert loads.order[-1] == "alice"  # bob holds half the slots (alice's loads came)
+        await loads.finish("bob2")
+        assert loads.order[-1] == "bob4"
 
 
 async def test_a_waiter_that_leaves_gives_its_place_back() -> None:
@@ -125,16 +129,18 @@ async def test_a_waiter_cancelled_as_a_slot_is_released_takes_nothing() -> None:
         assert loads.order == ["holder", "next"]
 
 
-async def test_with_several_tenants_one_holds_at_most_half_the_slots() -> None:
+async def test_with_several_tenants_models_one_holds_at_most_half_the_slots() -> None:
     """Bob's loads whose warm-up never ended held every slot, and alice's new model waited
-    for the load timeout. With several tenants defined, bob's first loads hold half the
-    slots, and alice's load finds one free; with one, its loads take them all."""
-    slots = LoadSlots(4, several=lambda: True)
+    for the load timeout. Once models of several tenants have loaded, bob's first loads
+    hold half the slots, and alice's load finds one free; one tenant's take them all."""
+    slots = LoadSlots(4)
     async with Loads(slots).running() as loads:
+        loads.start("alice-earlier", "alice")
+        await loads.finish("alice-earlier")
         for i in range(4):
             loads.start(f"bob{i}", "bob")
         await settle()
-        assert loads.order == ["bob0", "bob1"]
+        assert loads.order == ["alice-earlier", "bob0", "bob1"]
         loads.start("alice", "alice")
         await settle()
         assert loads.order[-1] == "alice"

@@ -197,7 +197,7 @@ async def test_a_tenant_s_workers_without_a_limit_share_its_memory_quota(tmp_pat
         [killed] = [w for w in workers.made if not w.alive]
         assert killed.pid == pid["large"]
         assert killed.over_memory
-        assert "the most of tenant 'bob''s workers without a memory_mb" in killed.death_reason
+        assert "one of tenant 'bob''s workers without a memory_mb" in killed.death_reason
         assert "750 MB together, over the 700 MB its memory quota leaves them" in (
             killed.death_reason
         )
@@ -227,3 +227,8 @@ async def test_over_its_tenant_s_quota_a_loading_worker_goes_before_a_serving_on
     views[1] = WorkerView("m", 2, 0, 2, 0, "bob", 700.0)  # swapped in: both serve
     await monitor.sample()
     assert killed == [(1, 500.0, 900.0)]  # the one using most
+    killed.clear()
+    views[1] = WorkerView("m", 2, 0, 2, 0, "bob", 700.0, loading=True)
+    devices.used_mb = {1: 800.0, 2: 5.0, 3: 0.0}  # the loading one's kill would not do
+    await monitor.sample()
+    assert killed == [(1, 800.0, 805.0)]

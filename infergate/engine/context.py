@@ -59,6 +59,4 @@ class EngineContext:
         )
         self.stats = RequestStats(self.clock)
         self.placer = Placer(self.devices)
-        self.load_slots = LoadSlots(
-            self.max_concurrent_loads, lambda: len(self.tenants.states()) > 1
-        )
+        self.load_slots = LoadSlots(self.max_concurrent_loads)

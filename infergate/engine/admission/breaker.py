@@ -26,11 +26,11 @@ every request is the default tenant's, or a model only that tenant uses): with n
 shown to be served well, and perhaps nobody to protect, it cannot tell the tenant from
 the model.
 
-Several tenants failing are cut off together, or one more while another is cut off
-already, only on the window's evidence: the other tenants' requests in it, at least
-`min_requests` of them, within the limits without theirs. Else (one more failing alone in
-the window, a failed probe, a query of death, too few others' requests to tell) a second
-tenant failing opens it for everyone: the model may fail for all. Once, two tenants
+Several tenants failing are cut off together, or one more (its failures, or a query of
+death) while another is cut off already, only on the window's evidence: the other tenants'
+requests in it, at least `min_requests` of them, within the limits without theirs. Else
+(one more failing alone in the window, a failed probe, too few others' requests to tell)
+a second tenant failing opens it for everyone: the model may fail for all. Once, two tenants
 failing opened it for everyone whatever the others' requests showed: one sender with two
 tenants' keys, both failing while a victim sent 5 requests a second, kept the victim at
 124 of 296 requests served over 60 s; now 262 of 297, all 35 refused in the first
@@ -95,6 +95,7 @@ from infergate.engine.admission.breaker_blame import (
     culprits,
     p99,
     p99_above,
+    served_well_without,
 )
 
 State = Literal["closed", "open", "half_open"]
@@ -357,8 +358,9 @@ class Breaker:
                 f"{len(deaths)} workers of this version within "
                 f"{self.policy.window_seconds:g} s, each running alone (the last {how})"
             )
-            if any(c.until > now for c in self._cut.values()):
-                self._open(f"a second tenant's requests ended {why}")  # as `_culprit`
+            others_cut = any(c.until > now for c in self._cut.values())
+            if others_cut and not served_well_without(self._buckets, self.policy, tenant):
+                self._open(f"a second tenant's requests ended {why}")  # as `_culprits`
             else:
                 self._cut_tenant_off(tenant, f"its requests ended {why}", now)
         return not judged and before == 0

@@ -154,6 +154,12 @@ def culprits(
     return []
 
 
+def served_well_without(buckets: Iterable[Bucket], policy: BreakerPolicy, tenant: Hashable) -> bool:
+    """Whether the window, without the batches that held `tenant`'s requests, shows the
+    model works: at least `min_requests` others' requests, within the failure rate."""
+    return _shown_well(_window(buckets).without({tenant}), True, policy)
+
+
 def _worst_first(window: _Window, failures: bool) -> list[Hashable]:
     """The window's tenants, most failures (or slow latencies) in their batches first."""
     return sorted(window.per, key=lambda t: window.per[t][1 if failures else 3], reverse=True)

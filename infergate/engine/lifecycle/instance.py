@@ -248,7 +248,7 @@ class Instance:
             )
         else:
             said = (
-                f"used {used_mb:.0f} MB, the most of tenant {tenant!r}'s workers without a "
+                f"used {used_mb:.0f} MB, one of tenant {tenant!r}'s workers without a "
                 f"memory_mb of their own, which used {tenant_mb:.0f} MB together, over the "
                 f"{limit_mb:.0f} MB its memory quota leaves them"
             )

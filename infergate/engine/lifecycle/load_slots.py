@@ -12,18 +12,19 @@ tenant's models:
   warm-up never ended held every slot until the load timeout, and another tenant's
   crashed worker stayed down 19 s (8,370 of its requests failed). Bounded, so that many
   workers dying at once (the kernel's OOM killer) do not all load at once.
-- Where the profile defines several tenants, a tenant's first loads hold at most half the
-  slots (rounded up; its restarts count), so that another's always find room: before, a
-  tenant's loads whose warm-up never ended held them all, and another tenant's new model
-  waited for the load timeout. A slot freed goes to the first waiting load whose tenant
-  holds less than that. With one tenant (or none defined), its loads take every slot.
+- Once the models of several tenants have loaded (models.toml's `tenant`), a tenant's
+  first loads hold at most half the slots (rounded up; its restarts count), so that
+  another's always find room: before, a tenant's loads whose warm-up never ended held them
+  all, and another tenant's new model waited for the load timeout. A slot freed goes to the
+  first waiting load whose tenant holds less than that. Where every model is one tenant's
+  (the default's, when none names one), its loads take every slot.
 """
 
 from __future__ import annotations
 
 import contextlib
 from asyncio import Future, get_running_loop
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, field
 
 
@@ -35,9 +36,9 @@ class _Waiter:
 
 
 class LoadSlots:
-    def __init__(self, limit: int, several: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._several = several  # whether the profile defines several tenants, now
+        self._tenants: set[Hashable] = set()  # whose loads it has seen (a model's tenant)
         self.overflow = max(1, limit // 4)  # more, for restarts only
         self._share = max(1, (limit + 1) // 2)
         self._held: dict[Hashable, int] = {}  # per tenant, restarts included
@@ -47,6 +48,7 @@ class LoadSlots:
     @contextlib.asynccontextmanager
     async def slot(self, tenant: Hashable, restart: bool = False) -> AsyncIterator[None]:
         """Hold a slot while the block runs (`restart`: of a worker that served)."""
+        self._tenants.add(tenant)
         # Ahead of it: a restart waiting; for a first load, any load that could go now
         # (one whose tenant waits for its share is not).
         ahead = any(w.restart or not (restart or self._capped(w.tenant)) for w in self._waiting)
@@ -74,6 +76,9 @@ class LoadSlots:
     def _capped(self, tenant: Hashable) -> bool:
         """Whether `tenant`'s first loads wait for its share (see the module docstring)."""
         return self._held.get(tenant, 0) >= self._share and self._several()
+
+    def _several(self) -> bool:
+        return len(self._tenants) > 1
 
     def _take(self, tenant: Hashable) -> None:
         self.busy += 1

@@ -6,6 +6,7 @@ drain the old, stop it. A failure leaves what serves untouched and says why.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import os
@@ -298,21 +299,23 @@ class Registry:
         self, path: Path, pin: str | None, policy: VerifyPolicy, large: bool, or_hash: bool
     ) -> tuple[str, Path | None]:
         """`_admit` on the disk threads (the large files' own, for a large one). Cancelled
-        meanwhile (the gateway stops), the copy is let go once the thread is done with it."""
+        (the gateway stops): a copy not started never runs, and one under way is let go
+        by its thread once done (awaited from the loop, its result was dropped, and the
+        copy counted as used for good)."""
         pool = self._disk_large if large else self._disk
-        loop = asyncio.get_running_loop()
-        copying = loop.run_in_executor(pool, self._admit, path, pin, policy, or_hash)
+        copying = pool.submit(self._admit, path, pin, policy, or_hash)
         try:
-            return await asyncio.shield(copying)
+            return await asyncio.wrap_future(copying)
         except asyncio.CancelledError:
-            copying.add_done_callback(self._let_go)
+            copying.add_done_callback(self._let_go)  # (not started: it is cancelled)
             raise
 
-    def _let_go(self, copying: asyncio.Future[tuple[str, Path | None]]) -> None:
+    def _let_go(self, copying: concurrent.futures.Future[tuple[str, Path | None]]) -> None:
+        """(on the thread that copied) A copy nobody awaits any more goes."""
         if not copying.cancelled() and copying.exception() is None:
             stored = copying.result()[1]
             if stored is not None:
-                self._disk.submit(self.store.release, stored)
+                self.store.release(stored)
 
     def _admit(
         self, path: Path, pin: str | None, policy: VerifyPolicy, or_hash: bool = False
@@ -364,6 +367,8 @@ class Registry:
                 if not remote and stored is None:  # unchanged since hashed: copied now
                     large = await self._off_loop(_large, file.path)
                     sha, stored = await self._copied(file.path, pin, policy, large, or_hash=False)
+                if not remote and stored is None:  # (never: or_hash=False copies or raises)
+                    raise VerificationFailed(f"{file.path} has no verified copy to serve")
             except (VerificationFailed, OSError) as exc:
                 self._failed(record, file.version, f"verification failed: {exc}")
                 continue
@@ -486,8 +491,8 @@ class Registry:
         await asyncio.gather(*(v.stop() for v in versions))
         await asyncio.gather(*self._retiring, return_exceptions=True)
         await self._off_loop(self.store.close)
-        self._disk.shutdown(wait=False)
-        self._disk_large.shutdown(wait=False)
+        self._disk.shutdown(wait=False, cancel_futures=True)
+        self._disk_large.shutdown(wait=False, cancel_futures=True)
 
 
 MAX_NAMES_LISTED = 20  # in an error: a repository of thousands is not one line's business

@@ -71,12 +71,13 @@ class MemoryMonitor:
         for workers in shared.values():
             together = sum(mb for mb, _ in workers)
             if together > workers[0][1].tenant_left_mb:
-                # A loading worker first: a reload's new worker beside the serving one
-                # fails its load, as a reservation without room would refuse it; the one
-                # serving, killed, failed its requests.
+                # A loading worker first, when that brings them under: a reload's new
+                # worker beside the serving one fails its load, as a reservation without
+                # room would refuse it (killed, the serving one failed its requests).
                 loading = [pair for pair in workers if pair[1].loading]
-                mb, largest = max(loading or workers, key=lambda pair: pair[0])
-                self._kill(largest, mb, together)
+                enough = together - sum(mb for mb, _ in loading) <= workers[0][1].tenant_left_mb
+                mb, chosen = max(loading if loading and enough else workers, key=lambda p: p[0])
+                self._kill(chosen, mb, together)
 
     async def _run(self) -> None:
         while True:
