@@ -84,12 +84,17 @@ class FakeCall:
 
 class FakeWorker:
     def __init__(
-        self, spec: WorkerSpec, load_error: str | None, start_bug: Exception | None = None
+        self,
+        spec: WorkerSpec,
+        load_error: str | None,
+        start_bug: Exception | None = None,
+        loaded: asyncio.Event | None = None,
     ) -> None:
         self.spec = spec
         self._pid = next(_pids)
         self._load_error = load_error
         self._start_bug = start_bug
+        self._loaded = loaded
         self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.death_reason = "the worker exited"
         self.over_memory = False
@@ -107,6 +112,8 @@ class FakeWorker:
     async def start(self, timeout_s: float) -> Ready:
         if self._start_bug is not None:
             raise self._start_bug
+        if self._loaded is not None:  # a load (and warm-up) that lasts until the test says
+            await self._loaded.wait()
         if self._load_error is not None:
             self.end(self._load_error)
             raise WorkerLoadError(self._load_error)
@@ -185,10 +192,12 @@ class FakeWorkers:
     load_error: str | None = None  # set it to make the next workers fail to load
     # Set it to make the next workers' start raise it: a bug, which fails the instance.
     start_bug: Exception | None = None
+    # Set it to make the next workers' loads last until it is set.
+    loaded: asyncio.Event | None = None
     made: list[FakeWorker] = field(default_factory=list)
 
     def __call__(self, spec: WorkerSpec) -> FakeWorker:
-        worker = FakeWorker(spec, self.load_error, self.start_bug)
+        worker = FakeWorker(spec, self.load_error, self.start_bug, self.loaded)
         self.made.append(worker)
         return worker
 

@@ -358,18 +358,25 @@ async def test_a_small_model_loads_while_large_files_are_copied(
         await registry.stop()
 
 
+@pytest.mark.parametrize(("written_mib", "second_mib", "fits"), [(0, 40, False), (20, 30, True)])
 def test_copies_under_way_count_against_the_room_left(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written_mib: int, second_mib: int, fits: bool
 ) -> None:
     """Each copy checked the room for itself alone: two at once, each fitting, could
-    together fill the disk. A copy under way counts as written (here two of 40 MiB, with
-    74 MiB free past the reserve: the second is refused while the first copies)."""
-    (tmp_path / "store").mkdir()
+    together fill the disk. A copy under way counts for what it has still to write (what
+    it wrote is gone from the room already). A file system of 512 MiB with 100 MiB free
+    before the copies, 25.6 MiB of it kept: while a copy of 40 MiB has written nothing, a
+    second of 40 is refused; once it has written 20, a second of 30 fits (counting the
+    first's 40 again, it was refused)."""
+    store_root = tmp_path / "store"
+    store_root.mkdir()
     real = os.fstatvfs
 
     def small(fd: int) -> os.statvfs_result:
+        written = sum(f.stat().st_size for f in store_root.rglob("*") if f.is_file())
         fields = list(real(fd))
-        fields[1], fields[2], fields[4] = 4096, 131_072, 25_600  # 512 MiB, 100 MiB free
+        fields[1], fields[2] = 4096, 131_072  # 512 MiB
+        fields[4] = 25_600 - written // 4096  # 100 MiB free before the copies
         return os.statvfs_result(fields)
 
     monkeypatch.setattr(os, "fstatvfs", small)
@@ -377,38 +384,49 @@ def test_copies_under_way_count_against_the_room_left(
     sha256 = hashlib.sha256
 
     class Held:
-        """The first copy's digest: it waits, mid-copy, until the test lets it go."""
+        """The first copy's digest: it waits once `written_mib` are copied, until the test
+        lets it go."""
 
         def __init__(self) -> None:
             self._digest = sha256()
+            self._seen = 0
 
         def update(self, chunk: bytes) -> None:
-            started.set()
-            assert release.wait(30)
+            if self._seen == written_mib << 20:
+                started.set()
+                assert release.wait(30)
+            self._seen += len(chunk)
             self._digest.update(chunk)
 
         def hexdigest(self) -> str:
             return self._digest.hexdigest()
 
     files = []
-    for name in ("a.onnx", "b.onnx"):
+    for name, mib in (("a.onnx", 40), ("b.onnx", second_mib)):
         with (tmp_path / name).open("wb") as f:
-            f.truncate(40 << 20)
+            f.truncate(mib << 20)
         files.append(tmp_path / name)
-    store = VerifiedStore(tmp_path / "store")
+    store = VerifiedStore(store_root)
     monkeypatch.setattr(hashlib, "sha256", Held)
     first = threading.Thread(target=store.admit, args=(files[0], None, VerifyPolicy()))
     first.start()
     try:
         assert started.wait(30)
         monkeypatch.setattr(hashlib, "sha256", sha256)
-        with pytest.raises(VerificationFailed, match="MiB free"):
-            store.admit(files[1], None, VerifyPolicy())
+        if fits:
+            _, copy = store.admit(files[1], None, VerifyPolicy())
+            assert copy.stat().st_size == second_mib << 20
+        else:
+            with pytest.raises(VerificationFailed, match="MiB free"):
+                store.admit(files[1], None, VerifyPolicy())
     finally:
         release.set()
         first.join(30)
-    _, copy = store.admit(files[1], None, VerifyPolicy())  # the first is done: it fits
-    assert copy.stat().st_size == 40 << 20
+    if not fits:  # the first is done and counts for nothing more: 30 MiB fit in 34.4
+        with (tmp_path / "c.onnx").open("wb") as f:
+            f.truncate(30 << 20)
+        _, copy = store.admit(tmp_path / "c.onnx", None, VerifyPolicy())
+        assert copy.stat().st_size == 30 << 20
 
 
 async def test_a_touched_file_that_serves_needs_no_room_for_a_copy(
@@ -473,6 +491,44 @@ async def test_a_copy_cancelled_midway_is_let_go(
             return not any(p.is_file() for p in store.rglob("*"))
 
         await eventually(emptied, what="the cancelled copy to be let go")
+    finally:
+        release.set()
+        await registry.stop()
+
+
+async def test_a_hung_stat_holds_a_disk_thread_not_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync looked at its files' stamps (stat) on the event loop: a model folder on a
+    hung network mount stalled every request. The looks run on the disk threads: while
+    one hangs, another model syncs."""
+    for name in ("slow", "quick"):
+        make_scripted(tmp_path / "models" / name / "1" / "model.scripted", controls=())
+    registry = Registry(tmp_path / "models", EngineContext(worker_factory=FakeWorkers()))
+    armed, hung, release = threading.Event(), threading.Event(), threading.Event()
+    on_loop: list[bool] = []
+    real = Digests.cached
+
+    def hanging(self: Digests, model_file: Path) -> str | None:
+        if armed.is_set() and model_file.parent.parent.name == "slow":
+            on_loop.append(threading.current_thread() is threading.main_thread())
+            hung.set()
+            if not on_loop[-1]:  # (on the loop, it would hang the test itself)
+                assert release.wait(30)
+        return real(self, model_file)
+
+    monkeypatch.setattr(Digests, "cached", hanging)
+    try:
+        await registry.sync("slow")  # hashed and copied: its stamp now known
+        armed.set()
+        slow = asyncio.create_task(registry.sync("slow"))
+        await eventually(hung.is_set, what="the slow model's stat to start")
+        await asyncio.wait_for(registry.sync("quick"), 30)
+        assert registry.record("quick").versions[1].sha256 is not None
+        assert not slow.done()
+        release.set()
+        await slow
+        assert on_loop == [False]
     finally:
         release.set()
         await registry.stop()

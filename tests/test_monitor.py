@@ -5,6 +5,7 @@ depends on what this machine's processes really use."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,6 +202,41 @@ async def test_a_tenant_s_workers_without_a_limit_share_its_memory_quota(tmp_pat
         assert "750 MB together, over the 700 MB its memory quota leaves them" in (
             killed.death_reason
         )
+    finally:
+        await engine.stop()
+
+
+async def test_a_reload_s_new_worker_is_watched_as_loading_until_it_serves(
+    tmp_path: Path,
+) -> None:
+    """The engine shows the monitor a reload's new worker as loading (the one to kill
+    first over its tenant's quota) while the old version serves, and as serving once the
+    new version took over."""
+    models = tmp_path / "models"
+    make_scripted(models / "m" / "1" / "model.scripted", controls=())
+    (models / "m" / "model.toml").write_text('tenant = "bob"\n')
+    workers = FakeWorkers()
+    context = EngineContext(
+        clock=FakeClock(),
+        worker_factory=workers,
+        devices=FakeDevices(),
+        monitor_interval_s=3600,
+        settings=LiveSettings(tenants=(Tenant("bob", memory_mb=1000, memory_enforced=True),)),
+    )
+    engine = Engine(EngineSettings(models, "explicit"), context)
+    await engine.start()
+    try:
+        await eventually(lambda: engine.ready, what="version 1 to load")
+        workers.loaded = loaded = asyncio.Event()
+        make_scripted(models / "m" / "2" / "model.scripted", controls=())
+        reload = asyncio.create_task(engine.load("m"))
+        await eventually(lambda: len(engine.worker_views()) == 2, what="version 2's worker")
+        views = {v.version: v.loading for v in engine.worker_views()}
+        assert views == {1: False, 2: True}
+        loaded.set()
+        await reload
+        await eventually(lambda: [v.version for v in engine.worker_views()] == [2])
+        assert [v.loading for v in engine.worker_views()] == [False]
     finally:
         await engine.stop()
 

@@ -10,13 +10,15 @@ and test_tenants.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
+from contextlib import _AsyncGeneratorContextManager
 from typing import Any
 
 import numpy as np
 import pytest
 
 from infergate.engine.lifecycle.instance import Instance
+from infergate.engine.lifecycle.load_slots import LoadSlots
 from infergate.engine.scheduling.classes import DEFAULT_CLASSES, PriorityClass
 from infergate.engine.scheduling.queue import Fairness, QueuePolicy
 from infergate.errors import (
@@ -511,6 +513,58 @@ async def test_restarts_back_off_doubling_to_a_cap_and_reset_once_stable() -> No
     assert waits == ["0.01 s", "0.02 s", "0.04 s", "0.04 s", "0.01 s"]
     assert instance.restarts == 5
     assert sample(served.context.metrics, "infergate_worker_restarts_total", model="m") == 5
+
+
+class AskedSlots(LoadSlots):
+    """Load slots that remember what each load asked for: whether it was a restart."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.restarts: list[bool] = []
+
+    def slot(self, tenant: Hashable, restart: bool = False) -> _AsyncGeneratorContextManager[None]:
+        self.restarts.append(restart)
+        return super().slot(tenant, restart)
+
+
+async def test_a_restart_that_failed_to_load_waits_its_turn_as_a_first_load() -> None:
+    """A worker that served and died restarts ahead of other loads (past the limit); when
+    that restart fails to load, the next try queues like a first load, so a model that
+    cannot come back does not keep jumping ahead of other tenants' loads. Once it serves
+    again, its next restart goes first again."""
+    served = Served(1, QueuePolicy(max_batch_size=1), backoff_initial_s=0.001)
+    slots = served.context.load_slots = AskedSlots(1)
+    await served.start()
+    instance = served.instances[0]
+    other_loading = asyncio.Event()
+
+    async def another_tenant_s_load() -> None:
+        async with slots.slot("other"):
+            await other_loading.wait()
+
+    other = asyncio.create_task(another_tenant_s_load())
+    try:
+        await eventually(lambda: slots.busy == 1, what="the other tenant's load to start")
+        served.workers.load_error = "its file is gone"
+        first = instance.handle
+        assert isinstance(first, FakeWorker)
+        first.end("exited with code 3")
+        await eventually(
+            lambda: slots.restarts == [False, False, True, False],
+            what="a try after the failed restart",
+        )
+        assert len(served.workers.made) == 2  # the try waits for the other tenant's slot
+        served.workers.load_error = None
+        other_loading.set()
+        await eventually(lambda: instance.ready, what="the instance back")
+        assert len(served.workers.made) == 3
+        served.workers.made[-1].end("exited with code 3")
+        await eventually(lambda: instance.ready and len(served.workers.made) == 4)
+        assert slots.restarts[-1] is True
+    finally:
+        other_loading.set()
+        await other
+        await served.stop()
 
 
 @pytest.mark.parametrize(("apart_s", "failed"), [(0.0, True), (61.0, False)])
