@@ -268,3 +268,29 @@ async def test_over_its_tenant_s_quota_a_loading_worker_goes_before_a_serving_on
     devices.used_mb = {1: 800.0, 2: 5.0, 3: 0.0}  # the loading one's kill would not do
     await monitor.sample()
     assert killed == [(1, 800.0, 805.0)]
+
+
+async def test_over_its_tenant_s_quota_the_worker_that_grew_goes_not_the_largest() -> None:
+    """Alice's quota leaves her workers without memory_mb 700 MB: her idle model of 400 MB
+    and a model she shares with bob, whose large requests grew its worker from 56 to 350
+    MB. The largest went: her idle model, killed again at each restart until it failed,
+    while bob's requests all succeeded. The one that grew past its usual size goes."""
+    devices = FakeDevices(used_mb={1: 400.0, 2: 56.0})
+    views = [
+        WorkerView("idle", 1, 0, 1, 0, "alice", 700.0),
+        WorkerView("shared", 1, 0, 2, 0, "alice", 700.0),
+    ]
+    killed: list[tuple[int, float, float]] = []
+    context = EngineContext(clock=FakeClock(), devices=devices)
+    monitor = MemoryMonitor(
+        lambda: views, lambda w, mb, all_mb: killed.append((w.pid, mb, all_mb)), context
+    )
+    await monitor.sample()  # their usual sizes
+    devices.used_mb[2] = 350.0  # bob's requests: 750 MB together
+    await monitor.sample()
+    assert killed == [(2, 350.0, 750.0)]
+    killed.clear()
+    devices.used_mb = {1: 520.0, 3: 230.0}  # the idle one grew; a new worker is at its start
+    views[1] = WorkerView("shared", 1, 0, 3, 0, "alice", 700.0)
+    await monitor.sample()
+    assert killed == [(1, 520.0, 750.0)]

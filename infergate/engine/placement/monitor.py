@@ -31,6 +31,9 @@ class MemoryMonitor:
         self._kill = kill  # kills a worker over its limit, if it still runs as sampled
         self._context = context
         self._tasks: list[asyncio.Task[None]] = []
+        # The least each serving worker of a tenant's shared quota was seen to use: its
+        # usual size, from which its growth is told.
+        self._least: dict[tuple[str, int, int, int], float] = {}
 
     def start(self) -> None:
         self._tasks = [
@@ -55,29 +58,50 @@ class MemoryMonitor:
     async def sample(self) -> None:
         """One look at every worker that has a memory limit, loading ones included: its
         own, or its tenant's quota, which a tenant's workers without one share: past it,
-        the largest of them is killed (one a look: the next look sees what that freed)."""
+        the one that grew most is killed (one a look: the next look sees what that freed)."""
         watched = self._workers()
         if not watched:
+            self._least.clear()
             return
         used = await asyncio.to_thread(self._usage, [w.pid for w in watched])
         shared: dict[str, list[tuple[float, WorkerView]]] = {}
+        least: dict[tuple[str, int, int, int], float] = {}
         for worker, mb in zip(watched, used, strict=True):
             if mb is None:
                 continue
             if worker.tenant is not None:
                 shared.setdefault(worker.tenant, []).append((mb, worker))
+                if not worker.loading:
+                    key = (worker.model, worker.version, worker.instance, worker.pid)
+                    least[key] = min(mb, self._least.get(key, mb))
             elif mb > worker.memory_limit_mb:
                 self._kill(worker, mb, 0.0)
+        self._least = least  # (workers gone are forgotten)
         for workers in shared.values():
             together = sum(mb for mb, _ in workers)
             if together > workers[0][1].tenant_left_mb:
-                # A loading worker first, when that brings them under: a reload's new
-                # worker beside the serving one fails its load, as a reservation without
-                # room would refuse it (killed, the serving one failed its requests).
-                loading = [pair for pair in workers if pair[1].loading]
-                enough = together - sum(mb for mb, _ in loading) <= workers[0][1].tenant_left_mb
-                mb, chosen = max(loading if loading and enough else workers, key=lambda p: p[0])
+                mb, chosen = self._over_quota(workers, together)
                 self._kill(chosen, mb, together)
+
+    def _over_quota(
+        self, workers: list[tuple[float, WorkerView]], together: float
+    ) -> tuple[float, WorkerView]:
+        """Which of a tenant's workers past its shared quota goes. A loading one, when
+        that brings them under: a reload's new worker beside the serving one fails its
+        load, as a reservation without room would refuse it (killed, the serving one
+        failed its requests). Else the one that grew most past its usual size: the one
+        whose requests took the memory. The largest went, and a tenant's requests to a
+        model it shares grew that model's workers, and the owner's idle model, the
+        largest, was killed until it failed."""
+        loading = [pair for pair in workers if pair[1].loading]
+        if loading and together - sum(mb for mb, _ in loading) <= workers[0][1].tenant_left_mb:
+            return max(loading, key=lambda p: p[0])
+
+        def growth(pair: tuple[float, WorkerView]) -> tuple[float, float]:
+            mb, w = pair
+            return mb - self._least.get((w.model, w.version, w.instance, w.pid), mb), mb
+
+        return max(workers, key=growth)
 
     async def _run(self) -> None:
         while True:
