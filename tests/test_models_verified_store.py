@@ -429,6 +429,59 @@ def test_copies_under_way_count_against_the_room_left(
         assert copy.stat().st_size == 30 << 20
 
 
+def test_a_file_that_grows_as_it_is_copied_is_refused_at_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy read its file to the end: a file of 1.2 GiB when the room was checked, grown
+    to 50 GiB as it was copied, filled the copies' file system; and a "regular" file that
+    never ends (/proc/kmsg, size 0) held a disk thread for good. A copy reads the size the
+    room was checked for, no more, and a file whose size changed meanwhile is refused (it
+    is read again once it settles)."""
+    source = tmp_path / "model.onnx"
+    source.write_bytes(b"x" * (3 << 20))
+    started, release = threading.Event(), threading.Event()
+    sha256 = hashlib.sha256
+
+    class Held:
+        def __init__(self) -> None:
+            self._digest = sha256()
+
+        def update(self, chunk: bytes) -> None:
+            started.set()
+            assert release.wait(30)
+            self._digest.update(chunk)
+
+        def hexdigest(self) -> str:
+            return self._digest.hexdigest()
+
+    (tmp_path / "store").mkdir()
+    store = VerifiedStore(tmp_path / "store")
+    monkeypatch.setattr(hashlib, "sha256", Held)
+    refused: list[BaseException] = []
+
+    def admit() -> None:
+        try:
+            store.admit(source, None, VerifyPolicy())
+        except VerificationFailed as exc:
+            refused.append(exc)
+
+    copying = threading.Thread(target=admit)
+    copying.start()
+    try:
+        assert started.wait(30)
+        with source.open("ab") as f:
+            f.write(b"y" * (5 << 20))  # it grows mid-copy
+    finally:
+        release.set()
+        copying.join(30)
+    assert "changed size while it was read (3,145,728 bytes, then 8,388,608)" in str(refused[0])
+    assert list((tmp_path / "store").iterdir()) == []  # nothing kept, nothing half-written
+    monkeypatch.setattr(hashlib, "sha256", sha256)
+    proc_file = Path("/proc/self/status")  # size 0, yet it reads a page
+    _, copy = store.admit(proc_file, None, VerifyPolicy())
+    assert copy.stat().st_size == 0
+
+
 async def test_a_touched_file_that_serves_needs_no_room_for_a_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -457,6 +510,44 @@ async def test_a_touched_file_that_serves_needs_no_room_for_a_copy(
         make_scripted(model, controls=("crash",))  # changed: no room is a failure now
         await registry.sync("m")
         assert "MiB is kept free" in registry.record("m").failures[1]
+        assert registry.record("m").versions[1] is serving
+    finally:
+        await registry.stop()
+
+
+async def test_a_file_of_another_size_is_not_hashed_without_room_for_its_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without room for a copy, a file is hashed alone only when it may be what serves
+    (of the serving copy's size): a sparse file of 4 TiB in place of a served model was
+    hashed whole, holding the large files' thread for hours."""
+    model = tmp_path / "models" / "m" / "1" / "model.scripted"
+    make_scripted(model, controls=())
+    registry = Registry(tmp_path / "models", EngineContext(worker_factory=FakeWorkers()))
+    hashed: list[Path] = []
+    real_verify = registry_module.verify_file
+
+    def verify(path: Path, pin: str | None, policy: VerifyPolicy) -> str:
+        hashed.append(path)
+        return real_verify(path, pin, policy)
+
+    monkeypatch.setattr(registry_module, "verify_file", verify)
+    try:
+        await registry.sync("m")
+        serving = registry.record("m").versions[1]
+        real = os.fstatvfs
+
+        def full(fd: int) -> os.statvfs_result:
+            fields = list(real(fd))
+            fields[4] = 0  # no block free
+            return os.statvfs_result(fields)
+
+        monkeypatch.setattr(os, "fstatvfs", full)
+        with model.open("r+b") as f:
+            f.truncate(8 << 20)  # sparse: no room taken in the repository
+        await registry.sync("m")
+        assert "MiB is kept free" in registry.record("m").failures[1]
+        assert hashed == []
         assert registry.record("m").versions[1] is serving
     finally:
         await registry.stop()

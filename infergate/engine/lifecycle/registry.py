@@ -274,17 +274,18 @@ class Registry:
             record.failed_files.pop(version, None)
 
     async def _admitted(
-        self, path: Path, pin: str | None, policy: VerifyPolicy
+        self, path: Path, pin: str | None, policy: VerifyPolicy, serving: Path | None
     ) -> tuple[str, Path | None]:
         """The file's SHA256, checked (the pin, the signature), and its verified copy when
         it had to be read: a file unchanged since it was hashed is not read (no copy:
         None); one that changed is read once, hashed as it is copied. (It was read twice,
         hashed to see whether it changed, then again as it was copied.) Even `stat` runs
-        off the loop: a hung network mount stalls a disk thread, not every request."""
+        off the loop: a hung network mount stalls a disk thread, not every request.
+        `serving`: the copy that serves this version now, if any (see `_admit`)."""
         cached, large = await self._off_loop(self._known, path, pin, policy)
         if cached is not None:
             return cached, None
-        return await self._copied(path, pin, policy, large, or_hash=True)
+        return await self._copied(path, pin, policy, large, or_hash=serving)
 
     def _known(self, path: Path, pin: str | None, policy: VerifyPolicy) -> tuple[str | None, bool]:
         """(in a disk thread) The file's digest, checked, if it is known for its stamp; else
@@ -296,7 +297,12 @@ class Registry:
         return None, _large(path)
 
     async def _copied(
-        self, path: Path, pin: str | None, policy: VerifyPolicy, large: bool, or_hash: bool
+        self,
+        path: Path,
+        pin: str | None,
+        policy: VerifyPolicy,
+        large: bool,
+        or_hash: Path | None,
     ) -> tuple[str, Path | None]:
         """`_admit` on the disk threads (the large files' own, for a large one). Cancelled
         (the gateway stops): a copy not started never runs, and one under way is let go
@@ -318,17 +324,20 @@ class Registry:
                 self.store.release(stored)
 
     def _admit(
-        self, path: Path, pin: str | None, policy: VerifyPolicy, or_hash: bool = False
+        self, path: Path, pin: str | None, policy: VerifyPolicy, or_hash: Path | None = None
     ) -> tuple[str, Path | None]:
         """`store.admit`, its digest remembered for the file's stamp (in a disk thread).
-        `or_hash`: with no room for a copy, the digest alone (no copy: None), for a file
-        that may be what serves already (touched, its stamp changed, its bytes the same)."""
+        `or_hash`: the copy serving from this path: with no room for a copy, the digest
+        alone (no copy: None) of a file of that copy's size, which may be what serves
+        already (touched, its stamp changed, its bytes the same). Only of that size: a
+        sparse file of 4 TiB, refused a copy, was hashed whole, holding the large files'
+        thread for hours."""
         before, hashed_at = os.stat(path), time.time_ns()
         stored: Path | None
         try:
             sha, stored = self.store.admit(path, pin, policy)
         except NoRoom:
-            if not or_hash:
+            if or_hash is None or os.stat(or_hash).st_size != before.st_size:
                 raise
             sha, stored = verify_file(path, pin, policy), None
         with contextlib.suppress(OSError):
@@ -349,14 +358,15 @@ class Registry:
         for file in desired:
             remote = file.runtime == REMOTE
             stored: Path | None = None
+            current = record.versions.get(file.version)
             try:
                 if remote:  # no model file: model.toml's digest names what serves
                     sha = await self._off_loop(
                         verified_config, file.path, entry.toml_sha256, policy
                     )
                 else:
-                    sha, stored = await self._admitted(file.path, pin, policy)
-                current = record.versions.get(file.version)
+                    serving = current.stored_path if current is not None else None
+                    sha, stored = await self._admitted(file.path, pin, policy, serving)
                 if not explicit and (
                     (current is not None and current.same_as(file, sha, entry.config))
                     or record.failed_files.get(file.version) == (sha, entry.config)
@@ -366,8 +376,8 @@ class Registry:
                     continue
                 if not remote and stored is None:  # unchanged since hashed: copied now
                     large = await self._off_loop(_large, file.path)
-                    sha, stored = await self._copied(file.path, pin, policy, large, or_hash=False)
-                if not remote and stored is None:  # (never: or_hash=False copies or raises)
+                    sha, stored = await self._copied(file.path, pin, policy, large, or_hash=None)
+                if not remote and stored is None:  # (never: no or_hash copies or raises)
                     raise VerificationFailed(f"{file.path} has no verified copy to serve")
             except (VerificationFailed, OSError) as exc:
                 self._failed(record, file.version, f"verification failed: {exc}")

@@ -387,15 +387,25 @@ class VerifiedStore:
                     self._coming += st.st_size
                 left = st.st_size
                 try:
-                    while chunk := src.read(_CHUNK):
+                    # Its size when the room was checked, no more: a file that grew as it
+                    # was copied filled the copies' file system past the check, and a
+                    # "regular" file that never ends (/proc/kmsg) held a disk thread.
+                    while left and (chunk := src.read(min(_CHUNK, left))):
                         digest.update(chunk)
                         dst.write(chunk)
                         with self._lock:
-                            self._coming -= min(len(chunk), left)
-                        left -= min(len(chunk), left)
+                            self._coming -= len(chunk)
+                        left -= len(chunk)
                 finally:
                     with self._lock:
                         self._coming -= left
+                now = os.fstat(src.fileno()).st_size
+                if left or now != st.st_size:
+                    raise VerificationFailed(
+                        f"{source} changed size while it was read ({st.st_size:,} bytes, "
+                        f"then {now:,}); it is read again once it has settled. Hint: write "
+                        "a model file elsewhere and move it into place"
+                    )
             sha = digest.hexdigest()
             check_digest(source, sha, pinned_sha256, policy)
             folder = root / sha
