@@ -525,7 +525,7 @@ async def test_a_file_of_another_size_is_not_hashed_without_room_for_its_copy(
     make_scripted(model, controls=())
     registry = Registry(tmp_path / "models", EngineContext(worker_factory=FakeWorkers()))
     hashed: list[Path] = []
-    real_verify = registry_module.verify_file
+    real_verify = verify_file
 
     def verify(path: Path, pin: str | None, policy: VerifyPolicy) -> str:
         hashed.append(path)
