@@ -76,6 +76,28 @@ async def test_a_restart_goes_at_once_while_another_tenant_s_loads_hold_every_sl
         assert loads.order[-1] == "bob-more"
 
 
+async def test_one_tenant_s_restarts_hold_at_most_half_the_slots() -> None:
+    """Mallory ended her own 3 workers, whose warm-ups then lasted the load timeout: her
+    restarts went first and took the 2 slots and the one more, and a crashed worker of
+    another tenant waited 26 s. With several tenants, her restarts hold her share."""
+    slots = LoadSlots(2)
+    async with Loads(slots).running() as loads:
+        loads.start("victim", "victim")  # both tenants' models have loaded
+        loads.start("mallory", "mallory")
+        await settle()
+        await loads.finish("victim")
+        await loads.finish("mallory")
+        for i in range(3):
+            loads.start(f"mallory-restart{i}", "mallory", restart=True)
+        await settle()
+        assert loads.order[2:] == ["mallory-restart0"]
+        loads.start("victim-restart", "victim", restart=True)
+        await settle()
+        assert loads.order[2:] == ["mallory-restart0", "victim-restart"]
+        await loads.finish("mallory-restart0")
+        assert loads.order[-1] == "mallory-restart1"
+
+
 async def test_a_freed_slot_goes_to_a_tenant_holding_less_than_half_of_them() -> None:
     slots = LoadSlots(4)
     async with Loads(slots).running() as loads:

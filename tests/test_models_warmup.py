@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from infergate.engine.repository.modelconfig import parse_model_config
-from infergate.errors import ConfigError
+from infergate.engine.repository.spec import TensorSpec, Warmup
+from infergate.engine.runtimes.base import WARMUP_FILE_MAX_BYTES, warmup_inputs
+from infergate.errors import ConfigError, WarmupInputError
 from tests.conftest import write_profile
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
@@ -80,6 +82,8 @@ def test_memory_mb_holds_while_a_version_loads(server: ServerProcess) -> None:
         ('[warmup]\ndata = "random"\nlow = 3\nhigh = 1\n', "expected low <= high"),
         ('[warmup]\nfile = "sample.csv"\n', "expected a .npy, .npz or .json"),
         ('[warmup]\ndata = "ones"\n', "zeros"),
+        ('[warmup]\nfile = "/etc/sample.npy"\n', "expected a file in the model's folder"),
+        ('[warmup]\nfile = "../other/sample.npy"\n', "expected a file in the model's folder"),
     ],
 )
 def test_warmup_mistakes_are_named(tmp_path: Path, table: str, message: str) -> None:
@@ -94,3 +98,14 @@ def test_a_sample_file_is_found_beside_model_toml(tmp_path: Path) -> None:
     path.write_text('[warmup]\nfile = "sample.npz"\n')
     warmup = parse_model_config(path).warmup
     assert (warmup.data, warmup.file) == ("file", tmp_path / "sample.npz")
+
+
+def test_a_warm_up_file_over_64_mib_is_refused_unread(tmp_path: Path) -> None:
+    """A warm-up file of 3 million rows, read at each restart, held a load slot until the
+    load timeout: a warm-up file holds at most 64 MiB, checked before it is read."""
+    sample = tmp_path / "sample.npy"
+    with sample.open("wb") as f:
+        f.truncate(WARMUP_FILE_MAX_BYTES + 1)  # sparse, and no .npy inside: never read
+    specs = (TensorSpec("x", "FP32", (-1, 4)),)
+    with pytest.raises(WarmupInputError, match="holds 64 MiB, over the 64 MiB"):
+        warmup_inputs(specs, Warmup(data="file", file=sample))

@@ -112,7 +112,8 @@ class WarmupSection(Section):
     )
     file: str | None = setting(
         None,
-        "beside model.toml: .npy (one input), .npz (by input name) or a V2 JSON request",
+        "in the model's folder, at most 64 MiB, rows first: .npy (one input), .npz (by "
+        "input name) or a V2 JSON request",
     )
 
 

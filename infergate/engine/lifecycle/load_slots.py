@@ -11,9 +11,12 @@ tenant's models:
   another tenant's loads, it waited: a tenant deploying a model of 4 instances whose
   warm-up never ended held every slot until the load timeout, and another tenant's
   crashed worker stayed down 19 s (8,370 of its requests failed). Bounded, so that many
-  workers dying at once (the kernel's OOM killer) do not all load at once.
+  workers dying at once (the kernel's OOM killer) do not all load at once; and held to
+  the tenant's share below, so that one tenant's restarts never hold every slot (a
+  tenant that ended its own 3 workers, each warming up for the load timeout, held the 2
+  slots and the one more, and another tenant's crashed worker waited 26 s).
 - Once the models of several tenants have loaded (models.toml's `tenant`), a tenant's
-  first loads hold at most half the slots (rounded up; its restarts count), so that
+  loads, restarts included, hold at most half the slots (rounded up), so that
   another's always find room: before, a tenant's loads whose warm-up never ended held them
   all, and another tenant's new model waited for the load timeout. A slot freed goes to the
   first waiting load whose tenant holds less than that. Where every model is one tenant's
@@ -49,10 +52,13 @@ class LoadSlots:
     async def slot(self, tenant: Hashable, restart: bool = False) -> AsyncIterator[None]:
         """Hold a slot while the block runs (`restart`: of a worker that served)."""
         self._tenants.add(tenant)
-        # Ahead of it: a restart waiting; for a first load, any load that could go now
-        # (one whose tenant waits for its share is not).
-        ahead = any(w.restart or not (restart or self._capped(w.tenant)) for w in self._waiting)
-        if self._free_for(restart) and not ahead and (restart or not self._capped(tenant)):
+        first = restart and not self._capped(tenant)  # goes first, past the limit
+        # Ahead of it: a restart waiting that goes first; for another load, any load that
+        # could go now (one whose tenant waits for its share is not).
+        ahead = any(
+            self._goes_first(w) or not (first or self._capped(w.tenant)) for w in self._waiting
+        )
+        if self._free_for(first) and not ahead and not self._capped(tenant):
             self._take(tenant)
         else:
             waiter = _Waiter(tenant, restart)
@@ -76,6 +82,9 @@ class LoadSlots:
     def _capped(self, tenant: Hashable) -> bool:
         """Whether `tenant`'s first loads wait for its share (see the module docstring)."""
         return self._held.get(tenant, 0) >= self._share and self._several()
+
+    def _goes_first(self, waiter: _Waiter) -> bool:
+        return waiter.restart and not self._capped(waiter.tenant)
 
     def _several(self) -> bool:
         return len(self._tenants) > 1
@@ -101,7 +110,7 @@ class LoadSlots:
         # A waiter cancelled in the tick of a release is still listed until its task runs:
         # the slot is not its (given, it would be held by nobody for good).
         self._waiting = [w for w in self._waiting if not w.granted.done()]
-        restart = next((w for w in self._waiting if w.restart), None)
+        restart = next((w for w in self._waiting if self._goes_first(w)), None)
         if restart is not None:
             return restart if self._free_for(True) else None
         if not self._waiting or not self._free_for(False):

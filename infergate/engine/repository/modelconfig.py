@@ -55,8 +55,8 @@ def _breaker(table: Table) -> tuple[tuple[str, float], ...]:
 
 
 def _warmup(table: Table, folder: Path) -> Warmup:
-    """[warmup]: data = "zeros" | "random" | "file" | "none"; low, high; file (beside
-    model.toml, or absolute). A file alone means data = "file"."""
+    """[warmup]: data = "zeros" | "random" | "file" | "none"; low, high; file (in the
+    model's folder). A file alone means data = "file"."""
     w = table.read(WarmupSection)
     data = w.data or ("file" if w.file else "zeros")
     if w.low > w.high:
@@ -68,7 +68,15 @@ def _warmup(table: Table, folder: Path) -> Warmup:
                 f'{table.where("file")}: data = "file" needs file = "sample.npz" (a .npy, '
                 ".npz or V2 JSON request file beside model.toml)"
             )
-        path = Path(w.file) if Path(w.file).is_absolute() else folder / w.file
+        given = Path(w.file)
+        if given.is_absolute() or ".." in given.parts:
+            # Whoever writes a model's folder names what its warm-up reads: not any file
+            # of the host's that the gateway's user may read.
+            raise ConfigError(
+                f"{table.where('file')}: expected a file in the model's folder, got "
+                f"{w.file!r}. Hint: copy it beside model.toml and name it by its name"
+            )
+        path = folder / given
         if path.suffix not in (".npy", ".npz", ".json"):
             raise ConfigError(
                 f"{table.where('file')}: expected a .npy, .npz or .json (V2 request) file, "

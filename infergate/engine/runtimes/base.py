@@ -81,12 +81,23 @@ def _random_inputs(specs: tuple[TensorSpec, ...], low: float, high: float) -> di
     return out
 
 
+# A warm-up is one run of a few rows: a file of 3 million rows, read at each restart, held
+# a load slot until the load timeout.
+WARMUP_FILE_MAX_BYTES = 64 * 2**20
+
+
 def _file_inputs(specs: tuple[TensorSpec, ...], path: Path) -> dict[str, Array]:
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise WarmupInputError(f"warm-up file {path} is not a regular file")
+        st = os.stat(path)
     except FileNotFoundError:
         raise WarmupInputError(f"warm-up file {path} does not exist") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise WarmupInputError(f"warm-up file {path} is not a regular file")
+    if st.st_size > WARMUP_FILE_MAX_BYTES:
+        raise WarmupInputError(
+            f"warm-up file {path} holds {st.st_size / 2**20:,.0f} MiB, over the "
+            f"{WARMUP_FILE_MAX_BYTES >> 20} MiB a warm-up file may hold; keep a few rows"
+        )
     names = [s.name for s in specs]
     arrays: dict[str, Any]
     if path.suffix == ".npy":

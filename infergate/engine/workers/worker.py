@@ -67,8 +67,8 @@ def _load(spec: WorkerSpec) -> Runtime:
 
 _WARMUP_HINT = (
     'Hint: choose the warm-up in model.toml\'s [warmup]: data = "random" with low and '
-    'high, file = "sample.npz" beside model.toml (.npy, .npz or a V2 JSON request), or '
-    'data = "none"'
+    'high, file = "sample.npz" beside model.toml (.npy, .npz or a V2 JSON request; its '
+    'arrays hold a batch: rows first, as the model takes them), or data = "none"'
 )
 
 
