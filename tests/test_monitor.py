@@ -294,3 +294,48 @@ async def test_over_its_tenant_s_quota_the_worker_that_grew_goes_not_the_largest
     views[1] = WorkerView("shared", 1, 0, 3, 0, "alice", 700.0)
     await monitor.sample()
     assert killed == [(1, 520.0, 750.0)]
+
+
+async def test_a_reservation_counts_what_the_tenant_s_workers_without_one_use(
+    tmp_path: Path,
+) -> None:
+    """Bob's quota is 1,000 MB and his model without memory_mb uses 300: a model that
+    reserves 800 was placed, leaving that model 200, and it was killed until it failed. It
+    is refused, saying why. And a model.toml naming a tenant whose models in the profile do
+    not include it is refused: mallory's model named bob and took his quota."""
+    models = tmp_path / "models"
+    make_scripted(models / "small" / "1" / "model.scripted", controls=())
+    (models / "small" / "model.toml").write_text('tenant = "bob"\n')
+    bob = Tenant("bob", memory_mb=1000, memory_enforced=True, models=("small", "big"))
+    devices, workers = FakeDevices(), FakeWorkers()
+    context = EngineContext(
+        clock=FakeClock(),
+        worker_factory=workers,
+        devices=devices,
+        monitor_interval_s=3600,
+        settings=LiveSettings(tenants=(Tenant(DEFAULT_TENANT), bob)),
+    )
+    engine = Engine(EngineSettings(models, "explicit"), context)
+    await engine.start()
+    try:
+        await eventually(lambda: engine.ready, what="the model to load")
+        small_pid = engine.version("small").instances[0].pid
+        assert small_pid is not None
+        devices.used_mb = {small_pid: 300.0}
+        await MemoryMonitor(engine.worker_views, engine.kill_over_memory, context).sample()
+        mal = 'tenant = "bob"\nmemory_mb = 10\n'
+        for name, toml in (("big", 'tenant = "bob"\nmemory_mb = 800\n'), ("mal", mal)):
+            make_scripted(models / name / "1" / "model.scripted", controls=())
+            (models / name / "model.toml").write_text(toml)
+            await engine.load(name)
+        failures = {name: engine.model_view(name).failures for name in ("big", "mal")}
+        assert (
+            "tenant 'bob' has 700 MB of its 1000 MB memory quota left (its models "
+            "without a memory_mb use 300 MB)"
+        ) in failures["big"][1]
+        assert (
+            "names tenant 'bob', whose models in the profile (small, big) do not include 'mal'"
+        ) in failures["mal"][1]
+        assert all(w.alive for w in workers.made)
+    finally:
+        await engine.stop()

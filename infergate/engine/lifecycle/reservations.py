@@ -9,10 +9,13 @@ from infergate.engine.placement.placer import PlacementRefused, Placer, Reservat
 from infergate.engine.repository.spec import ModelConfig
 
 
-def model_tenant(config: ModelConfig, tenants: Tenants) -> Tenant:
-    """The tenant whose devices and memory quota the model's instances use."""
+def model_tenant(model: str, config: ModelConfig, tenants: Tenants) -> Tenant:
+    """The tenant whose devices and memory quota the model's instances use. Whoever
+    writes a model's folder names it, so the profile must let that tenant use the model
+    (its `models`): a model of one tenant's naming another reserved all of the other's
+    quota, and the other's serving model was killed until it failed."""
     try:
-        return tenants.get(config.tenant).tenant
+        tenant = tenants.get(config.tenant).tenant
     except KeyError:
         if config.tenant == DEFAULT_TENANT:  # a profile with named tenants only
             return Tenant(DEFAULT_TENANT)
@@ -20,6 +23,14 @@ def model_tenant(config: ModelConfig, tenants: Tenants) -> Tenant:
             f"model.toml names tenant {config.tenant!r}, which the profile does not define. "
             "Hint: add it under [tenants] in the profile, or remove tenant from model.toml"
         ) from None
+    if tenant.name != DEFAULT_TENANT and not tenant.may_use(model):  # (named by the file)
+        raise PlacementRefused(
+            f"model.toml names tenant {tenant.name!r}, whose models in the profile "
+            f"({', '.join(tenant.models) or 'none'}) do not include {model!r}. Hint: add it "
+            f"to them (infergate tenant set {tenant.name} models=...), or name the tenant "
+            "the model is for"
+        )
+    return tenant
 
 
 class Reservations:
@@ -32,7 +43,7 @@ class Reservations:
 
     def place(self, instances: list[Instance]) -> None:
         """Reserve a device for every instance, or none (PlacementRefused says why)."""
-        tenant = model_tenant(self._config, self._tenants)
+        tenant = model_tenant(self._model, self._config, self._tenants)
         config = self._config
         try:
             for instance in instances:

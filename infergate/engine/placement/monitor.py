@@ -62,6 +62,7 @@ class MemoryMonitor:
         watched = self._workers()
         if not watched:
             self._least.clear()
+            self._context.placer.unreserved_mb = {}
             return
         used = await asyncio.to_thread(self._usage, [w.pid for w in watched])
         shared: dict[str, list[tuple[float, WorkerView]]] = {}
@@ -77,6 +78,9 @@ class MemoryMonitor:
             elif mb > worker.memory_limit_mb:
                 self._kill(worker, mb, 0.0)
         self._least = least  # (workers gone are forgotten)
+        self._context.placer.unreserved_mb = {
+            tenant: sum(mb for mb, _ in workers) for tenant, workers in shared.items()
+        }
         for workers in shared.values():
             together = sum(mb for mb, _ in workers)
             if together > workers[0][1].tenant_left_mb:

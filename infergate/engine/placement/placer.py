@@ -62,6 +62,9 @@ class Placer:
         self._held: set[Reservation] = set()
         self._cores = cores or _usable_cores()
         self._next_core = 0
+        # What each tenant held to its quota had its workers without a memory_mb use
+        # together at the memory monitor's last look (placement/monitor.py).
+        self.unreserved_mb: dict[str, float] = {}
 
     def reserved(self, tenant: str | None = None, device: str | None = None) -> float:
         return sum(
@@ -105,13 +108,18 @@ class Placer:
     ) -> Reservation:
         """Reserve a device for one worker of `model`; the caller owns the reservation."""
         need = float(memory_mb or 0)
-        used = self.reserved(tenant=tenant.name)
+        # Its workers without a memory_mb count too: a reservation that left them less
+        # than they use got them killed until their model failed.
+        unreserved = self.unreserved_mb.get(tenant.name, 0.0) if need else 0.0
+        used = self.reserved(tenant=tenant.name) + unreserved
         if need and used + need > tenant.memory_mb:
+            using = f" (its models without a memory_mb use {unreserved:.0f} MB)"
             raise PlacementRefused(
                 f"tenant {tenant.name!r} has {tenant.memory_mb - used:.0f} MB of its "
-                f"{tenant.memory_mb} MB memory quota left, and model {model!r} needs "
-                f"{need:.0f} MB per instance. Hint: raise the tenant's memory_mb, lower the "
-                "model's memory_mb, or unload another of its models"
+                f"{tenant.memory_mb} MB memory quota left{using if unreserved else ''}, and "
+                f"model {model!r} needs {need:.0f} MB per instance. Hint: raise the "
+                "tenant's memory_mb, lower the model's memory_mb, or unload another of its "
+                "models"
             )
         candidates = self._candidates(want, tenant)
         if not candidates:
