@@ -139,8 +139,9 @@ def _check_admin_key(engine: Engine, key: str | None) -> None:
         return
     if key is None:
         raise Unauthorized(
-            "this endpoint needs the admin key (Authorization: Bearer "
-            "<key>). Hint: set INFERGATE_ADMIN_TOKEN for the CLI"
+            "this endpoint needs an admin key: send it as 'Authorization: Bearer <key>' "
+            "(the CLI: --token or INFERGATE_ADMIN_TOKEN). Hint: the profile's "
+            "server.admin_keys hold their hashes (infergate key new --admin)"
         )
     raise Forbidden(
         "this key is not an admin key; /admin and the repository API need one of server.admin_keys"

@@ -131,13 +131,14 @@ class Tenants:
                 return self._states[DEFAULT_TENANT]
             raise Unauthorized(
                 "an API key is required: send it as 'Authorization: Bearer <key>' or "
-                "'X-API-Key: <key>'. Hint: infergate tenant add NAME makes one"
+                "'X-API-Key: <key>' (the CLI: --token or INFERGATE_TOKEN). Hint: an operator "
+                "makes one with infergate tenant add NAME"
             )
         name = self._by_hash.get(hash_key(key))
         if name is None:
             raise Unauthorized(
-                "unknown API key. Hint: check INFERGATE_TOKEN, or ask an "
-                "operator for a key (infergate tenant add)"
+                "unknown API key. Hint: check the key sent (the CLI's --token or "
+                "INFERGATE_TOKEN), or ask an operator for one (infergate tenant add)"
             )
         return self._states[name]
 

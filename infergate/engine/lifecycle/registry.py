@@ -367,12 +367,17 @@ class Registry:
                 else:
                     serving = current.stored_path if current is not None else None
                     sha, stored = await self._admitted(file.path, pin, policy, serving)
+                serves = current is not None and current.same_as(file, sha, entry.config)
                 if not explicit and (
-                    (current is not None and current.same_as(file, sha, entry.config))
-                    or record.failed_files.get(file.version) == (sha, entry.config)
+                    serves or record.failed_files.get(file.version) == (sha, entry.config)
                 ):  # what serves, or the same bad file (wait for it to change)
                     if stored is not None:
                         await self._off_loop(self.store.release, stored)
+                    if serves:
+                        # The files are what serves again (a bad edit undone): a failure
+                        # of the edit's is no longer so ("failed" showed until a load).
+                        record.failures.pop(file.version, None)
+                        record.failed_files.pop(file.version, None)
                     continue
                 if not remote and stored is None:  # unchanged since hashed: copied now
                     large = await self._off_loop(_large, file.path)
