@@ -239,6 +239,31 @@ def test_doctor(tmp_path: Path) -> None:
     assert "does not exist" in {c["name"]: c for c in json.loads(out)}["models"]["detail"]
 
 
+def test_doctor_applies_the_profile_s_signature_rule(tmp_path: Path) -> None:
+    """With require_signed_models, an unsigned model showed "ok" in doctor (exit 0) while
+    the server refused it: doctor reads the profile serve reads and applies its rule."""
+    from infergate.engine.repository.verify import generate_key, load_private_key, sign_file
+    from tests.onnx_models import make_echo
+
+    public = generate_key(tmp_path / "team.key")
+    models = tmp_path / "models"
+    sign_file(
+        make_echo(models / "signed" / "1" / "model.onnx"), load_private_key(tmp_path / "team.key")
+    )
+    make_echo(models / "unsigned" / "1" / "model.onnx")
+    profile = tmp_path / "profile.toml"
+    profile.write_text(
+        f"[server]\nrequire_signed_models = true\ntrusted_keys = [{str(public)!r}]\n"
+    )
+    code, out = run("doctor", "--models", str(models), "--profile", str(profile), "--json")
+    assert code == 1, out
+    checks = {c["name"]: c for c in json.loads(out)}
+    assert checks["model signed"]["status"] == "ok"
+    assert checks["model unsigned"]["status"] == "fail"
+    assert "version 1:" in checks["model unsigned"]["detail"]
+    assert "not signed" in checks["model unsigned"]["detail"]
+
+
 def test_doctor_without_torch_says_to_install_it_into_the_venv_then_load(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -9,20 +9,27 @@ import platform
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
 
 from infergate.cli.common import (
+    EXIT_USAGE,
     Format,
     FormatOption,
     JsonOption,
     check_models_folder,
     chosen_format,
     emit_table,
+    fail,
     print_json,
 )
+
+if TYPE_CHECKING:
+    from infergate.engine.repository.spec import ModelEntry
+    from infergate.engine.repository.verify import VerifyPolicy
+    from infergate.profile import Profile
 
 
 @dataclass(frozen=True)
@@ -160,8 +167,9 @@ def _devices() -> list[Check]:
     return checks
 
 
-def _models(models: Path) -> list[Check]:
+def _models(models: Path, profile: Profile) -> list[Check]:
     from infergate.engine.repository.scan import scan_repository
+    from infergate.engine.repository.verify import VerifyPolicy, load_public_key
     from infergate.engine.runtimes import unavailable_reason
     from infergate.errors import ConfigError
 
@@ -170,9 +178,16 @@ def _models(models: Path) -> list[Check]:
     except ConfigError as exc:
         return [Check("models", "fail", str(exc))]
     checks = [Check("models", "ok" if entries else "warn", f"{len(entries)} model(s) in {models}")]
+    server = profile.server
+    try:
+        keys = tuple(load_public_key(k) for k in server.trusted_keys)
+    except ConfigError as exc:
+        return [*checks, Check("trusted keys", "fail", str(exc))]
+    policy = VerifyPolicy(server.require_signed_models, keys)
     for entry in entries:
-        if entry.problem:
-            checks.append(Check(f"model {entry.name}", "fail", entry.problem))
+        problem = entry.problem or _refused(entry, policy)
+        if problem:
+            checks.append(Check(f"model {entry.name}", "fail", problem))
             continue
         runtimes = {v.runtime for v in entry.versions}
         reasons = [r for r in map(unavailable_reason, sorted(runtimes)) if r]
@@ -181,11 +196,28 @@ def _models(models: Path) -> list[Check]:
             Check(
                 f"model {entry.name}",
                 "warn" if reasons else "ok",
-                "; ".join(reasons)
-                or f"{'/'.join(sorted(runtimes))}, serving version(s) {versions}",
+                "; ".join(reasons) or f"{'/'.join(sorted(runtimes))}, version(s) {versions}",
             )
         )
     return checks
+
+
+def _refused(entry: ModelEntry, policy: VerifyPolicy) -> str | None:
+    """Why the server would refuse a version it would serve, by the profile's signature
+    rule or model.toml's pinned sha256 (each such file is read and hashed); else None."""
+    from infergate.engine.repository.verify import VerificationFailed, verify_file
+
+    pin = entry.config.sha256
+    if not (policy.require_signed or pin):
+        return None
+    for version in entry.served_versions():
+        if version.runtime == "remote":
+            continue  # (no model file)
+        try:
+            verify_file(version.path, pin, policy)
+        except VerificationFailed as exc:
+            return f"version {version.version}: {exc}"
+    return None
 
 
 def _watching(models: Path) -> Check:
@@ -218,12 +250,33 @@ STYLES = {"ok": "green", "warn": "yellow", "fail": "red"}
 
 
 def doctor(
-    models: Annotated[Path, typer.Option(help="Model repository to check")] = Path("models"),
+    models: Annotated[
+        Path | None,
+        typer.Option(
+            help="Model repository to check [default: the profile's server.models, else models/]"
+        ),
+    ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="INFERGATE_PROFILE",
+            help="Profile whose rules apply (signed models) [default: profiles/default.toml "
+            "when present]",
+        ),
+    ] = None,
     fmt: FormatOption = Format.table,
     json: JsonOption = False,
 ) -> None:
     """Check Python, runtimes, GPUs and the models folder; exit 1 if something fails."""
+    from infergate.errors import ConfigError
+    from infergate.profile import load_profile
+
     fmt = chosen_format(fmt, json)
+    try:
+        loaded = load_profile(profile)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE, fmt is Format.json)
+    models = models or loaded.server.models
     check_models_folder(models, as_json=fmt is Format.json)
     checks = [
         _python(),
@@ -231,7 +284,7 @@ def doctor(
         _torch(),
         _nvml(),
         *_devices(),
-        *_models(models),
+        *_models(models, loaded),
         _watching(models),
     ]
     if fmt is Format.json:
