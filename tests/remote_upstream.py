@@ -37,6 +37,7 @@ class Upstream:
     mode: str = "ok"
     delay_s: float = 0.0
     ready: bool = True
+    loading: bool = False  # the model's metadata is a 503, as a server still loading it says
     inputs: list[dict[str, Any]] = field(default_factory=lambda: list(METADATA_INPUTS))
     outputs: list[dict[str, Any]] = field(default_factory=lambda: list(METADATA_OUTPUTS))
     received: list[Received] = field(default_factory=list)
@@ -121,6 +122,8 @@ class Upstream:
         if path == "/v2/health/ready":
             self.health_checks += 1
             return _reply(200 if self.ready else 503, {})
+        if method == "GET" and path == base and self.loading:
+            return _reply(503, {"error": f"model '{self.model}' is loading. Hint: retry shortly"})
         if method == "GET" and path == base:
             doc = {"name": self.model, "versions": ["1"], "platform": "scripted"}
             return _reply(200, {**doc, "inputs": self.inputs, "outputs": self.outputs})

@@ -353,7 +353,7 @@ def test_an_upstream_that_starts_after_the_gateway_is_asked_again_until_it_answe
     def retrying() -> bool:
         status = status_or_none(gw, "late")
         reason = (status or {}).get("reason") or ""
-        return status is not None and "no endpoint answers yet; asking again" in reason
+        return status is not None and "no endpoint serves it yet; asking again" in reason
 
     wait_until(retrying, 30, "the load to wait for its upstream")
     assert gw.model("late")["state"] == "loading"
@@ -361,6 +361,29 @@ def test_an_upstream_that_starts_after_the_gateway_is_asked_again_until_it_answe
     wait_until(lambda: gw.model("late")["state"] == "ready", 30, "the load to find it")
     assert gw.model("late")["reason"] is None  # the wait is over: it says so no more
     assert infer(gw, BODY, HEADERS, model="late").status_code == 200
+
+
+def test_an_upstream_still_loading_its_models_is_asked_again_until_it_serves(
+    gw: ServerProcess, upstreams: list[Upstream]
+) -> None:
+    """An upstream that is up but still loading its models answers 503 ("loading, retry
+    shortly"), the usual case when both start together: the model failed at once."""
+    starting = Upstream(loading=True).start()
+    upstreams.append(starting)
+    incoming = gw.models.parent / "incoming" / "starting"
+    incoming.mkdir(parents=True)
+    (incoming / "model.toml").write_text(remote_toml([starting.url]))
+    os.replace(incoming, gw.models / "starting")
+
+    def retrying() -> bool:
+        status = status_or_none(gw, "starting")
+        reason = (status or {}).get("reason") or ""
+        return status is not None and "answered 503" in reason and "asking again" in reason
+
+    wait_until(retrying, 30, "the load to wait for its upstream's models")
+    starting.loading = False
+    wait_until(lambda: gw.model("starting")["state"] == "ready", 30, "the load to find it")
+    assert infer(gw, BODY, HEADERS, model="starting").status_code == 200
 
 
 def test_tenant_limits_and_breakers_apply(gw: ServerProcess, upstreams: list[Upstream]) -> None:

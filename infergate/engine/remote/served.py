@@ -83,7 +83,8 @@ def _tensors(doc: dict[str, Any], kind: str) -> tuple[TensorSpec, ...]:
 
 
 class _NoAnswer(str):
-    """Why an endpoint did not answer at all (refused, or no answer in time)."""
+    """Why an endpoint does not serve the model yet: it did not answer at all (refused, or
+    no answer in time), or answered 503 (up, still loading its models)."""
 
 
 # An endpoint's tensors and platform, or why not.
@@ -169,9 +170,10 @@ class RemoteServedVersion(ServedVersion):
 
     async def _described(self) -> dict[str, _Described]:
         """What each endpoint says of the model. While none answers at all (refused, or
-        no answer in time), the upstream may be starting beside the gateway (compose,
-        Kubernetes): each is asked again, after 1 s, then 2 and 4, for at most
-        LOAD_RETRY_S (the load holds the gateway's readiness and the model's reloads)."""
+        no answer in time) or but with a 503 (still loading its models), the upstream
+        may be starting beside the gateway (compose, Kubernetes): each is asked again,
+        after 1 s, then 2 and 4, for at most LOAD_RETRY_S (the load holds the gateway's
+        readiness and the model's reloads). A 503 failed the model at once."""
         loop, delay = asyncio.get_running_loop(), 1.0
         started = loop.time()
         while True:
@@ -182,7 +184,7 @@ class RemoteServedVersion(ServedVersion):
             if loop.time() - started + delay > min(LOAD_RETRY_S, self._context.load_timeout_s):
                 break
             why = "; ".join(f"{e}: {r}" for e, r in found.items())
-            self._why = f"no endpoint answers yet; asking again in {delay:.0f} s: {why}"
+            self._why = f"no endpoint serves it yet; asking again in {delay:.0f} s: {why}"
             await asyncio.sleep(delay)
             delay *= 2
         self._why = None
@@ -199,10 +201,12 @@ class RemoteServedVersion(ServedVersion):
             meta = await self.pool.get(endpoint, self.model_path, timeout)
             if meta.status != 200:
                 text = meta.body[:200].decode(errors="replace")
-                return f"{self.model_path} answered {meta.status}: {text}"
+                said = f"{self.model_path} answered {meta.status}: {text}"
+                return _NoAnswer(said) if meta.status == 503 else said
             ready = await self.pool.get(endpoint, self.model_path + "/ready", timeout)
             if ready.status != 200:
-                return f"{self.model_path}/ready answered {ready.status} (not ready)"
+                said = f"{self.model_path}/ready answered {ready.status} (not ready)"
+                return _NoAnswer(said) if ready.status == 503 else said
             doc = orjson.loads(meta.body)
             if not isinstance(doc, dict):
                 raise MetadataError("it is not a JSON object")
