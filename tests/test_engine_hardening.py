@@ -19,6 +19,9 @@ import pytest
 import tritonclient.http as triton
 
 from infergate.engine.admission.tenants import hash_key
+from infergate.engine.engine import _no_version_error
+from infergate.engine.lifecycle.registry import ModelRecord
+from infergate.errors import ModelNotReady
 from tests.polling import wait_until
 from tests.scrape import metric
 from tests.scripted_runtime import make_scripted, scripted_inputs
@@ -383,3 +386,12 @@ def test_inputs_with_different_batch_sizes_are_a_400(server: ServerProcess) -> N
         f"{server.url}/v2/models/chunky/infer", json=scripted_inputs(rows=2, sleep_ms=0)
     )
     assert fine.status_code == 200
+
+
+def test_a_model_loading_its_first_version_says_so_without_naming_no_version() -> None:
+    """A model loading after a restart answered "is loading: no version on disk" (a remote
+    gateway's operator read it as the files being gone); it says it is loading."""
+    error = _no_version_error(ModelRecord("m", loading=True))
+    assert isinstance(error, ModelNotReady)
+    assert str(error) == "model 'm' is loading. Hint: retry shortly"
+    assert "no version on disk" in str(_no_version_error(ModelRecord("m")))

@@ -388,9 +388,10 @@ def _no_version_error(record: ModelRecord) -> InfergateError:
     """Why a model has nothing to serve, as the status a client should act on: 503 with
     Retry-After only while it is on its way; otherwise no retry will help."""
     name, state = record.name, record.state
+    if state == "loading":  # (no reason yet: "no version on disk" named a model loading one)
+        said = f": {record.reason}" if record.reason else ""
+        return ModelNotReady(f"model {name!r} is loading{said}. Hint: retry shortly")
     why = record.reason or "no version on disk"
-    if state == "loading":
-        return ModelNotReady(f"model {name!r} is loading: {why}. Hint: retry shortly")
     if state == "unloaded":
         return ModelNotFound(
             f"Request for unknown model: {name!r} is not found: it was unloaded. "
