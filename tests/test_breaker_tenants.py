@@ -249,6 +249,33 @@ def test_a_busy_tenant_whose_batches_another_joins_is_not_cut_off_in_its_place()
     assert breaker.allow("carol") == breaker.allow("alice") == "normal"
 
 
+def test_a_tenant_whose_slow_rows_hide_among_its_fast_ones_is_cut_off_not_everyone() -> None:
+    """Mallory's slow rows ride in the victim's batches, and her many fast requests keep
+    the p99 of her own batches within the limit: each tenant ran well alone, nobody was
+    to blame, and the breaker opened for everyone. Her own batches ran slow at times, the
+    victim's never: she is cut off, and the victim is served. Where neither's own batches
+    ever ran slow, nothing tells them apart, and it opens."""
+    for slow_own in (1, 0):
+        clock = FakeClock()
+        breaker = Breaker(POLICY, clock)
+        for round in range(3):
+            for _ in range(110):
+                batch(breaker, 0.01, "mallory")
+            if round == 0 and slow_own:
+                batch(breaker, 0.5, "mallory")  # 1 of her 111 own: within the p99
+            for _ in range(5):
+                batch(breaker, 0.01, "victim")
+            batch(breaker, 0.5, "victim", "mallory")
+            batch(breaker, 0.5, "victim", "mallory")
+            clock.advance(0.1)
+        if slow_own:
+            assert state(breaker) == "closed", breaker.reason
+            assert "its own batches did so more often" in str(breaker.cut_off("mallory"))
+            assert breaker.allow("victim") == "normal"
+        else:
+            assert state(breaker) == "open"
+
+
 def test_a_model_slow_for_every_tenant_opens_whoever_shares_its_batches() -> None:
     """Shared batches are nobody's alone: where the batches of each tenant alone are slow
     too, or every batch held one tenant's requests with the others' (nothing to tell the
