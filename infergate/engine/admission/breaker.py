@@ -93,6 +93,7 @@ from infergate.engine.admission.breaker_blame import (
     SHARED_SETS,
     Bucket,
     culprits,
+    only_shared_went_wrong,
     p99,
     p99_above,
     served_well_without,
@@ -470,7 +471,7 @@ class Breaker:
         self._bad_evaluations = self._bad_evaluations + 1 if why else 0
         if why and self._bad_evaluations >= self.policy.consecutive_windows:
             cut = self._culprits(failing, now)
-            if not cut:
+            if not cut and not only_shared_went_wrong(self._buckets, self.policy, failing):
                 self._open(why)
             for tenant, reason in cut:
                 self._cut_tenant_off(tenant, reason, now)

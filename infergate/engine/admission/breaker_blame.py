@@ -156,6 +156,26 @@ def culprits(
     return []
 
 
+def only_shared_went_wrong(
+    buckets: Iterable[Bucket], policy: BreakerPolicy, failures: bool
+) -> bool:
+    """Whether the window went wrong only in batches that tenants shared, each tenant's
+    own batches within the limits (at least `min_requests` of them together): the model
+    serves each tenant well alone, and a batch-mate's rows made the shared batches bad,
+    with nothing yet to tell which tenant's (`culprits` found none). Opening then refused
+    everyone for a model that works: the breaker waits for a window that tells (the
+    tenant's own batches going wrong, or its rows alone). Never without shared batches."""
+    window = _window(buckets)
+    if not window.shared and window.anybody is None:
+        return False
+    own = [0, 0, 0, 0]
+    for counts in window.own.values():
+        if not within(counts, failures, policy):
+            return False
+        _add(own, counts)
+    return _shown_well(own, failures, policy)
+
+
 def served_well_without(buckets: Iterable[Bucket], policy: BreakerPolicy, tenant: Hashable) -> bool:
     """Whether the window, without the batches that held `tenant`'s requests, shows the
     model works: at least `min_requests` others' requests, within the failure rate."""
