@@ -21,8 +21,10 @@ import httpx
 import pytest
 
 from infergate.engine.context import EngineContext
+from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.lifecycle import registry as registry_module
 from infergate.engine.lifecycle.registry import Registry
+from infergate.engine.repository import watcher as watcher_module
 from infergate.engine.repository.verify import (
     MAX_SIGNATURE_BYTES,
     Digests,
@@ -623,3 +625,39 @@ async def test_a_hung_stat_holds_a_disk_thread_not_the_event_loop(
     finally:
         release.set()
         await registry.stop()
+
+
+async def test_a_version_refused_for_want_of_room_loads_once_room_is_freed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new version refused for want of room for its copy waited for its folder to
+    change, though room was freed 10 s later: no file event tells of it. The watcher
+    syncs such a model again every ROOM_RETRY_S."""
+    monkeypatch.setattr(watcher_module, "ROOM_RETRY_S", 0.2)
+    models = tmp_path / "models"
+    make_scripted(models / "m" / "1" / "model.scripted", controls=())
+    context = EngineContext(worker_factory=FakeWorkers())
+    engine = Engine(EngineSettings(models, "poll", stable_s=0.1), context)
+    await engine.start()
+    real = os.fstatvfs
+    full = [True]
+
+    def statvfs(fd: int) -> os.statvfs_result:
+        fields = list(real(fd))
+        if full[0]:
+            fields[4] = 0  # no block free
+        return os.statvfs_result(fields)
+
+    try:
+        await eventually(lambda: engine.ready, what="version 1")
+        monkeypatch.setattr(os, "fstatvfs", statvfs)
+        make_scripted(models / "m" / "2" / "model.scripted", controls=())
+        await eventually(
+            lambda: "MiB is kept free" in engine.registry.record("m").failures.get(2, ""),
+            what="version 2 refused for want of room",
+        )
+        full[0] = False  # room freed: nothing in the folder changes
+        await eventually(lambda: engine.version("m").version == 2, what="version 2 serving")
+        assert engine.registry.record("m").failures == {}
+    finally:
+        await engine.stop()

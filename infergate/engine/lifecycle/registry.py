@@ -133,6 +133,19 @@ class Registry:
         # meanwhile, served 8.5 s later instead of 0.7.
         self._disk = ThreadPoolExecutor(2, thread_name_prefix="infergate-disk")
         self._disk_large = ThreadPoolExecutor(1, thread_name_prefix="infergate-disk-large")
+        # Models whose last sync found no room for a copy, and when: no event comes when
+        # room is freed (the watcher syncs them again, `short_of_room`).
+        self._short_of_room: dict[str, float] = {}
+
+    def short_of_room(self, after_s: float) -> list[str]:
+        """The models refused for want of room for a copy `after_s` ago or more: each is
+        named once, to be synced again (room may have been freed since, which no file
+        event tells: a version refused so waited for its folder to change)."""
+        now = self._context.clock.now()
+        due = [name for name, when in self._short_of_room.items() if now - when >= after_s]
+        for name in due:
+            del self._short_of_room[name]
+        return due
 
     async def _off_loop(self, fn: Callable[..., _T], *args: object) -> _T:
         loop = asyncio.get_running_loop()
@@ -385,6 +398,8 @@ class Registry:
                 if not remote and stored is None:  # (never: no or_hash copies or raises)
                     raise VerificationFailed(f"{file.path} has no verified copy to serve")
             except (VerificationFailed, OSError) as exc:
+                if isinstance(exc, NoRoom):
+                    self._short_of_room[record.name] = self._context.clock.now()
                 self._failed(record, file.version, f"verification failed: {exc}")
                 continue
             if remote:

@@ -96,6 +96,7 @@ _EVENTS = (
     FileClosedEvent,
 )
 CHECK_S = 1.0  # how often the watch itself is checked
+ROOM_RETRY_S = 10.0  # a model refused for want of room for its copy is synced again after
 LINKS_SHARE = 0.02  # of a core, at most, for looking at models with links (_check_links)
 GIVE_UP_AFTER = 3  # failed attempts to watch before it is reported as failed
 RETRY_MAX_S = 8.0
@@ -300,6 +301,8 @@ class RepositoryWatcher:
             try:
                 await self._check_watch()
                 await self._check_links()
+                for name in self._registry.short_of_room(ROOM_RETRY_S):
+                    self._settler.touched(name)
                 await self._settle()
             except Exception:  # whatever went wrong, the next pass runs
                 log.exception("watcher: a pass failed; carrying on")
