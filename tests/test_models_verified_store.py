@@ -661,3 +661,30 @@ async def test_a_version_refused_for_want_of_room_loads_once_room_is_freed(
         assert engine.registry.record("m").failures == {}
     finally:
         await engine.stop()
+
+
+async def test_models_reload_while_the_folder_cannot_be_watched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200,000 empty folders in one model's folder took every inotify watch: the watch
+    failed, and no model was reloaded again (the gateway retried the watch every 8 s).
+    While the folder cannot be watched, every model is looked at as a linked one is."""
+
+    def no_watch(root: Path, handler: object) -> None:
+        raise OSError(28, "inotify watch limit reached")
+
+    monkeypatch.setattr(watcher_module, "watch_tree", no_watch)
+    models = tmp_path / "models"
+    make_scripted(models / "m" / "1" / "model.scripted", controls=())
+    context = EngineContext(worker_factory=FakeWorkers())
+    engine = Engine(EngineSettings(models, "poll", stable_s=0.1), context)
+    await engine.start()
+    try:
+        await eventually(lambda: engine.ready, what="version 1")
+        assert context.metrics.registry.get_sample_value("infergate_repository_watching") == 0
+        make_scripted(models / "m" / "2" / "model.scripted", controls=())
+        await eventually(lambda: engine.version("m").version == 2, what="version 2 serving")
+        make_scripted(models / "n" / "1" / "model.scripted", controls=())  # a new model
+        await eventually(lambda: engine.registry.has("n") and engine.version("n").ready)
+    finally:
+        await engine.stop()

@@ -100,6 +100,8 @@ ROOM_RETRY_S = 10.0  # a model refused for want of room for its copy is synced a
 LINKS_SHARE = 0.02  # of a core, at most, for looking at models with links (_check_links)
 GIVE_UP_AFTER = 3  # failed attempts to watch before it is reported as failed
 RETRY_MAX_S = 8.0
+POLL_LOOKS = 2  # models looked at at once while the folder cannot be watched
+WATCH_SHARE = 0.1  # of a core, at most, for tries to watch again (`_watch_failed`)
 
 
 def _stat_row(path: Path, name: str, rows: list[Row]) -> bool:
@@ -277,6 +279,13 @@ class RepositoryWatcher:
         # here, so they are looked at again every CHECK_S (`_check_links`).
         self._linked: dict[str, Snapshot] = {}
         self._next_link_check = 0.0
+        # While the folder cannot be watched: each model as last looked at, and when it is
+        # looked at next (`_poll_unwatched`); None until the first look after a failure.
+        # (snapshot, seconds the look took, when to look next)
+        self._polled: dict[str, tuple[Snapshot, float, float]] | None = None
+        self._next_poll = 0.0
+        self._looking: set[str] = set()
+        self._rewatch: asyncio.Task[None] | None = None  # a try to watch again, failing
 
     @property
     def watching(self) -> bool:
@@ -299,10 +308,18 @@ class RepositoryWatcher:
         while True:
             await asyncio.sleep(self._poll_s)
             try:
-                await self._check_watch()
+                if self._failures == 0:
+                    await self._check_watch()
+                elif self._rewatch is None or self._rewatch.done():
+                    # Failing, a try may take seconds (watchdog walking a tree until the
+                    # inotify limit stops it: 9 s for 200,000 folders), which held up the
+                    # looks at every model meanwhile (`_poll_unwatched`).
+                    self._rewatch = asyncio.create_task(self._check_watch(), name="rewatch")
+                    self._rewatch.add_done_callback(_log_failure)
                 await self._check_links()
                 for name in self._registry.short_of_room(ROOM_RETRY_S):
                     self._settler.touched(name)
+                await self._poll_unwatched()
                 await self._settle()
             except Exception:  # whatever went wrong, the next pass runs
                 log.exception("watcher: a pass failed; carrying on")
@@ -369,6 +386,57 @@ class RepositoryWatcher:
             if name in self._linked and snap != self._linked[name]:
                 self._settler.touched(name)
 
+    async def _poll_unwatched(self) -> None:
+        """While the folder cannot be watched (inotify's limits: 200,000 empty folders in
+        one model's folder took every watch, and no model was reloaded again), every model
+        is looked at as a linked one is, and a change (or a first look) touches it as an
+        event would. Each model as often as its own looks allow: every CHECK_S, or less
+        often where a look takes more than LINKS_SHARE of a core; each look on its own,
+        POLL_LOOKS at once, the cheapest first, so a tree that took the watches, looked at
+        seldom, holds up no other model's."""
+        if self.watching:
+            self._polled = None
+            return
+        now = self._context.clock.now()
+        if now < self._next_poll:
+            return
+        self._next_poll = now + CHECK_S
+        if self._polled is None:
+            self._polled = {}
+        polled = self._polled
+        names = await asyncio.to_thread(self._names)
+        for name in set(polled) - set(names):  # gone
+            del polled[name]
+            self._settler.touched(name)
+        due = [
+            n for n in names if n not in self._looking and (n not in polled or polled[n][2] <= now)
+        ]
+        due.sort(key=lambda n: polled[n][1] if n in polled else 0.0)
+        for name in due[: max(0, POLL_LOOKS - len(self._looking))]:
+            self._looking.add(name)
+            task = asyncio.create_task(self._poll_look(name, polled), name=f"look:{name}")
+            self._syncs.add(task)
+            task.add_done_callback(self._sync_done)
+
+    async def _poll_look(self, name: str, polled: dict[str, tuple[Snapshot, float, float]]) -> None:
+        try:
+            started = time.perf_counter()
+            try:
+                snap = await asyncio.to_thread(snapshot, self._root, name)
+            except Exception as exc:  # an unreadable model must not stop the others
+                log.warning("watcher: cannot look at model %s (%s); skipped", name, exc)
+                return
+            spent = time.perf_counter() - started
+            if self._polled is not polled:
+                return  # watched again meanwhile
+            before = polled.get(name)
+            if before is None or before[0] != snap:
+                self._settler.touched(name)
+            now = self._context.clock.now()
+            polled[name] = (snap, spent, now + max(CHECK_S, spent / LINKS_SHARE))
+        finally:
+            self._looking.discard(name)
+
     def _identity(self) -> tuple[int, int] | None:
         try:
             st = self._root.stat()
@@ -387,10 +455,11 @@ class RepositoryWatcher:
         if identity is None or (alive and identity == self._watched):
             return  # gone (its models' files were reported removed), or all is well
         rewatch = self._watched is not None or self._failures > 0
+        started = time.perf_counter()
         try:
             await asyncio.to_thread(self._watch, identity)
         except Exception as exc:
-            self._watch_failed(exc)
+            self._watch_failed(exc, time.perf_counter() - started)
             return
         if self._failures >= GIVE_UP_AFTER:
             self._context.events.publish("watcher_restored", "", f"watching {self._root} again")
@@ -453,10 +522,13 @@ class RepositoryWatcher:
         assert self._handler is not None
         return watch_tree(self._root, self._handler)
 
-    def _watch_failed(self, exc: Exception) -> None:
+    def _watch_failed(self, exc: Exception, spent_s: float = 0.0) -> None:
+        """`spent_s`: how long the try took; the next waits long enough that tries take at
+        most WATCH_SHARE of a core (one walking 200,000 folders to the inotify limit took
+        9 s, every 8 s: a core, and the GIL the looks at the models needed)."""
         self._failures += 1
         self._context.metrics.watch_failures.inc()
-        delay = min(RETRY_MAX_S, 0.5 * 2 ** (self._failures - 1))
+        delay = max(min(RETRY_MAX_S, 0.5 * 2 ** (self._failures - 1)), spent_s / WATCH_SHARE)
         self._next_check = self._context.clock.now() + delay
         log.warning("watcher: cannot watch %s: %s; retrying in %.1f s", self._root, exc, delay)
         if self._failures == GIVE_UP_AFTER:
@@ -471,16 +543,22 @@ class RepositoryWatcher:
             )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for running in (self._task, self._rewatch):
+            if running is not None:
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
         observer, self._observer = self._observer, None
         if observer is not None:
             observer.stop()
             await asyncio.to_thread(observer.join, 5)
         for task in list(self._syncs):
             task.cancel()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("watcher: a try to watch again failed", exc_info=task.exception())
 
 
 # A path reaches at most PATH_MAX (4,096) bytes, so `os.walk`, which joins each folder's
