@@ -20,15 +20,9 @@ from watchdog.events import (
 from watchdog.observers.inotify_c import InotifyConstants
 
 from infergate.clock import FakeClock
+from infergate.engine.repository.model_looks import LOOK_DEPTH, look, snapshot
 from infergate.engine.repository.scan import model_name_for
-from infergate.engine.repository.watcher import (
-    LOOK_DEPTH,
-    Settler,
-    _Handler,
-    look,
-    snapshot,
-    watch_tree,
-)
+from infergate.engine.repository.watcher import Settler, _Handler, watch_tree
 from tests.polling import wait_until
 
 ROOT = Path("/models")
