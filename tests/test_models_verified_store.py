@@ -42,6 +42,22 @@ from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
 
 
+def fill_the_disk(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The copies' file system says no block is free (os.fstatvfs), while the list's one
+    value stays True."""
+    real = os.fstatvfs
+    full = [True]
+
+    def statvfs(fd: int) -> os.statvfs_result:
+        fields = list(real(fd))
+        if full[0]:
+            fields[4] = 0  # no block free
+        return os.statvfs_result(fields)
+
+    monkeypatch.setattr(os, "fstatvfs", statvfs)
+    return full
+
+
 def test_a_fifo_is_refused_at_once_not_read(tmp_path: Path) -> None:
     fifo = tmp_path / "model.onnx"
     os.mkfifo(fifo)
@@ -497,14 +513,7 @@ async def test_a_touched_file_that_serves_needs_no_room_for_a_copy(
     try:
         await registry.sync("m")
         serving = registry.record("m").versions[1]
-        real = os.fstatvfs
-
-        def full(fd: int) -> os.statvfs_result:
-            fields = list(real(fd))
-            fields[4] = 0  # no block free
-            return os.statvfs_result(fields)
-
-        monkeypatch.setattr(os, "fstatvfs", full)
+        fill_the_disk(monkeypatch)
         os.chmod(model, 0o640)  # its ctime moves: read again
         await registry.sync("m")
         assert registry.record("m").versions[1] is serving
@@ -537,14 +546,7 @@ async def test_a_file_of_another_size_is_not_hashed_without_room_for_its_copy(
     try:
         await registry.sync("m")
         serving = registry.record("m").versions[1]
-        real = os.fstatvfs
-
-        def full(fd: int) -> os.statvfs_result:
-            fields = list(real(fd))
-            fields[4] = 0  # no block free
-            return os.statvfs_result(fields)
-
-        monkeypatch.setattr(os, "fstatvfs", full)
+        fill_the_disk(monkeypatch)
         with model.open("r+b") as f:
             f.truncate(8 << 20)  # sparse: no room taken in the repository
         await registry.sync("m")
@@ -639,18 +641,9 @@ async def test_a_version_refused_for_want_of_room_loads_once_room_is_freed(
     context = EngineContext(worker_factory=FakeWorkers())
     engine = Engine(EngineSettings(models, "poll", stable_s=0.1), context)
     await engine.start()
-    real = os.fstatvfs
-    full = [True]
-
-    def statvfs(fd: int) -> os.statvfs_result:
-        fields = list(real(fd))
-        if full[0]:
-            fields[4] = 0  # no block free
-        return os.statvfs_result(fields)
-
     try:
         await eventually(lambda: engine.ready, what="version 1")
-        monkeypatch.setattr(os, "fstatvfs", statvfs)
+        full = fill_the_disk(monkeypatch)
         make_scripted(models / "m" / "2" / "model.scripted", controls=())
         await eventually(
             lambda: "MiB is kept free" in engine.registry.record("m").failures.get(2, ""),

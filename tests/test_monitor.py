@@ -149,11 +149,27 @@ def test_a_load_killed_over_memory_says_to_raise_the_limit_not_to_fix_the_file()
     )
 
 
+def engine_of(
+    models: Path, *tenants: Tenant
+) -> tuple[Engine, EngineContext, FakeDevices, FakeWorkers]:
+    """An engine of `models` (loaded when asked) with `tenants`, on fake workers and
+    devices, its monitor left to the test (`MemoryMonitor.sample`)."""
+    devices, workers = FakeDevices(), FakeWorkers()
+    context = EngineContext(
+        clock=FakeClock(),
+        worker_factory=workers,
+        devices=devices,
+        monitor_interval_s=3600,
+        settings=LiveSettings(tenants=tenants),
+    )
+    return Engine(EngineSettings(models, "explicit"), context), context, devices, workers
+
+
 async def test_a_tenant_s_workers_without_a_limit_share_its_memory_quota(tmp_path: Path) -> None:
     """Bob's quota is 1,000 MB: a model without memory_mb reserved none of it and was never
     watched (a warm-up of 3 GB served). Where the profile sets a tenant's memory_mb, the
     workers of its models without one share what its reservations leave (here 700 MB):
-    past it together, the one using most is killed, saying so. A tenant whose memory_mb
+    past it together, the one that grew most is killed, saying so. A tenant whose memory_mb
     the profile leaves at its default is not held to it (a model may be larger)."""
     models = tmp_path / "models"
     tomls = {
@@ -165,16 +181,8 @@ async def test_a_tenant_s_workers_without_a_limit_share_its_memory_quota(tmp_pat
     for name, toml in tomls.items():
         make_scripted(models / name / "1" / "model.scripted", controls=())
         (models / name / "model.toml").write_text(toml)
-    tenants = (Tenant(DEFAULT_TENANT), Tenant("bob", memory_mb=1000, memory_enforced=True))
-    devices, workers = FakeDevices(), FakeWorkers()
-    context = EngineContext(
-        clock=FakeClock(),
-        worker_factory=workers,
-        devices=devices,
-        monitor_interval_s=3600,
-        settings=LiveSettings(tenants=tenants),
-    )
-    engine = Engine(EngineSettings(models, "explicit"), context)
+    bob = Tenant("bob", memory_mb=1000, memory_enforced=True)
+    engine, context, devices, workers = engine_of(models, Tenant(DEFAULT_TENANT), bob)
     await engine.start()
     try:
         await eventually(lambda: engine.ready, what="the models to load")
@@ -215,15 +223,7 @@ async def test_a_reload_s_new_worker_is_watched_as_loading_until_it_serves(
     models = tmp_path / "models"
     make_scripted(models / "m" / "1" / "model.scripted", controls=())
     (models / "m" / "model.toml").write_text('tenant = "bob"\n')
-    workers = FakeWorkers()
-    context = EngineContext(
-        clock=FakeClock(),
-        worker_factory=workers,
-        devices=FakeDevices(),
-        monitor_interval_s=3600,
-        settings=LiveSettings(tenants=(Tenant("bob", memory_mb=1000, memory_enforced=True),)),
-    )
-    engine = Engine(EngineSettings(models, "explicit"), context)
+    engine, _, _, workers = engine_of(models, Tenant("bob", memory_mb=1000, memory_enforced=True))
     await engine.start()
     try:
         await eventually(lambda: engine.ready, what="version 1 to load")
@@ -307,15 +307,7 @@ async def test_a_reservation_counts_what_the_tenant_s_workers_without_one_use(
     make_scripted(models / "small" / "1" / "model.scripted", controls=())
     (models / "small" / "model.toml").write_text('tenant = "bob"\n')
     bob = Tenant("bob", memory_mb=1000, memory_enforced=True, models=("small", "big"))
-    devices, workers = FakeDevices(), FakeWorkers()
-    context = EngineContext(
-        clock=FakeClock(),
-        worker_factory=workers,
-        devices=devices,
-        monitor_interval_s=3600,
-        settings=LiveSettings(tenants=(Tenant(DEFAULT_TENANT), bob)),
-    )
-    engine = Engine(EngineSettings(models, "explicit"), context)
+    engine, context, devices, workers = engine_of(models, Tenant(DEFAULT_TENANT), bob)
     await engine.start()
     try:
         await eventually(lambda: engine.ready, what="the model to load")

@@ -338,6 +338,24 @@ def test_load_checks_the_remote_metadata(gw: ServerProcess, upstreams: list[Upst
     assert response.status_code == 424
 
 
+def deploy_and_wait_for_retries(
+    gw: ServerProcess, name: str, upstream: Upstream, said: str
+) -> None:
+    """Deploy remote model `name` on `upstream` (renamed into place), and wait until its
+    load asks again, its reason saying `said`."""
+    incoming = gw.models.parent / "incoming" / name
+    incoming.mkdir(parents=True)
+    (incoming / "model.toml").write_text(remote_toml([upstream.url]))
+    os.replace(incoming, gw.models / name)
+
+    def retrying() -> bool:
+        status = status_or_none(gw, name)
+        reason = (status or {}).get("reason") or ""
+        return status is not None and said in reason and "asking again" in reason
+
+    wait_until(retrying, 30, f"{name}'s load to wait for its upstream")
+
+
 def test_an_upstream_that_starts_after_the_gateway_is_asked_again_until_it_answers(
     gw: ServerProcess, upstreams: list[Upstream]
 ) -> None:
@@ -345,17 +363,7 @@ def test_an_upstream_that_starts_after_the_gateway_is_asked_again_until_it_answe
     its upstream listens: while no endpoint answers at all, the load asks again (after 1,
     2 and 4 s) for up to 10 s, instead of failing the model at once."""
     late = Upstream()  # its port chosen, nothing listening on it yet
-    incoming = gw.models.parent / "incoming" / "late"
-    incoming.mkdir(parents=True)
-    (incoming / "model.toml").write_text(remote_toml([late.url]))
-    os.replace(incoming, gw.models / "late")
-
-    def retrying() -> bool:
-        status = status_or_none(gw, "late")
-        reason = (status or {}).get("reason") or ""
-        return status is not None and "no endpoint serves it yet; asking again" in reason
-
-    wait_until(retrying, 30, "the load to wait for its upstream")
+    deploy_and_wait_for_retries(gw, "late", late, "no endpoint serves it yet; asking again")
     assert gw.model("late")["state"] == "loading"
     upstreams.append(late.start())
     wait_until(lambda: gw.model("late")["state"] == "ready", 30, "the load to find it")
@@ -370,17 +378,7 @@ def test_an_upstream_still_loading_its_models_is_asked_again_until_it_serves(
     shortly"), the usual case when both start together: the model failed at once."""
     starting = Upstream(loading=True).start()
     upstreams.append(starting)
-    incoming = gw.models.parent / "incoming" / "starting"
-    incoming.mkdir(parents=True)
-    (incoming / "model.toml").write_text(remote_toml([starting.url]))
-    os.replace(incoming, gw.models / "starting")
-
-    def retrying() -> bool:
-        status = status_or_none(gw, "starting")
-        reason = (status or {}).get("reason") or ""
-        return status is not None and "answered 503" in reason and "asking again" in reason
-
-    wait_until(retrying, 30, "the load to wait for its upstream's models")
+    deploy_and_wait_for_retries(gw, "starting", starting, "answered 503")
     starting.loading = False
     wait_until(lambda: gw.model("starting")["state"] == "ready", 30, "the load to find it")
     assert infer(gw, BODY, HEADERS, model="starting").status_code == 200
