@@ -255,10 +255,13 @@ def test_a_tenant_whose_slow_rows_hide_among_its_fast_ones_is_cut_off_not_everyo
     to blame, and the breaker opened for everyone. Her own batches ran slow at times, the
     victim's never: she is cut off, and the victim is served. Where neither's own batches
     ever ran slow, nothing tells them apart yet, and it holds (each tenant alone is served
-    well: opening would refuse everyone for a model that works), until a window tells."""
+    well: opening would refuse everyone for a model that works), its version batching each
+    tenant apart for a window, until a window tells."""
     for slow_own in (1, 0):
         clock = FakeClock()
         breaker = Breaker(POLICY, clock)
+        unclear: list[float] = []  # its version keeps the tenants' batches apart meanwhile
+        breaker.on_unclear = unclear.append
         for round in range(3):
             for _ in range(110):
                 batch(breaker, 0.01, "mallory")
@@ -272,6 +275,7 @@ def test_a_tenant_whose_slow_rows_hide_among_its_fast_ones_is_cut_off_not_everyo
         assert state(breaker) == "closed", breaker.reason
         if not slow_own:
             assert breaker.cut_off("mallory") is None
+            assert set(unclear) == {POLICY.window_seconds}
             for _ in range(110):
                 batch(breaker, 0.01, "mallory")
             batch(breaker, 0.5, "mallory")  # the window that tells

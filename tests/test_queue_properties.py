@@ -299,3 +299,22 @@ def test_a_started_request_holding_the_queue_is_shed_whole_for_another_tenant() 
     shed = queue.admit([Job(("alice", 0), burst, 0.0, 0.2, 1, 0, None, alice, None)])
     assert sorted(j.payload for j in shed) == [("bob", i) for i in range(1, 9)]
     assert [j.payload for j in queue.waiting()] == [("alice", 0)]
+
+
+def test_while_tenants_are_kept_apart_a_batch_holds_one_tenant_s_requests() -> None:
+    """The breaker saw only the batches two tenants shared go slow: for a while, each
+    batch holds one tenant's requests, so that the one whose rows slow them shows it."""
+    burst = DEFAULT_CLASSES[1]
+    queue: JobQueue[str] = JobQueue(QueuePolicy(max_batch_size=8, max_delay_s=0.0))
+
+    def batches(now: float) -> list[list[str]]:
+        for i, tenant in enumerate(("vic", "mal", "vic", "mal")):
+            queue.admit([Job(f"{tenant}{i}", burst, now, now + 1, 1, "k", fair=Fairness(tenant))])
+        taken = []
+        while isinstance(batch := queue.take(now, may_wait=False), list):
+            taken.append([j.payload for j in batch])
+        return taken
+
+    queue.apart_until = 5.0
+    assert batches(1.0) == [["vic0", "vic2"], ["mal1", "mal3"]]
+    assert batches(5.0) == [["vic0", "mal1", "vic2", "mal3"]]  # together again

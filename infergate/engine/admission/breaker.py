@@ -160,6 +160,9 @@ class Breaker:
         self._random = random.Random(0)  # which latencies a full bucket keeps
         self._cut: dict[Hashable, _CutOff] = {}  # tenants refused on their own
         self._on_cut_off = on_cut_off
+        # Called, with how long, when only the batches tenants shared went wrong and it
+        # cannot tell whose rows did it: its version batches each tenant apart meanwhile.
+        self.on_unclear: Callable[[float], None] | None = None
         # The last two distinct tenants served well since the breaker last opened (None:
         # none yet): is there another tenant than one failing alone that the model serves?
         self._served: Hashable = None
@@ -471,8 +474,11 @@ class Breaker:
         self._bad_evaluations = self._bad_evaluations + 1 if why else 0
         if why and self._bad_evaluations >= self.policy.consecutive_windows:
             cut = self._culprits(failing, now)
-            if not cut and not only_shared_went_wrong(self._buckets, self.policy, failing):
-                self._open(why)
+            if not cut:
+                if not only_shared_went_wrong(self._buckets, self.policy, failing):
+                    self._open(why)
+                elif self.on_unclear is not None:  # held: batches of one tenant will tell
+                    self.on_unclear(self.policy.window_seconds)
             for tenant, reason in cut:
                 self._cut_tenant_off(tenant, reason, now)
 

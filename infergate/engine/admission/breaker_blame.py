@@ -163,8 +163,9 @@ def only_shared_went_wrong(
     own batches within the limits (at least `min_requests` of them together): the model
     serves each tenant well alone, and a batch-mate's rows made the shared batches bad,
     with nothing yet to tell which tenant's (`culprits` found none). Opening then refused
-    everyone for a model that works: the breaker waits for a window that tells (the
-    tenant's own batches going wrong, or its rows alone). Never without shared batches."""
+    everyone for a model that works: the breaker holds, and its version batches each
+    tenant apart for a window (Breaker.on_unclear), after which the window holds batches
+    of one tenant each, and tells. Never without shared batches."""
     window = _window(buckets)
     if not window.shared and window.anybody is None:
         return False

@@ -106,6 +106,7 @@ class ServedVersion:
             context.clock,
             context.metrics,
         )
+        self.breaker.on_unclear = self.scheduler.keep_tenants_apart
         sequence = entry.config.sequence
         self.sequences = (
             None if sequence is None else SequenceTable(entry.name, sequence, context.clock)

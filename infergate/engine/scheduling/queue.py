@@ -90,6 +90,9 @@ class JobQueue(Generic[T]):
         self._vtime: dict[int, float] = {}  # per class: the tag of the last job taken
         self._finish: dict[tuple[int, Hashable], float] = {}  # (class, tenant): last finish
         self._seq = itertools.count()
+        # Until then, a batch holds one tenant's jobs only: the breaker could not tell
+        # whose rows made the batches tenants shared go wrong (`keep_tenants_apart`).
+        self.apart_until = float("-inf")
         self._size = 0
         # Rows waiting per batch key, and jobs pinned to one instance: with these, `take`
         # answers "still filling" without sorting the queue (asked on nearly every
@@ -343,8 +346,13 @@ class JobQueue(Generic[T]):
         # A None key (no free batch dimension, or batching off) never merges.
         if self.batching and head.key is not None and head.rows < self.policy.max_batch_size:
             rows = head.rows
+            apart = now < self.apart_until
             for job in live:
-                if job.key == head.key and rows + job.rows <= self.policy.max_batch_size:
+                if (
+                    job.key == head.key
+                    and rows + job.rows <= self.policy.max_batch_size
+                    and (not apart or job.fair.tenant == head.fair.tenant)
+                ):
                     batch.append(job)
                     rows += job.rows
                     if rows == self.policy.max_batch_size:

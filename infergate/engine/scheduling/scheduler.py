@@ -76,6 +76,13 @@ class Scheduler:
             instance.on_ready = partial(self._instance_freed, True)
             instance.on_failed = partial(self._instance_failed, instance.index)
 
+    def keep_tenants_apart(self, seconds: float) -> None:
+        """For `seconds`, batch no tenant's requests with another's: the breaker saw only
+        the batches they shared go wrong, and batches of one tenant's own tell whose rows
+        did it (a tenant whose slow rows always rode in another's batches was never cut
+        off, and the other's requests stayed slow)."""
+        self._queue.apart_until = max(self._queue.apart_until, self._clock.now() + seconds)
+
     def depth_by_class(self) -> dict[str, int]:
         return self._queue.depth_by_class()
 
