@@ -32,12 +32,13 @@ class FakeDevices:
 
     name: str = "fake"
     used_mb: dict[int, float] = field(default_factory=dict)
+    others_mb: float | None = None  # what a process not in used_mb uses (None: not running)
 
     def devices(self) -> list[DeviceUsage]:
         return [DeviceUsage("cpu", "cpu", 0.0, 64_000.0, 0.0)]
 
     def process(self, pid: int) -> ProcessUsage | None:
-        mb = self.used_mb.get(pid)
+        mb = self.used_mb.get(pid, self.others_mb)
         return None if mb is None else ProcessUsage(pid, mb, 0.0)
 
     def assign(self, pid: int, device: str) -> None:
@@ -223,7 +224,9 @@ async def test_a_reload_s_new_worker_is_watched_as_loading_until_it_serves(
     models = tmp_path / "models"
     make_scripted(models / "m" / "1" / "model.scripted", controls=())
     (models / "m" / "model.toml").write_text('tenant = "bob"\n')
-    engine, _, _, workers = engine_of(models, Tenant("bob", memory_mb=1000, memory_enforced=True))
+    bob = Tenant("bob", memory_mb=1000, memory_enforced=True)
+    engine, _, devices, workers = engine_of(models, bob)
+    devices.others_mb = 42.0
     await engine.start()
     try:
         await eventually(lambda: engine.ready, what="version 1 to load")
@@ -231,8 +234,8 @@ async def test_a_reload_s_new_worker_is_watched_as_loading_until_it_serves(
         make_scripted(models / "m" / "2" / "model.scripted", controls=())
         reload = asyncio.create_task(engine.load("m"))
         await eventually(lambda: len(engine.worker_views()) == 2, what="version 2's worker")
-        views = {v.version: v.loading for v in engine.worker_views()}
-        assert views == {1: False, 2: True}
+        views = {v.version: (v.loading, v.ready_mb) for v in engine.worker_views()}
+        assert views == {1: (False, 42.0), 2: (True, None)}  # (its size when it was ready)
         loaded.set()
         await reload
         await eventually(lambda: [v.version for v in engine.worker_views()] == [2])
@@ -274,24 +277,24 @@ async def test_over_its_tenant_s_quota_the_worker_that_grew_goes_not_the_largest
     """Alice's quota leaves her workers without memory_mb 700 MB: her idle model of 400 MB
     and a model she shares with bob, whose large requests grew its worker from 56 to 350
     MB. The largest went: her idle model, killed again at each restart until it failed,
-    while bob's requests all succeeded. The one that grew past its usual size goes."""
-    devices = FakeDevices(used_mb={1: 400.0, 2: 56.0})
+    while bob's requests all succeeded. The one that grew most past its size when it
+    became ready goes; so too when bob's request came before the monitor's first look
+    (the least size seen, the first rule, took that for the worker's usual size)."""
+    devices = FakeDevices(used_mb={1: 400.0, 2: 350.0})
     views = [
-        WorkerView("idle", 1, 0, 1, 0, "alice", 700.0),
-        WorkerView("shared", 1, 0, 2, 0, "alice", 700.0),
+        WorkerView("idle", 1, 0, 1, 0, "alice", 700.0, ready_mb=400.0),
+        WorkerView("shared", 1, 0, 2, 0, "alice", 700.0, ready_mb=56.0),
     ]
     killed: list[tuple[int, float, float]] = []
     context = EngineContext(clock=FakeClock(), devices=devices)
     monitor = MemoryMonitor(
         lambda: views, lambda w, mb, all_mb: killed.append((w.pid, mb, all_mb)), context
     )
-    await monitor.sample()  # their usual sizes
-    devices.used_mb[2] = 350.0  # bob's requests: 750 MB together
-    await monitor.sample()
+    await monitor.sample()  # its first look: bob's requests came before it
     assert killed == [(2, 350.0, 750.0)]
     killed.clear()
     devices.used_mb = {1: 520.0, 3: 230.0}  # the idle one grew; a new worker is at its start
-    views[1] = WorkerView("shared", 1, 0, 3, 0, "alice", 700.0)
+    views[1] = WorkerView("shared", 1, 0, 3, 0, "alice", 700.0, ready_mb=230.0)
     await monitor.sample()
     assert killed == [(1, 520.0, 750.0)]
 

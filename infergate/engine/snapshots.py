@@ -111,6 +111,7 @@ class WorkerView:
     tenant: str | None = None
     tenant_left_mb: float = 0.0  # the tenant's quota less what its models reserve
     loading: bool = False  # of a version not serving yet (a reload's new one, say)
+    ready_mb: float | None = None  # what it used when it became ready (None: unknown)
 
 
 def worker_views(
@@ -133,7 +134,15 @@ def worker_views(
         elif isinstance(instance.tenant, str) and (room := left(instance.tenant)) is not None:
             serving = id(instance) not in loading
             view = WorkerView(
-                spec.model, spec.version, instance.index, pid, 0, instance.tenant, room, not serving
+                spec.model,
+                spec.version,
+                instance.index,
+                pid,
+                0,
+                instance.tenant,
+                room,
+                not serving,
+                instance.ready_mb,
             )
             out.append(view)
     return out

@@ -51,6 +51,7 @@ class Instance:
         self.batches = 0  # batches run, for the dashboard and for affinity checks
         self.handle: Worker | None = None
         self.ready_info: Ready | None = None
+        self.ready_mb: float | None = None  # its worker's memory when it became ready
         self._context = context
         self._clock = context.clock
         self._load_timeout_s = context.load_timeout_s
@@ -194,12 +195,13 @@ class Instance:
                 if failed.over_memory and self._too_many_kills():
                     return
             else:
+                if self.placement is not None:
+                    self._context.devices.assign(ready.pid, self.placement.device)
+                self.ready_mb = await self._memory_now(ready.pid)
                 self.ready_info = ready
                 ever_ready, restart_failed = True, False
                 self._killed_running = False
                 self.state, self.reason = "ready", None
-                if self.placement is not None:
-                    self._context.devices.assign(self.ready_info.pid, self.placement.device)
                 self._settled.set()
                 self.on_ready()
                 up_since = self._up_since = self._clock.now()
@@ -224,6 +226,16 @@ class Instance:
             await self._pause(self._backoff, "restarting")
             self._backoff = min(self._backoff * 2, self._backoff_max_s)
         self.state = "stopped"
+
+    async def _memory_now(self, pid: int) -> float | None:
+        """What the worker uses loaded and warm, before any request: its usual size, from
+        which the memory monitor tells its growth (placement/monitor.py). None when the
+        device backend cannot say."""
+        try:
+            usage = await asyncio.to_thread(self._context.devices.process, pid)
+        except Exception:  # (NVML may fail for a process: then its growth is unknown)
+            return None
+        return usage.memory_mb if usage is not None else None
 
     async def _pause(self, backoff: float, state: InstanceState) -> None:
         """Wait before the next try; the jitter keeps many instances that failed together

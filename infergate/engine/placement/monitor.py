@@ -31,9 +31,6 @@ class MemoryMonitor:
         self._kill = kill  # kills a worker over its limit, if it still runs as sampled
         self._context = context
         self._tasks: list[asyncio.Task[None]] = []
-        # The least each serving worker of a tenant's shared quota was seen to use: its
-        # usual size, from which its growth is told.
-        self._least: dict[tuple[str, int, int, int], float] = {}
 
     def start(self) -> None:
         self._tasks = [
@@ -61,23 +58,17 @@ class MemoryMonitor:
         the one that grew most is killed (one a look: the next look sees what that freed)."""
         watched = self._workers()
         if not watched:
-            self._least.clear()
             self._context.placer.unreserved_mb = {}
             return
         used = await asyncio.to_thread(self._usage, [w.pid for w in watched])
         shared: dict[str, list[tuple[float, WorkerView]]] = {}
-        least: dict[tuple[str, int, int, int], float] = {}
         for worker, mb in zip(watched, used, strict=True):
             if mb is None:
                 continue
             if worker.tenant is not None:
                 shared.setdefault(worker.tenant, []).append((mb, worker))
-                if not worker.loading:
-                    key = (worker.model, worker.version, worker.instance, worker.pid)
-                    least[key] = min(mb, self._least.get(key, mb))
             elif mb > worker.memory_limit_mb:
                 self._kill(worker, mb, 0.0)
-        self._least = least  # (workers gone are forgotten)
         self._context.placer.unreserved_mb = {
             tenant: sum(mb for mb, _ in workers) for tenant, workers in shared.items()
         }
@@ -93,17 +84,19 @@ class MemoryMonitor:
         """Which of a tenant's workers past its shared quota goes. A loading one, when
         that brings them under: a reload's new worker beside the serving one fails its
         load, as a reservation without room would refuse it (killed, the serving one
-        failed its requests). Else the one that grew most past its usual size: the one
-        whose requests took the memory. The largest went, and a tenant's requests to a
-        model it shares grew that model's workers, and the owner's idle model, the
-        largest, was killed until it failed."""
+        failed its requests). Else the one that grew most past its size when it became
+        ready (loaded and warm, before any request: no request can set it): the one whose
+        requests took the memory. The largest went, and a tenant's requests to a model it
+        shares grew that model's workers, and the owner's idle model, the largest, was
+        killed until it failed; and the least size seen was no better, a request sent as
+        the worker came up making its first sample its usual size."""
         loading = [pair for pair in workers if pair[1].loading]
         if loading and together - sum(mb for mb, _ in loading) <= workers[0][1].tenant_left_mb:
             return max(loading, key=lambda p: p[0])
 
         def growth(pair: tuple[float, WorkerView]) -> tuple[float, float]:
             mb, w = pair
-            return mb - self._least.get((w.model, w.version, w.instance, w.pid), mb), mb
+            return mb - (mb if w.ready_mb is None else w.ready_mb), mb
 
         return max(workers, key=growth)
 
