@@ -109,3 +109,21 @@ def test_a_warm_up_file_over_64_mib_is_refused_unread(tmp_path: Path) -> None:
     specs = (TensorSpec("x", "FP32", (-1, 4)),)
     with pytest.raises(WarmupInputError, match="holds 64 MiB, over the 64 MiB"):
         warmup_inputs(specs, Warmup(data="file", file=sample))
+
+
+def test_a_warm_up_file_is_read_only_from_inside_the_model_s_folder(tmp_path: Path) -> None:
+    """model.toml named a relative file, a link to any file of the host's: the load read
+    it, and the error ("it has SECRET...") showed its array names to every caller. A link
+    within the model's folder (a ConfigMap's `..data`) is read; one out of it is refused."""
+    folder = tmp_path / "models" / "m"
+    (folder / "..data").mkdir(parents=True)
+    np.save(folder / "..data" / "inside.npy", np.ones((2, 4), np.float32))
+    (folder / "sample.npy").symlink_to(folder / "..data" / "inside.npy")
+    np.save(tmp_path / "secret.npy", np.zeros((1, 4), np.float32))
+    (folder / "out.npy").symlink_to(tmp_path / "secret.npy")
+    specs = (TensorSpec("x", "FP32", (-1, 4)),)
+    inputs = warmup_inputs(specs, Warmup("file", file=folder / "sample.npy", folder=folder))
+    assert inputs is not None
+    assert inputs["x"].shape == (2, 4)
+    with pytest.raises(WarmupInputError, match="is a link out of the model's folder"):
+        warmup_inputs(specs, Warmup("file", file=folder / "out.npy", folder=folder))

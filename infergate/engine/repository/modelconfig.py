@@ -82,7 +82,7 @@ def _warmup(table: Table, folder: Path) -> Warmup:
                 f"{table.where('file')}: expected a .npy, .npz or .json (V2 request) file, "
                 f"got {w.file!r}"
             )
-    return Warmup(data=data, low=w.low, high=w.high, file=path)
+    return Warmup(data=data, low=w.low, high=w.high, file=path, folder=folder)
 
 
 def _state(table: Table) -> StatePair:

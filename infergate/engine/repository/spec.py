@@ -61,6 +61,7 @@ class Warmup:
     low: float = 0.0
     high: float = 1.0
     file: Path | None = None  # .npy (one input), .npz (by input name) or a V2 JSON request
+    folder: Path | None = None  # the model's folder, which `file` must lie in (links too)
 
     def describe(self) -> str:
         if self.data == "random":

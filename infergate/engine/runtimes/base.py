@@ -56,7 +56,7 @@ def warmup_inputs(specs: tuple[TensorSpec, ...], warmup: Warmup) -> dict[str, Ar
         return _random_inputs(specs, warmup.low, warmup.high)
     if warmup.data == "file":
         assert warmup.file is not None  # modelconfig requires it
-        return _file_inputs(specs, warmup.file)
+        return _file_inputs(specs, warmup.file, warmup.folder)
     return sample_inputs(specs)
 
 
@@ -86,32 +86,24 @@ def _random_inputs(specs: tuple[TensorSpec, ...], low: float, high: float) -> di
 WARMUP_FILE_MAX_BYTES = 64 * 2**20
 
 
-def _file_inputs(specs: tuple[TensorSpec, ...], path: Path) -> dict[str, Array]:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise WarmupInputError(f"warm-up file {path} does not exist") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise WarmupInputError(f"warm-up file {path} is not a regular file")
-    if st.st_size > WARMUP_FILE_MAX_BYTES:
-        raise WarmupInputError(
-            f"warm-up file {path} holds {st.st_size / 2**20:,.0f} MiB, over the "
-            f"{WARMUP_FILE_MAX_BYTES >> 20} MiB a warm-up file may hold; keep a few rows"
-        )
-    names = [s.name for s in specs]
-    arrays: dict[str, Any]
-    if path.suffix == ".npy":
-        if len(specs) != 1:
-            raise WarmupInputError(
-                f"warm-up file {path} holds one array but the model has inputs "
-                f"{', '.join(names)}; use a .npz with one array per input name"
-            )
-        arrays = {names[0]: np.load(path, allow_pickle=False)}
-    elif path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    else:
-        arrays = _v2_json(path)
+def _file_inputs(
+    specs: tuple[TensorSpec, ...], path: Path, folder: Path | None
+) -> dict[str, Array]:
+    with os.fdopen(_open_sample(path, folder), "rb") as sample:
+        names = [s.name for s in specs]
+        arrays: dict[str, Any]
+        if path.suffix == ".npy":
+            if len(specs) != 1:
+                raise WarmupInputError(
+                    f"warm-up file {path} holds one array but the model has inputs "
+                    f"{', '.join(names)}; use a .npz with one array per input name"
+                )
+            arrays = {names[0]: np.load(sample, allow_pickle=False)}
+        elif path.suffix == ".npz":
+            with np.load(sample, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+        else:
+            arrays = _v2_json(path, sample.read())
     missing = [n for n in names if n not in arrays]
     if missing:
         raise WarmupInputError(
@@ -127,10 +119,43 @@ def _file_inputs(specs: tuple[TensorSpec, ...], path: Path) -> dict[str, Array]:
     return out
 
 
-def _v2_json(path: Path) -> dict[str, Any]:
-    """The inputs of a V2 (KServe) JSON inference request."""
+def _open_sample(path: Path, folder: Path | None) -> int:
+    """An fd of the warm-up file, once it is a regular file of at most
+    WARMUP_FILE_MAX_BYTES that lies in the model's `folder`, as opened (a link out of it
+    read any file of the host's, its array names in the error). Checked on the open file,
+    so a link swapped meanwhile changes nothing."""
     try:
-        body = json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise WarmupInputError(f"warm-up file {path} does not exist") from None
+    except OSError as exc:
+        raise WarmupInputError(f"warm-up file {path} cannot be read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise WarmupInputError(f"warm-up file {path} is not a regular file")
+        if folder is not None:
+            opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
+            if not opened.is_relative_to(folder.resolve()):
+                raise WarmupInputError(
+                    f"warm-up file {path} is a link out of the model's folder; a warm-up "
+                    "file must lie in it"
+                )
+        if st.st_size > WARMUP_FILE_MAX_BYTES:
+            raise WarmupInputError(
+                f"warm-up file {path} holds {st.st_size / 2**20:,.0f} MiB, over the "
+                f"{WARMUP_FILE_MAX_BYTES >> 20} MiB a warm-up file may hold; keep a few rows"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _v2_json(path: Path, text: bytes) -> dict[str, Any]:
+    """The inputs of a V2 (KServe) JSON inference request (`text`, read from `path`)."""
+    try:
+        body = json.loads(text)
         arrays = {}
         for item in body["inputs"]:
             if item["datatype"] == "BYTES":
