@@ -82,7 +82,8 @@ def _warmup(table: Table, folder: Path) -> Warmup:
                 f"{table.where('file')}: expected a .npy, .npz or .json (V2 request) file, "
                 f"got {w.file!r}"
             )
-    return Warmup(data=data, low=w.low, high=w.high, file=path, folder=folder)
+    where = folder if path is not None else None  # (as `file`: only a file's warm-up)
+    return Warmup(data=data, low=w.low, high=w.high, file=path, folder=where)
 
 
 def _state(table: Table) -> StatePair:
