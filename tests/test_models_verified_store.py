@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from infergate.clock import FakeClock
 from infergate.engine.context import EngineContext
 from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.lifecycle import registry as registry_module
@@ -681,3 +682,30 @@ async def test_models_reload_while_the_folder_cannot_be_watched(
         await eventually(lambda: engine.registry.has("n") and engine.version("n").ready)
     finally:
         await engine.stop()
+
+
+async def test_a_model_short_of_room_is_tried_again_ever_less_often(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each try for room is a failure event: a model refused every 10 s filled the event
+    stream for good. The wait doubles after each refusal in a row (to 32 times), and a sync
+    that finds room forgets it."""
+    models = tmp_path / "models"
+    make_scripted(models / "m" / "1" / "model.scripted", controls=())
+    clock = FakeClock()
+    registry = Registry(models, EngineContext(clock=clock, worker_factory=FakeWorkers()))
+    full = fill_the_disk(monkeypatch)
+    try:
+        for wait_s in (10, 20, 40):
+            await registry.sync("m")  # refused for want of room
+            clock.advance(wait_s - 1)
+            assert registry.short_of_room(10) == []
+            clock.advance(1)
+            assert registry.short_of_room(10) == ["m"]
+            assert registry.short_of_room(10) == []  # named once
+        full[0] = False
+        await registry.sync("m")
+        clock.advance(3600)
+        assert registry.short_of_room(10) == []
+    finally:
+        await registry.stop()

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from pathlib import Path
 
 import pytest
 
 from infergate.engine.repository.verify import (
+    Digests,
     VerificationFailed,
     VerifyPolicy,
     generate_key,
     load_private_key,
     load_public_key,
+    sha256_file,
     sign_file,
     verify_file,
 )
@@ -50,3 +54,27 @@ def test_signatures(model_file: Path, tmp_path: Path) -> None:
         verify_file(model_file, None, policy)
     both = VerifyPolicy(True, (load_public_key(pub), load_public_key(other_pub)))
     verify_file(model_file, None, both)
+
+
+def test_a_file_is_hashed_at_the_size_it_had_when_opened() -> None:
+    """A hash read to the end of its file: one grown as it was hashed (to 4 TiB, sparse)
+    held a disk thread for hours, and a "regular" file of size 0 that never ends
+    (/proc/kmsg) for good. /proc/self/status says size 0 and reads a page."""
+    assert sha256_file(Path("/proc/self/status")) == hashlib.sha256(b"").hexdigest()
+
+
+def test_a_file_whose_mtime_is_set_ahead_is_trusted_once_its_ctime_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file's times had to be settled to trust its digest, mtime included: an mtime set
+    ten years ahead kept it from ever being trusted, and it was hashed whole at every sync.
+    Its ctime, which the kernel sets at every change, tells alone."""
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"weights")
+    ahead = time.time_ns() + 10 * 365 * 86400 * 10**9
+    os.utime(model, ns=(ahead, ahead))
+    monkeypatch.setattr(Digests, "SETTLED_NS", 0)  # (its ctime is now: it cannot be set back)
+    digests = Digests()
+    st = os.stat(model)
+    digests.remember(model, st, st, "abc", time.time_ns())
+    assert digests.cached(model) == "abc"

@@ -133,18 +133,25 @@ class Registry:
         # meanwhile, served 8.5 s later instead of 0.7.
         self._disk = ThreadPoolExecutor(2, thread_name_prefix="infergate-disk")
         self._disk_large = ThreadPoolExecutor(1, thread_name_prefix="infergate-disk-large")
-        # Models whose last sync found no room for a copy, and when: no event comes when
-        # room is freed (the watcher syncs them again, `short_of_room`).
-        self._short_of_room: dict[str, float] = {}
+        # Models whose last sync found no room for a copy: when, and how many times in a
+        # row. No event comes when room is freed (the watcher syncs them again,
+        # `short_of_room`).
+        self._short_of_room: dict[str, tuple[float, int]] = {}
 
     def short_of_room(self, after_s: float) -> list[str]:
-        """The models refused for want of room for a copy `after_s` ago or more: each is
-        named once, to be synced again (room may have been freed since, which no file
-        event tells: a version refused so waited for its folder to change)."""
+        """The models refused for want of room for a copy `after_s` ago or more (twice as
+        long after each refusal in a row, up to 32 times: each try is a failure event):
+        each is named once, to be synced again (room may have been freed since, which no
+        file event tells: a version refused so waited for its folder to change)."""
         now = self._context.clock.now()
-        due = [name for name, when in self._short_of_room.items() if now - when >= after_s]
-        for name in due:
-            del self._short_of_room[name]
+        due = [
+            name
+            for name, (when, tries) in self._short_of_room.items()
+            if now - when >= after_s * 2 ** min(tries - 1, 5)
+        ]
+        for name in due:  # (kept while it waits: its count goes on if refused again)
+            when, tries = self._short_of_room[name]
+            self._short_of_room[name] = (float("inf"), tries)
         return due
 
     async def _off_loop(self, fn: Callable[..., _T], *args: object) -> _T:
@@ -368,6 +375,7 @@ class Registry:
         gets its own read-only copy of the bytes that passed (see VerifiedStore)."""
         out: list[ServedVersion] = []
         pin, policy = entry.config.sha256, self._context.verify
+        short_of_room = False
         for file in desired:
             remote = file.runtime == REMOTE
             stored: Path | None = None
@@ -399,7 +407,9 @@ class Registry:
                     raise VerificationFailed(f"{file.path} has no verified copy to serve")
             except (VerificationFailed, OSError) as exc:
                 if isinstance(exc, NoRoom):
-                    self._short_of_room[record.name] = self._context.clock.now()
+                    short_of_room = True
+                    tries = self._short_of_room.get(record.name, (0.0, 0))[1] + 1
+                    self._short_of_room[record.name] = (self._context.clock.now(), tries)
                 self._failed(record, file.version, f"verification failed: {exc}")
                 continue
             if remote:
@@ -412,6 +422,8 @@ class Registry:
                 f"loading {file.path.name} (sha256 {sha[:12]})",
                 file.version,
             )
+        if not short_of_room:
+            self._short_of_room.pop(record.name, None)
         return out
 
     def _swap_in(self, record: ModelRecord, candidate: ServedVersion, load_s: float) -> None:

@@ -74,11 +74,27 @@ def open_regular(path: Path) -> int:
 
 
 def sha256_file(path: Path) -> str:
+    """The file's SHA256, of the size it had when opened and no more: a file grown as it
+    was hashed (to 4 TiB, sparse) held a disk thread for hours. One whose size changed
+    meanwhile is refused."""
     digest = hashlib.sha256()
     with os.fdopen(open_regular(path), "rb") as f:
-        while chunk := f.read(_CHUNK):
+        size = left = os.fstat(f.fileno()).st_size
+        while left and (chunk := f.read(min(_CHUNK, left))):
             digest.update(chunk)
+            left -= len(chunk)
+        now = os.fstat(f.fileno()).st_size
+    if left or now != size:
+        raise changed_size(path, size, now)
     return digest.hexdigest()
+
+
+def changed_size(path: Path, before: int, after: int) -> VerificationFailed:
+    return VerificationFailed(
+        f"{path} changed size while it was read ({before:,} bytes, then {after:,}); it is "
+        "read again once it has settled. Hint: write a model file elsewhere and move it "
+        "into place"
+    )
 
 
 def read_signature(sig_file: Path) -> bytes:
@@ -246,7 +262,10 @@ class Digests:
             self._known.pop(model_file, None)
             if stamp != _stamp(after):
                 return
-            if hashed_at - max(before.st_mtime_ns, before.st_ctime_ns) >= self.SETTLED_NS:
+            # By ctime alone, which the kernel sets at every change: an mtime set years
+            # ahead (utime) kept a file from ever being trusted, and it was hashed whole at
+            # every sync (every 10 s, when a retry for room came).
+            if hashed_at - before.st_ctime_ns >= self.SETTLED_NS:
                 if len(self._known) >= self.MAX_FILES:  # (the oldest go first)
                     del self._known[next(iter(self._known))]
                 self._known[model_file] = (stamp, sha)
@@ -401,11 +420,7 @@ class VerifiedStore:
                         self._coming -= left
                 now = os.fstat(src.fileno()).st_size
                 if left or now != st.st_size:
-                    raise VerificationFailed(
-                        f"{source} changed size while it was read ({st.st_size:,} bytes, "
-                        f"then {now:,}); it is read again once it has settled. Hint: write "
-                        "a model file elsewhere and move it into place"
-                    )
+                    raise changed_size(source, st.st_size, now)
             sha = digest.hexdigest()
             check_digest(source, sha, pinned_sha256, policy)
             folder = root / sha
