@@ -679,7 +679,8 @@ async def test_models_reload_while_the_folder_cannot_be_watched(
         make_scripted(models / "m" / "2" / "model.scripted", controls=())
         await eventually(lambda: engine.version("m").version == 2, what="version 2 serving")
         make_scripted(models / "n" / "1" / "model.scripted", controls=())  # a new model
-        await eventually(lambda: engine.registry.has("n") and engine.version("n").ready)
+        registry = engine.registry
+        await eventually(lambda: registry.has("n") and registry.record("n").state == "ready")
     finally:
         await engine.stop()
 

@@ -201,7 +201,9 @@ class RepositoryWatcher:
         # (snapshot, seconds the look took, when to look next)
         self._polled: dict[str, tuple[Snapshot, float, float]] | None = None
         self._next_poll = 0.0
-        self._looking: set[str] = set()
+        self._looking: set[str] = set()  # looked at, or queued for a turn
+        self._unwatched_ns = 0  # wall time (ns) from which no event may have come
+        self._look_turns = asyncio.Semaphore(POLL_LOOKS)
         self._rewatch: asyncio.Task[None] | None = None  # a try to watch again, failing
 
     @property
@@ -306,11 +308,13 @@ class RepositoryWatcher:
     async def _poll_unwatched(self) -> None:
         """While the folder cannot be watched (inotify's limits: 200,000 empty folders in
         one model's folder took every watch, and no model was reloaded again), every model
-        is looked at as a linked one is, and a change (or a first look) touches it as an
-        event would. Each model as often as its own looks allow: every CHECK_S, or less
-        often where a look takes more than LINKS_SHARE of a core; each look on its own,
-        POLL_LOOKS at once, the cheapest first, so a tree that took the watches, looked at
-        seldom, holds up no other model's."""
+        is looked at as a linked one is, and a change touches it as an event would. Each
+        model as often as its own looks allow: every CHECK_S, or less often where a look
+        takes more than LINKS_SHARE of a core. Every model due is queued at each pass,
+        the longest due first, and POLL_LOOKS look at once: a tree that took the watches,
+        looked at seldom, holds up one of them, and cheap models, new ones included, never
+        keep another's turn (a few empty folders beside it, first at every pass, kept a
+        model from ever being looked at)."""
         if self.watching:
             self._polled = None
             return
@@ -318,8 +322,9 @@ class RepositoryWatcher:
         if now < self._next_poll:
             return
         self._next_poll = now + CHECK_S
-        if self._polled is None:
+        if self._polled is None:  # (a first look sets what the next are compared with)
             self._polled = {}
+            self._look_turns = asyncio.Semaphore(POLL_LOOKS)
         polled = self._polled
         names = await asyncio.to_thread(self._names)
         for name in set(polled) - set(names):  # gone
@@ -328,8 +333,8 @@ class RepositoryWatcher:
         due = [
             n for n in names if n not in self._looking and (n not in polled or polled[n][2] <= now)
         ]
-        due.sort(key=lambda n: polled[n][1] if n in polled else 0.0)
-        for name in due[: max(0, POLL_LOOKS - len(self._looking))]:
+        due.sort(key=lambda n: polled[n][2] if n in polled else now)
+        for name in due:
             self._looking.add(name)
             task = asyncio.create_task(self._poll_look(name, polled), name=f"look:{name}")
             self._syncs.add(task)
@@ -337,22 +342,32 @@ class RepositoryWatcher:
 
     async def _poll_look(self, name: str, polled: dict[str, tuple[Snapshot, float, float]]) -> None:
         try:
-            started = time.perf_counter()
-            try:
-                snap = await asyncio.to_thread(snapshot, self._root, name)
-            except Exception as exc:  # an unreadable model must not stop the others
-                log.warning("watcher: cannot look at model %s (%s); skipped", name, exc)
-                return
+            async with self._look_turns:
+                started = time.perf_counter()
+                try:
+                    snap = await asyncio.to_thread(snapshot, self._root, name)
+                except Exception as exc:  # an unreadable model must not stop the others
+                    log.warning("watcher: cannot look at model %s (%s); skipped", name, exc)
+                    return
             spent = time.perf_counter() - started
             if self._polled is not polled:
                 return  # watched again meanwhile
             before = polled.get(name)
-            if before is None or before[0] != snap:
+            if self._changed(name, snap, None if before is None else before[0]):
                 self._settler.touched(name)
             now = self._context.clock.now()
             polled[name] = (snap, spent, now + max(CHECK_S, spent / LINKS_SHARE))
         finally:
             self._looking.discard(name)
+
+    def _changed(self, name: str, snap: Snapshot, before: Snapshot | None) -> bool:
+        """Whether a look at a model while unwatched finds it changed: since the look
+        before, or at a first look, new or changed since the watch failed."""
+        if before is not None:
+            return snap != before
+        if not self._registry.has(name):
+            return True
+        return any(mtime_ns >= self._unwatched_ns for _, _, mtime_ns, _ in snap)
 
     def _identity(self) -> tuple[int, int] | None:
         try:
@@ -444,6 +459,8 @@ class RepositoryWatcher:
         most WATCH_SHARE of a core (one walking 200,000 folders to the inotify limit took
         9 s, every 8 s: a core, and the GIL the looks at the models needed)."""
         self._failures += 1
+        if self._failures == 1:  # (less the clock's tick: a change in it may look older)
+            self._unwatched_ns = time.time_ns() - 2_000_000_000
         self._context.metrics.watch_failures.inc()
         delay = max(min(RETRY_MAX_S, 0.5 * 2 ** (self._failures - 1)), spent_s / WATCH_SHARE)
         self._next_check = self._context.clock.now() + delay
