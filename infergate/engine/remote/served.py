@@ -196,7 +196,9 @@ class RemoteServedVersion(ServedVersion):
     async def _describe(self, endpoint: str) -> _Described:
         """The remote model's tensors and platform on `endpoint`, or why not (_NoAnswer
         when it did not answer at all)."""
-        timeout = max(self.remote.health_timeout_s, 5.0)
+        # At most half the load's retry time a request: a health_timeout_s of an hour
+        # held the gateway's readiness past 75 s (a round asks twice).
+        timeout = min(max(self.remote.health_timeout_s, 5.0), LOAD_RETRY_S / 2)
         try:
             meta = await self.pool.get(endpoint, self.model_path, timeout)
             if meta.status != 200:
