@@ -98,6 +98,23 @@ async def test_one_tenant_s_restarts_hold_at_most_half_the_slots() -> None:
         assert loads.order[-1] == "mallory-restart1"
 
 
+async def test_a_freed_slot_goes_first_to_a_tenant_holding_none() -> None:
+    """Mallory's models under two tenants (hers and the default) held both slots, their
+    warm-ups lasting the load timeout and their restarts taking each slot freed: the
+    victim's new model never loaded. A tenant holding no slot goes first."""
+    slots = LoadSlots(2)
+    async with Loads(slots).running() as loads:
+        loads.start("mal", "mal")
+        loads.start("default", "default")
+        await settle()
+        loads.start("mal-restart", "mal", restart=True)  # each holds its share: it waits
+        loads.start("victim-new", "victim")
+        await settle()
+        assert loads.order == ["mal", "default"]
+        await loads.finish("mal")  # its restart, queued first, took the slot back
+        assert loads.order[2:] == ["victim-new", "mal-restart"]  # (the one more slot)
+
+
 async def test_a_freed_slot_goes_to_a_tenant_holding_less_than_half_of_them() -> None:
     slots = LoadSlots(4)
     async with Loads(slots).running() as loads:

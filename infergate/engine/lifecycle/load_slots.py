@@ -19,8 +19,11 @@ tenant's models:
   loads, restarts included, hold at most half the slots (rounded up), so that
   another's always find room: before, a tenant's loads whose warm-up never ended held them
   all, and another tenant's new model waited for the load timeout. A slot freed goes to the
-  first waiting load whose tenant holds less than that. Where every model is one tenant's
-  (the default's, when none names one), its loads take every slot.
+  first waiting load whose tenant holds less than that, and before anything else to a
+  tenant that holds none: one sender's models under two tenants (its own and the default)
+  held every slot, their restarts taking each one freed, and another tenant's new model
+  never loaded. Where every model is one tenant's (the default's, when none names one), its
+  loads take every slot.
 """
 
 from __future__ import annotations
@@ -100,16 +103,24 @@ class LoadSlots:
             self._held[tenant] = left
         else:
             del self._held[tenant]
-        while (waiter := self._next()) is not None:
+        while (waiter := self._next(tenant)) is not None:
             self._waiting.remove(waiter)
             self._take(waiter.tenant)
             waiter.granted.set_result(None)
 
-    def _next(self) -> _Waiter | None:
+    def _next(self, released_by: Hashable) -> _Waiter | None:
         """The waiter a free slot goes to now, if any (see the module docstring)."""
         # A waiter cancelled in the tick of a release is still listed until its task runs:
         # the slot is not its (given, it would be held by nobody for good).
         self._waiting = [w for w in self._waiting if not w.granted.done()]
+        if self._several():  # a tenant holding no slot first: see the module docstring
+            empty = [w for w in self._waiting if not self._held.get(w.tenant)]
+            # Another tenant's before the one whose load just ended (its next restart, queued
+            # first, took back each slot it freed).
+            other = next((w for w in empty if w.tenant != released_by), None)
+            first = other or next(iter(empty), None)
+            if first is not None and self._free_for(self._goes_first(first)):
+                return first
         restart = next((w for w in self._waiting if self._goes_first(w)), None)
         if restart is not None:
             return restart if self._free_for(True) else None
