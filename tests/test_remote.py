@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from functools import partial
@@ -382,6 +383,24 @@ def test_an_upstream_still_loading_its_models_is_asked_again_until_it_serves(
     starting.loading = False
     wait_until(lambda: gw.model("starting")["state"] == "ready", 30, "the load to find it")
     assert infer(gw, BODY, HEADERS, model="starting").status_code == 200
+
+
+def test_a_load_waits_for_an_endpoint_that_never_answers_at_most_seconds(
+    gw: ServerProcess,
+) -> None:
+    """An endpoint that takes the connection and never answers, with a health_timeout_s
+    of an hour: each of the load's requests waited that long, and the load held the
+    gateway's readiness past 75 s. A request waits at most 5 s: the model fails with the
+    endpoint's reason, the gateway ready again, well within a minute."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # accepted by the kernel, never answered
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        add(gw, {"silent": remote_toml([url], remote_extra="health_timeout_s = 3600")})
+        assert gw.model("silent")["state"] == "failed"
+        assert time.monotonic() - started < 45
+        assert "no whole answer within 5 s" in str(gw.model("silent")["reason"])
 
 
 def test_tenant_limits_and_breakers_apply(gw: ServerProcess, upstreams: list[Upstream]) -> None:
