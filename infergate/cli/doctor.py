@@ -217,6 +217,8 @@ def _refused(entry: ModelEntry, policy: VerifyPolicy) -> str | None:
             verify_file(version.path, pin, policy)
         except VerificationFailed as exc:
             return f"version {version.version}: {exc}"
+        except OSError as exc:  # (no permission, a .sig that cannot be read: as serve says)
+            return f"version {version.version}: {version.path} cannot be read: {exc}"
     return None
 
 

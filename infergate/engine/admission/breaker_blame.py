@@ -130,8 +130,6 @@ def culprits(
     limits, and opens."""
     window = _window(buckets)
     one = _culprit(window, policy, failures, served_another, others_cut)
-    if one is None:
-        one = _worse_alone(window, failures, policy)
     if one is not None:
         return [one]
     bad = [
@@ -204,35 +202,6 @@ def _runs_well_alone(
     alone)."""
     alone = window.own.get(tenant)
     return window.sharing(tenant) and alone is not None and within(alone, failures, policy)
-
-
-def _worse_alone(
-    window: _Window, failures: bool, policy: BreakerPolicy
-) -> tuple[Hashable, str] | None:
-    """When the batches tenants shared went wrong while each one's own ran within the
-    limits, the tenant whose own batches went wrong most often (some did, and more often
-    than any other's), if the window without its batches shows the model works. Its rows
-    are the likeliest to have made the shared batches bad: mallory's slow rows rode in the
-    victim's batches, her own kept within the limit by many fast requests, and the
-    breaker, finding each tenant well alone, opened for everyone."""
-    rates: dict[Hashable, float] = {}
-    for tenant, (ok, failed, measured, slow) in window.own.items():
-        total, bad = (ok + failed, failed) if failures else (measured, slow)
-        if tenant is not None and total and window.sharing(tenant):
-            rates[tenant] = bad / total
-    ranked = sorted(rates, key=rates.__getitem__, reverse=True)
-    if not ranked or rates[ranked[0]] == 0:
-        return None
-    worst = ranked[0]
-    if len(ranked) > 1 and rates[ranked[1]] == rates[worst]:
-        return None  # nothing to tell them apart by
-    if not _shown_well(window.without({worst}), failures, policy):
-        return None
-    what = "failed" if failures else "ran above the latency limit"
-    return worst, (
-        f"the batches its requests shared {what}, while other tenants' did not, and its "
-        "own batches did so more often than any other tenant's"
-    )
 
 
 def _culprit(

@@ -406,10 +406,7 @@ class Registry:
                 if not remote and stored is None:  # (never: no or_hash copies or raises)
                     raise VerificationFailed(f"{file.path} has no verified copy to serve")
             except (VerificationFailed, OSError) as exc:
-                if isinstance(exc, NoRoom):
-                    short_of_room = True
-                    tries = self._short_of_room.get(record.name, (0.0, 0))[1] + 1
-                    self._short_of_room[record.name] = (self._context.clock.now(), tries)
+                short_of_room = short_of_room or isinstance(exc, NoRoom)
                 self._failed(record, file.version, f"verification failed: {exc}")
                 continue
             if remote:
@@ -422,7 +419,10 @@ class Registry:
                 f"loading {file.path.name} (sha256 {sha[:12]})",
                 file.version,
             )
-        if not short_of_room:
+        if short_of_room:  # (once a sync, however many of its versions were refused)
+            tries = self._short_of_room.get(record.name, (0.0, 0))[1] + 1
+            self._short_of_room[record.name] = (self._context.clock.now(), tries)
+        else:
             self._short_of_room.pop(record.name, None)
         return out
 

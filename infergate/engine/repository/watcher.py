@@ -251,7 +251,8 @@ class RepositoryWatcher:
         due = self._settler.poll({name: snap for name, (snap, _) in looks.items()})
         self._remember_links({name: looks[name] for name in due})
         replaced = None
-        if renew := self._renew_for.intersection(due):
+        # (Not while failing: a try to watch again, beside, makes a fresh observer.)
+        if self._failures == 0 and (renew := self._renew_for.intersection(due)):
             self._renew_for.difference_update(due)
             try:  # before the sync reads the files
                 replaced = await asyncio.to_thread(self._renew_watch_if_nested, renew)
@@ -387,11 +388,11 @@ class RepositoryWatcher:
         if identity is None or (alive and identity == self._watched):
             return  # gone (its models' files were reported removed), or all is well
         rewatch = self._watched is not None or self._failures > 0
-        started = time.perf_counter()
+        started, tried_at_ns = time.perf_counter(), time.time_ns()
         try:
             await asyncio.to_thread(self._watch, identity)
         except Exception as exc:
-            self._watch_failed(exc, time.perf_counter() - started)
+            self._watch_failed(exc, time.perf_counter() - started, tried_at_ns)
             return
         if self._failures >= GIVE_UP_AFTER:
             self._context.events.publish("watcher_restored", "", f"watching {self._root} again")
@@ -454,13 +455,16 @@ class RepositoryWatcher:
         assert self._handler is not None
         return watch_tree(self._root, self._handler)
 
-    def _watch_failed(self, exc: Exception, spent_s: float = 0.0) -> None:
+    def _watch_failed(
+        self, exc: Exception, spent_s: float = 0.0, tried_at_ns: int | None = None
+    ) -> None:
         """`spent_s`: how long the try took; the next waits long enough that tries take at
         most WATCH_SHARE of a core (one walking 200,000 folders to the inotify limit took
         9 s, every 8 s: a core, and the GIL the looks at the models needed)."""
         self._failures += 1
-        if self._failures == 1:  # (less the clock's tick: a change in it may look older)
-            self._unwatched_ns = time.time_ns() - 2_000_000_000
+        if self._failures == 1:  # from the try on: the old watch was stopped then (less
+            # the clock's tick: a change in it may look older)
+            self._unwatched_ns = (tried_at_ns or time.time_ns()) - 2_000_000_000
         self._context.metrics.watch_failures.inc()
         delay = max(min(RETRY_MAX_S, 0.5 * 2 ** (self._failures - 1)), spent_s / WATCH_SHARE)
         self._next_check = self._context.clock.now() + delay

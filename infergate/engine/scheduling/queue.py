@@ -358,6 +358,8 @@ class JobQueue(Generic[T]):
                     if rows == self.policy.max_batch_size:
                         break
             fill_by = min(head.arrival + self.policy.max_delay_s, head.deadline)
-            if may_wait and rows < self.policy.max_batch_size and now < fill_by:
+            # (Apart, a batch goes as it is: the wait for more was counted in every
+            # tenant's rows, and each batch waited the whole delay.)
+            if may_wait and not apart and rows < self.policy.max_batch_size and now < fill_by:
                 return fill_by
         return batch
