@@ -64,6 +64,14 @@ def test_a_fifo_is_refused_at_once_not_read(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(VerificationFailed, match="is a FIFO, not a regular file"):
         verify_file(fifo, None, VerifyPolicy())  # returns at once: no writer is awaited
+    (tmp_path / "store").mkdir()
+    store = VerifiedStore(tmp_path / "store")
+    open_fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):  # (each refusal left its copy's fd open)
+        with pytest.raises(VerificationFailed, match="is a FIFO"):
+            store.admit(fifo, None, VerifyPolicy())
+    assert len(os.listdir("/proc/self/fd")) == open_fds
+    assert list((tmp_path / "store").iterdir()) == []
 
 
 def test_a_signature_must_be_a_small_regular_file(tmp_path: Path) -> None:

@@ -397,7 +397,8 @@ class VerifiedStore:
         fd, tmp_name = tempfile.mkstemp(dir=root, prefix=".incoming-")
         tmp = Path(tmp_name)
         try:
-            with os.fdopen(open_regular(source), "rb") as src, os.fdopen(fd, "wb") as dst:
+            # (The copy first: a source that cannot be opened leaked its fd.)
+            with os.fdopen(fd, "wb") as dst, os.fdopen(open_regular(source), "rb") as src:
                 st = os.fstat(src.fileno())
                 # Two copies at once each saw the room for one: what a copy under way has
                 # still to write counts as written (what it wrote is gone from the room).
