@@ -20,12 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from infergate.clock import FakeClock
 from infergate.engine.context import EngineContext
-from infergate.engine.engine import Engine, EngineSettings
 from infergate.engine.lifecycle import registry as registry_module
 from infergate.engine.lifecycle.registry import Registry
-from infergate.engine.repository import watcher as watcher_module
 from infergate.engine.repository.verify import (
     MAX_SIGNATURE_BYTES,
     Digests,
@@ -38,25 +35,10 @@ from infergate.engine.repository.verify import (
 )
 from tests.conftest import write_profile
 from tests.fake_workers import FakeWorkers
+from tests.full_disk import fill_the_disk
 from tests.polling import eventually
 from tests.scripted_runtime import make_scripted, scripted_inputs
 from tests.server import ServerProcess
-
-
-def fill_the_disk(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """The copies' file system says no block is free (os.fstatvfs), while the list's one
-    value stays True."""
-    real = os.fstatvfs
-    full = [True]
-
-    def statvfs(fd: int) -> os.statvfs_result:
-        fields = list(real(fd))
-        if full[0]:
-            fields[4] = 0  # no block free
-        return os.statvfs_result(fields)
-
-    monkeypatch.setattr(os, "fstatvfs", statvfs)
-    return full
 
 
 def test_a_fifo_is_refused_at_once_not_read(tmp_path: Path) -> None:
@@ -515,10 +497,19 @@ async def test_a_touched_file_that_serves_needs_no_room_for_a_copy(
     """A file whose stamp changed (touched, chmod) is read again, copied as it is hashed:
     on a disk without room for a second copy, a file that is what serves failed to load
     ("verification failed") and its model showed a failure. Without the room, its digest
-    alone tells it serves already."""
+    alone tells it serves already. Only a file of the serving copy's size is hashed so:
+    a sparse file of 4 TiB in place of a served model was hashed whole, holding the
+    large files' thread for hours."""
     model = tmp_path / "models" / "m" / "1" / "model.scripted"
     make_scripted(model, controls=())
     registry = Registry(tmp_path / "models", EngineContext(worker_factory=FakeWorkers()))
+    hashed: list[Path] = []
+
+    def verify(path: Path, pin: str | None, policy: VerifyPolicy) -> str:
+        hashed.append(path)  # (hashed alone, without a copy)
+        return verify_file(path, pin, policy)
+
+    monkeypatch.setattr(registry_module, "verify_file", verify)
     try:
         await registry.sync("m")
         serving = registry.record("m").versions[1]
@@ -527,40 +518,17 @@ async def test_a_touched_file_that_serves_needs_no_room_for_a_copy(
         await registry.sync("m")
         assert registry.record("m").versions[1] is serving
         assert registry.record("m").failures == {}
+        assert hashed == [model]
         make_scripted(model, controls=("crash",))  # changed: no room is a failure now
         await registry.sync("m")
         assert "MiB is kept free" in registry.record("m").failures[1]
         assert registry.record("m").versions[1] is serving
-    finally:
-        await registry.stop()
-
-
-async def test_a_file_of_another_size_is_not_hashed_without_room_for_its_copy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Without room for a copy, a file is hashed alone only when it may be what serves
-    (of the serving copy's size): a sparse file of 4 TiB in place of a served model was
-    hashed whole, holding the large files' thread for hours."""
-    model = tmp_path / "models" / "m" / "1" / "model.scripted"
-    make_scripted(model, controls=())
-    registry = Registry(tmp_path / "models", EngineContext(worker_factory=FakeWorkers()))
-    hashed: list[Path] = []
-    real_verify = verify_file
-
-    def verify(path: Path, pin: str | None, policy: VerifyPolicy) -> str:
-        hashed.append(path)
-        return real_verify(path, pin, policy)
-
-    monkeypatch.setattr(registry_module, "verify_file", verify)
-    try:
-        await registry.sync("m")
-        serving = registry.record("m").versions[1]
-        fill_the_disk(monkeypatch)
+        hashed.clear()
         with model.open("r+b") as f:
             f.truncate(8 << 20)  # sparse: no room taken in the repository
         await registry.sync("m")
         assert "MiB is kept free" in registry.record("m").failures[1]
-        assert hashed == []
+        assert hashed == []  # another size than the serving copy's: refused unread
         assert registry.record("m").versions[1] is serving
     finally:
         await registry.stop()
@@ -635,86 +603,4 @@ async def test_a_hung_stat_holds_a_disk_thread_not_the_event_loop(
         assert on_loop == [False]
     finally:
         release.set()
-        await registry.stop()
-
-
-async def test_a_version_refused_for_want_of_room_loads_once_room_is_freed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A new version refused for want of room for its copy waited for its folder to
-    change, though room was freed 10 s later: no file event tells of it. The watcher
-    syncs such a model again every ROOM_RETRY_S."""
-    monkeypatch.setattr(watcher_module, "ROOM_RETRY_S", 0.2)
-    models = tmp_path / "models"
-    make_scripted(models / "m" / "1" / "model.scripted", controls=())
-    context = EngineContext(worker_factory=FakeWorkers())
-    engine = Engine(EngineSettings(models, "poll", stable_s=0.1), context)
-    await engine.start()
-    try:
-        await eventually(lambda: engine.ready, what="version 1")
-        full = fill_the_disk(monkeypatch)
-        make_scripted(models / "m" / "2" / "model.scripted", controls=())
-        await eventually(
-            lambda: "MiB is kept free" in engine.registry.record("m").failures.get(2, ""),
-            what="version 2 refused for want of room",
-        )
-        full[0] = False  # room freed: nothing in the folder changes
-        await eventually(lambda: engine.version("m").version == 2, what="version 2 serving")
-        assert engine.registry.record("m").failures == {}
-    finally:
-        await engine.stop()
-
-
-async def test_models_reload_while_the_folder_cannot_be_watched(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """200,000 empty folders in one model's folder took every inotify watch: the watch
-    failed, and no model was reloaded again (the gateway retried the watch every 8 s).
-    While the folder cannot be watched, every model is looked at as a linked one is."""
-
-    def no_watch(root: Path, handler: object) -> None:
-        raise OSError(28, "inotify watch limit reached")
-
-    monkeypatch.setattr(watcher_module, "watch_tree", no_watch)
-    models = tmp_path / "models"
-    make_scripted(models / "m" / "1" / "model.scripted", controls=())
-    context = EngineContext(worker_factory=FakeWorkers())
-    engine = Engine(EngineSettings(models, "poll", stable_s=0.1), context)
-    await engine.start()
-    try:
-        await eventually(lambda: engine.ready, what="version 1")
-        assert context.metrics.registry.get_sample_value("infergate_repository_watching") == 0
-        make_scripted(models / "m" / "2" / "model.scripted", controls=())
-        await eventually(lambda: engine.version("m").version == 2, what="version 2 serving")
-        make_scripted(models / "n" / "1" / "model.scripted", controls=())  # a new model
-        registry = engine.registry
-        await eventually(lambda: registry.has("n") and registry.record("n").state == "ready")
-    finally:
-        await engine.stop()
-
-
-async def test_a_model_short_of_room_is_tried_again_ever_less_often(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each try for room is a failure event: a model refused every 10 s filled the event
-    stream for good. The wait doubles after each refusal in a row (to 32 times), and a sync
-    that finds room forgets it."""
-    models = tmp_path / "models"
-    make_scripted(models / "m" / "1" / "model.scripted", controls=())
-    clock = FakeClock()
-    registry = Registry(models, EngineContext(clock=clock, worker_factory=FakeWorkers()))
-    full = fill_the_disk(monkeypatch)
-    try:
-        for wait_s in (10, 20, 40):
-            await registry.sync("m")  # refused for want of room
-            clock.advance(wait_s - 1)
-            assert registry.short_of_room(10) == []
-            clock.advance(1)
-            assert registry.short_of_room(10) == ["m"]
-            assert registry.short_of_room(10) == []  # named once
-        full[0] = False
-        await registry.sync("m")
-        clock.advance(3600)
-        assert registry.short_of_room(10) == []
-    finally:
         await registry.stop()
