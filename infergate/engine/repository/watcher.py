@@ -29,7 +29,7 @@ unseen: no model was reloaded again, the gauge still reading 1. A snapshot looks
 `LOOK_DEPTH` folders deep (model_looks.py).
 
 While the folder cannot be watched (inotify's limits), every model is looked at in turn
-instead (`_poll_unwatched`).
+instead (unwatched.py).
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ from watchdog.observers.api import BaseObserver
 from infergate.clock import Clock
 from infergate.engine.context import EngineContext
 from infergate.engine.lifecycle.registry import Registry
-from infergate.engine.repository.model_looks import Snapshot, look, snapshot
+from infergate.engine.repository.model_looks import Snapshot, look
 from infergate.engine.repository.scan import model_name_for, model_names
+from infergate.engine.repository.unwatched import UnwatchedLooks
 
 log = logging.getLogger("infergate.watcher")
 
@@ -100,7 +101,6 @@ ROOM_RETRY_S = 10.0  # a model refused for want of room for its copy is synced a
 LINKS_SHARE = 0.02  # of a core, at most, for looking at models with links (_check_links)
 GIVE_UP_AFTER = 3  # failed attempts to watch before it is reported as failed
 RETRY_MAX_S = 8.0
-POLL_LOOKS = 2  # models looked at at once while the folder cannot be watched
 WATCH_SHARE = 0.1  # of a core, at most, for tries to watch again (`_watch_failed`)
 
 
@@ -196,14 +196,9 @@ class RepositoryWatcher:
         # here, so they are looked at again every CHECK_S (`_check_links`).
         self._linked: dict[str, Snapshot] = {}
         self._next_link_check = 0.0
-        # While the folder cannot be watched: each model as last looked at, and when it is
-        # looked at next (`_poll_unwatched`); None until the first look after a failure.
-        # (snapshot, seconds the look took, when to look next)
-        self._polled: dict[str, tuple[Snapshot, float, float]] | None = None
-        self._next_poll = 0.0
-        self._looking: set[str] = set()  # looked at, or queued for a turn
+        # While the folder cannot be watched, the looks at every model (unwatched.py).
+        self._unwatched: UnwatchedLooks | None = None
         self._unwatched_ns = 0  # wall time (ns) from which no event may have come
-        self._look_turns = asyncio.Semaphore(POLL_LOOKS)
         self._rewatch: asyncio.Task[None] | None = None  # a try to watch again, failing
 
     @property
@@ -307,68 +302,24 @@ class RepositoryWatcher:
                 self._settler.touched(name)
 
     async def _poll_unwatched(self) -> None:
-        """While the folder cannot be watched (inotify's limits: 200,000 empty folders in
-        one model's folder took every watch, and no model was reloaded again), every model
-        is looked at as a linked one is, and a change touches it as an event would. Each
-        model as often as its own looks allow: every CHECK_S, or less often where a look
-        takes more than LINKS_SHARE of a core. Every model due is queued at each pass,
-        the longest due first, and POLL_LOOKS look at once: a tree that took the watches,
-        looked at seldom, holds up one of them, and cheap models, new ones included, never
-        keep another's turn (a few empty folders beside it, first at every pass, kept a
-        model from ever being looked at)."""
+        """While the folder cannot be watched, every model is looked at in turn instead
+        (unwatched.py); once watched again, no more."""
         if self.watching:
-            self._polled = None
+            if self._unwatched is not None:
+                self._unwatched.close()
+                self._unwatched = None
             return
-        now = self._context.clock.now()
-        if now < self._next_poll:
-            return
-        self._next_poll = now + CHECK_S
-        if self._polled is None:  # (a first look sets what the next are compared with)
-            self._polled = {}
-            self._look_turns = asyncio.Semaphore(POLL_LOOKS)
-        polled = self._polled
-        names = await asyncio.to_thread(self._names)
-        for name in set(polled) - set(names):  # gone
-            del polled[name]
-            self._settler.touched(name)
-        due = [
-            n for n in names if n not in self._looking and (n not in polled or polled[n][2] <= now)
-        ]
-        due.sort(key=lambda n: polled[n][2] if n in polled else now)
-        for name in due:
-            self._looking.add(name)
-            task = asyncio.create_task(self._poll_look(name, polled), name=f"look:{name}")
-            self._syncs.add(task)
-            task.add_done_callback(self._sync_done)
-
-    async def _poll_look(self, name: str, polled: dict[str, tuple[Snapshot, float, float]]) -> None:
-        try:
-            async with self._look_turns:
-                started = time.perf_counter()
-                try:
-                    snap = await asyncio.to_thread(snapshot, self._root, name)
-                except Exception as exc:  # an unreadable model must not stop the others
-                    log.warning("watcher: cannot look at model %s (%s); skipped", name, exc)
-                    return
-            spent = time.perf_counter() - started
-            if self._polled is not polled:
-                return  # watched again meanwhile
-            before = polled.get(name)
-            if self._changed(name, snap, None if before is None else before[0]):
-                self._settler.touched(name)
-            now = self._context.clock.now()
-            polled[name] = (snap, spent, now + max(CHECK_S, spent / LINKS_SHARE))
-        finally:
-            self._looking.discard(name)
-
-    def _changed(self, name: str, snap: Snapshot, before: Snapshot | None) -> bool:
-        """Whether a look at a model while unwatched finds it changed: since the look
-        before, or at a first look, new or changed since the watch failed."""
-        if before is not None:
-            return snap != before
-        if not self._registry.has(name):
-            return True
-        return any(mtime_ns >= self._unwatched_ns for _, _, mtime_ns, _ in snap)
+        if self._unwatched is None:
+            self._unwatched = UnwatchedLooks(
+                self._root,
+                self._context.clock,
+                self._registry.has,
+                self._settler.touched,
+                self._unwatched_ns,
+                CHECK_S,
+                LINKS_SHARE,
+            )
+        await self._unwatched.poll()
 
     def _identity(self) -> tuple[int, int] | None:
         try:
@@ -492,6 +443,8 @@ class RepositoryWatcher:
             await asyncio.to_thread(observer.join, 5)
         for task in list(self._syncs):
             task.cancel()
+        if self._unwatched is not None:
+            self._unwatched.close()
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
