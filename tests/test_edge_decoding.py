@@ -22,7 +22,7 @@ import pytest
 from infergate.client import encode_infer_request
 from infergate.errors import BadRequest, InfergateError, PayloadTooLarge
 from infergate.server.codec import JSON_VALUES_SLACK, DecodedRequest, decode_request
-from infergate.server.decoding import HELPER_NAME, BodyDecoder
+from infergate.server.decoding import HELPER_NAME, BodyDecoder, json_tokens
 from infergate.tensors import Array
 from tests.conftest import write_profile
 from tests.polling import eventually, process_gone, wait_until
@@ -243,6 +243,15 @@ def test_what_decodes_on_the_loop_is_what_decodes_fast_not_only_what_is_small() 
     binary = header + b"[" * 40_000
     assert decoder.inline(binary, str(len(header)))
     assert not decoder.inline(binary)
+
+
+def test_json_tokens_counts_brackets_braces_and_quotes_and_nothing_else() -> None:
+    """The count that sends a body to the helper: exactly `[`, `{` and `"` among all 256
+    byte values (its `[`/`{` comparison is one masked by the 0x20 bit)."""
+    every_byte = bytes(range(256))
+    assert json_tokens(every_byte) == 3
+    assert json_tokens(every_byte * 1000 + b'[{"') == 3003
+    assert json_tokens(b"") == 0
 
 
 def test_parameters_nested_too_deep_to_hand_back_from_the_helper_are_decoded_on_the_loop() -> None:

@@ -74,6 +74,16 @@ ALWAYS_INLINE = 4_096  # (a body this small cannot hold more)
 _ELEMENTS = 2_000  # BYTES elements built per slice (a few milliseconds)
 
 
+def json_tokens(json_part: bytes | bytearray) -> int:
+    """The brackets, braces and quotes in `json_part`. numpy compares a 20 KB body in 4 µs
+    where three bytes.count took 27 µs (a byte a cycle, each): a fifth of the gateway's CPU
+    a request at 1,024 JSON numbers. `[` and `{` differ only in the 0x20 bit."""
+    data = np.frombuffer(json_part, np.uint8)
+    return int(np.count_nonzero((data | 0x20) == ord("{"))) + int(
+        np.count_nonzero(data == ord('"'))
+    )
+
+
 class Keeper:
     """What a large request holds, kept until its answer is sent so that it can be let
     go of without holding up the event loop: its body and its tensors' buffers (tens of
@@ -268,7 +278,7 @@ class BodyDecoder:
         strings or empty objects 26-42 ms for 170-250 KB (a 343-byte gzip body of `{}`s
         held the loop 35 ms), which one client sending such bodies (to be refused, even,
         after decoding) held every tenant's requests behind. Counting the brackets, braces
-        and quotes (bytes.count: a few µs for 64 KB) says which."""
+        and quotes (json_tokens) says which."""
         size = len(body)
         if size > self._inline_max:
             return False
@@ -279,9 +289,7 @@ class BodyDecoder:
         json_part = body
         if header_length is not None and header_length.isdigit():
             json_part = body[: int(header_length)]  # the binary tensors after it: not JSON
-        return (
-            json_part.count(b"[") + json_part.count(b"{") + json_part.count(b'"') <= _INLINE_TOKENS
-        )
+        return json_tokens(json_part) <= _INLINE_TOKENS
 
     async def decode(
         self,
