@@ -1,7 +1,8 @@
 """When the dynamic batcher holds a part-full batch back, in-process on the FakeClock
 through the worker seam: a lone client never waits `max_delay_s`, whatever its requests'
-size (holding back only pays when other requests are on their way), while requests that
-queue behind a busy instance still run as one batch."""
+size (holding back only pays when other requests are on their way: while a batch runs,
+or the callers of the last ones were just answered), while requests that queue behind a
+busy instance still run as one batch."""
 
 from __future__ import annotations
 
@@ -84,6 +85,61 @@ async def test_requests_queued_behind_a_busy_instance_run_as_one_batch(
     for task in queued:
         outputs, _ = await task
         assert outputs["y"].shape == (2, 4)
+
+
+async def _answer_a_batch_of_six(batcher: Batcher) -> list[asyncio.Task[Answer]]:
+    """One request alone, then five queued behind it that run as one batch: six callers
+    answered, on their way back (the batch of five while nothing else runs)."""
+    first = await batcher.send(rows=1)  # alone: at once
+    queued = [await batcher.send(rows=1) for _ in range(5)]
+    (running,) = batcher.workers.pending()
+    running.reply()
+    await first
+    merged = await batcher.workers.next_call("the queued requests' batch")
+    assert merged.rows == 5  # (two callers answered: too few to wait for)
+    merged.reply()
+    for task in queued:
+        await task
+    return queued
+
+
+async def test_callers_just_answered_are_waited_for_instead_of_a_batch_of_one(
+    batcher: Batcher,
+) -> None:
+    """Clients that send their next request once answered: the first to come back after a
+    batch is held for the others, not run alone (a batch of one, and the next cut short),
+    until as few are awaited as twice the instances; no time passes."""
+    await _answer_a_batch_of_six(batcher)
+    start = batcher.clock.now()
+    back = [await batcher.send(rows=1) for _ in range(3)]
+    assert batcher.workers.pending() == []  # held: three more are on their way
+    back.append(await batcher.send(rows=1))  # two awaited now: it goes
+    (batch,) = batcher.workers.pending()
+    assert batch.rows == 4
+    assert batcher.clock.now() == start
+    batch.reply()
+    for task in back:
+        outputs, _ = await task
+        assert outputs["y"].shape == (1, 4)
+
+
+async def test_callers_that_do_not_come_back_hold_a_batch_only_their_share_of_the_delay(
+    batcher: Batcher,
+) -> None:
+    """Six callers answered: a request is held for them for at most six eighths of the
+    5 ms delay (max_delay_s / max_batch_size each), then goes alone."""
+    await _answer_a_batch_of_six(batcher)
+    held = await batcher.send(rows=1)
+    batcher.clock.advance(0.0035)
+    for _ in range(5):  # the scheduler's loop looks, plans its next look, sleeps
+        await asyncio.sleep(0)
+    assert batcher.workers.pending() == []
+    batcher.clock.advance(0.0003)  # 3.8 ms: past 6 x 0.625 ms, within the 5 ms delay
+    (alone,) = await eventually(batcher.workers.pending, what="the held request to go")
+    assert alone.rows == 1
+    alone.reply()
+    outputs, _ = await held
+    assert outputs["y"].shape == (1, 4)
 
 
 async def test_while_another_batch_runs_a_free_instance_waits_the_delay_to_fill() -> None:

@@ -149,7 +149,8 @@ class BatchingSection(Section):
     max_queue_delay_ms: float = setting(
         _QUEUE.max_delay_s * 1000.0,
         "how long the oldest request may wait for a batch to fill, and only while another "
-        "batch of the model runs (a lone client never waits)",
+        "batch of the model runs or its callers were just answered (a lone client never "
+        "waits)",
         ge=0,
         unit="ms",
     )

@@ -33,6 +33,7 @@ from infergate.engine.placement import here
 from infergate.engine.scheduling.batching import merge, unmerge
 from infergate.engine.scheduling.classes import PriorityClass
 from infergate.engine.scheduling.queue import Job, JobQueue
+from infergate.engine.scheduling.returners import Returners
 from infergate.engine.scheduling.tickets import Work
 from infergate.engine.triton.stats import VersionStats
 from infergate.engine.workers.protocol import Worker
@@ -83,6 +84,7 @@ class BatchRunner:
         metrics: Metrics,
         stats: VersionStats,
         on_free: Callable[[bool], None],
+        returners: Returners | None = None,
         current_cpu: Callable[[], int | None] = here.current_cpu,
     ) -> None:
         self.name = name
@@ -95,6 +97,7 @@ class BatchRunner:
         self._metrics = metrics
         self._stats = stats
         self._on_free = on_free  # an instance freed up: the scheduler looks again
+        self._returners = returners  # told of each batch answered, before it frees up
         self._current_cpu = current_cpu
         # The event loop batches run on, set by the scheduler when its loop starts (kept:
         # in Python 3.11 asking asyncio for it is a getpid() system call).
@@ -158,6 +161,8 @@ class BatchRunner:
         batch before this one's callers are answered (answering a large batch keeps the
         event loop busy a while, and the worker would sit idle meanwhile)."""
         batch.replied = self._clock.now()
+        if self._returners is not None:
+            self._returners.answered(len(batch.jobs), batch.replied)
         if not batch.killed:  # (a reply that beat the kill: the instance waits for the exit)
             self._release(batch)
 

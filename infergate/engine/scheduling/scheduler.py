@@ -34,6 +34,7 @@ from infergate.engine.scheduling.queue import (
     QueueFull,
     QueuePolicy,
 )
+from infergate.engine.scheduling.returners import Returners
 from infergate.engine.scheduling.runner import Batch, BatchRunner, may_move
 from infergate.engine.scheduling.tickets import Answer, Ticket, Work
 from infergate.engine.triton.stats import VersionStats
@@ -63,8 +64,17 @@ class Scheduler:
         self._metrics = metrics
         self._queue: JobQueue[Work] = JobQueue(policy, _wanted)
         self.stats = VersionStats()  # Triton's per-version statistics
+        # The callers of the batches just answered, on their way back (returners.py).
+        self._returners = Returners(policy.max_delay_s, policy.max_batch_size, len(instances))
         self._runner = BatchRunner(
-            name, instances, self._queue, clock, metrics, self.stats, self._instance_freed
+            name,
+            instances,
+            self._queue,
+            clock,
+            metrics,
+            self.stats,
+            self._instance_freed,
+            self._returners,
         )
         self._alarm = _Alarm()  # rung when the loop must look again before it planned
         self._task: asyncio.Task[None] | None = None
@@ -168,16 +178,22 @@ class Scheduler:
             for job in jobs:
                 job.payload.bound = True
         self._admit(jobs, cls)
-        if self._fill_by is not None and self._runner.busy:
-            # The usual request under load: while a batch runs, a free instance holds back
-            # for its batch to fill. Unless this request fills it, or a job is late (the
-            # pump expires it: it must not hold a place in the queue), a pump would only
-            # find that again: the verdict is the same for every free instance while no
-            # job is pinned, and no instance was taken since (only a pump launches).
-            fill_by = self._queue.filling_until(now)
+        self._returners.arrived()
+        if self._fill_by is not None:
+            # The usual request under load: while a batch runs, or its callers are on
+            # their way back, a free instance holds back for its batch to fill. Unless
+            # this request fills it (or is one of the last callers awaited), or a job is
+            # late (the pump expires it: it must not hold a place in the queue), a pump
+            # would only find that again: the verdict is the same for every free instance
+            # while no job is pinned, and no instance was taken since (only a pump
+            # launches).
+            awaited = None if self._runner.busy else self._returners.due(now)
+            fill_by = None
+            if self._runner.busy or awaited is not None:
+                fill_by = self._queue.filling_until(now)
             next_deadline = self._queue.next_deadline()
             if fill_by is not None and (next_deadline is None or next_deadline >= now):
-                self._fill_by = fill_by
+                self._fill_by = fill_by if awaited is None else min(fill_by, awaited)
                 self._plan_for(jobs[0].deadline)
                 return future
         inline = self._pump(own=jobs[0].payload.ticket, now=now)
@@ -292,15 +308,19 @@ class Scheduler:
             self._expired(job, now)
         inline = None
         for instance in self._runner.free_in_order():
-            # Holding a part-full batch back pays only while another batch is running: its
-            # callers are on their way back. Otherwise no one is coming to fill it (a lone
-            # client, however many rows it sends), and the instance would sit idle: go now.
-            # Requests that queued behind a busy instance are merged when it frees up.
-            loaded = bool(self._runner.busy)
+            # Holding a part-full batch back pays only while another batch is running, or
+            # the callers of the last ones were just answered: they are on their way back
+            # (returners.py). Otherwise no one is coming to fill it (a lone client, however
+            # many rows it sends), and the instance would sit idle: go now. Requests that
+            # queued behind a busy instance are merged when it frees up.
+            awaited = None if self._runner.busy else self._returners.due(now)
+            loaded = bool(self._runner.busy) or awaited is not None
             taken = self._queue.take(now, may_wait=loaded, instance=instance.index)
             if taken is None:
                 continue  # nothing this instance may run (the rest is pinned elsewhere)
             if isinstance(taken, float):
+                if awaited is not None:
+                    taken = min(taken, awaited)
                 self._fill_by = min(taken, self._fill_by or taken)
                 continue
             batch = self._runner.launch(instance, taken, now)
