@@ -142,6 +142,98 @@ async def test_callers_that_do_not_come_back_hold_a_batch_only_their_share_of_th
     assert outputs["y"].shape == (1, 4)
 
 
+async def test_once_a_rounds_callers_are_all_back_the_last_go_beside_the_running_batch() -> None:
+    """Nine callers answered on two instances: the first five back go as one batch once
+    four are awaited (twice the instances), and the last four do not wait beside it for
+    its callers (they come back only once it is answered): with the last of them they
+    go on the other instance at once, not a round later on the same one."""
+    batcher = await Batcher(instances=2).start()
+    try:
+        first = await batcher.send(rows=1)  # alone: at once
+        full = [await batcher.send(rows=1) for _ in range(8)]  # fills the other instance
+        for call in batcher.workers.pending():
+            call.reply()
+        for task in (first, *full):
+            await task
+        start = batcher.clock.now()
+        back = [await batcher.send(rows=1) for _ in range(4)]
+        assert batcher.workers.pending() == []  # held for the callers on their way back
+        back.append(await batcher.send(rows=1))  # four awaited now: it goes
+        assert [c.rows for c in batcher.workers.pending()] == [5]
+        last = [await batcher.send(rows=1) for _ in range(3)]
+        assert len(batcher.workers.pending()) == 1  # held beside the running batch
+        last.append(await batcher.send(rows=1))  # the round's last caller
+        assert sorted(c.rows for c in batcher.workers.pending()) == [4, 5]
+        assert batcher.clock.now() == start
+        for call in batcher.workers.pending():
+            call.reply()
+        for task in (*back, *last):
+            outputs, _ = await task
+            assert outputs["y"].shape == (1, 4)
+    finally:
+        await batcher.stop()
+
+
+async def test_a_lone_client_sending_a_request_in_chunks_never_waits(batcher: Batcher) -> None:
+    """25 rows run as chunks of 8, 8, 8 and 1: each goes as the one before is answered,
+    the callers counted once (a request's last chunk), and the rest of a request that
+    started never held back to fill."""
+    task = await batcher.send(rows=25)
+    for rows in (8, 8, 8, 1):
+        call = await batcher.workers.next_call(f"the chunk of {rows}")
+        assert call.rows == rows
+        batcher.clock.advance(0.0003)
+        call.reply()
+    outputs, _ = await task
+    assert outputs["y"].shape == (25, 4)
+    newcomer = await batcher.send(rows=1)  # one caller answered, not four: at once
+    assert [c.rows for c in batcher.workers.pending()] == [1]
+    batcher.workers.pending()[0].reply()
+    await newcomer
+
+
+async def test_the_rest_of_a_lone_request_in_chunks_goes_beside_its_running_chunk() -> None:
+    """9 rows on two instances: the chunk of 1 goes beside the running chunk of 8 at once,
+    not held to fill (the request already runs: its caller waits on it)."""
+    batcher = await Batcher(instances=2).start()
+    try:
+        task = await batcher.send(rows=9)
+        assert sorted(c.rows for c in batcher.workers.pending()) == [1, 8]
+        for call in batcher.workers.pending():
+            call.reply()
+        outputs, _ = await task
+        assert outputs["y"].shape == (9, 4)
+    finally:
+        await batcher.stop()
+
+
+async def test_requests_of_a_failed_batch_run_again_are_not_awaited_twice(
+    batcher: Batcher,
+) -> None:
+    """A batch of two fails on the model and each of its requests runs again alone: they
+    were counted as answered when the failure came, and are not awaited for it once
+    queued again. Three callers answered in all, so a newcomer goes at once."""
+    first = await batcher.send(rows=1)
+    queued = [await batcher.send(rows=1) for _ in range(2)]
+    (running,) = batcher.workers.pending()
+    running.reply()
+    await first
+    merged = await batcher.workers.next_call("the queued requests' batch")
+    assert merged.rows == 2
+    merged.fail()
+    for _ in range(2):
+        alone = await batcher.workers.next_call("a request run again alone")
+        assert alone.rows == 1
+        batcher.clock.advance(0.0002)
+        alone.reply()
+    for task in queued:
+        await task
+    newcomer = await batcher.send(rows=1)
+    assert [c.rows for c in batcher.workers.pending()] == [1]
+    batcher.workers.pending()[0].reply()
+    await newcomer
+
+
 async def test_while_another_batch_runs_a_free_instance_waits_the_delay_to_fill() -> None:
     batcher = await Batcher(instances=2).start()
     try:

@@ -294,6 +294,8 @@ class JobQueue(Generic[T]):
             return None
         if self._key_rows[head.key] >= self.policy.max_batch_size:
             return None
+        if head.group is not None and head.group.started:
+            return None  # the rest of a request already running: its caller waits on it
         fill_by = min(head.arrival + self.policy.max_delay_s, head.deadline)
         return fill_by if now < fill_by else None
 
@@ -303,8 +305,8 @@ class JobQueue(Generic[T]):
         """The next batch to run, or the time to look again (a batch is filling), or None.
 
         `may_wait` allows holding a part-full batch back for up to max_delay_s; the caller
-        passes False when waiting cannot pay off (nothing else is running, so no load is
-        building up behind it). Call expire(now) first: take never returns a job past its
+        passes False when waiting cannot pay off (no requests are on their way to fill it:
+        scheduling/returners.py). Call expire(now) first: take never returns a job past its
         deadline, unless its request started already.
         """
         if may_wait and self.batching and not self._pinned:

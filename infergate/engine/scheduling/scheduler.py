@@ -187,10 +187,8 @@ class Scheduler:
             # would only find that again: the verdict is the same for every free instance
             # while no job is pinned, and no instance was taken since (only a pump
             # launches).
-            awaited = None if self._runner.busy else self._returners.due(now)
-            fill_by = None
-            if self._runner.busy or awaited is not None:
-                fill_by = self._queue.filling_until(now)
+            holds, awaited = self._returners.hold(bool(self._runner.busy), now)
+            fill_by = self._queue.filling_until(now) if holds else None
             next_deadline = self._queue.next_deadline()
             if fill_by is not None and (next_deadline is None or next_deadline >= now):
                 self._fill_by = fill_by if awaited is None else min(fill_by, awaited)
@@ -313,8 +311,7 @@ class Scheduler:
             # (returners.py). Otherwise no one is coming to fill it (a lone client, however
             # many rows it sends), and the instance would sit idle: go now. Requests that
             # queued behind a busy instance are merged when it frees up.
-            awaited = None if self._runner.busy else self._returners.due(now)
-            loaded = bool(self._runner.busy) or awaited is not None
+            loaded, awaited = self._returners.hold(bool(self._runner.busy), now)
             taken = self._queue.take(now, may_wait=loaded, instance=instance.index)
             if taken is None:
                 continue  # nothing this instance may run (the rest is pinned elsewhere)
