@@ -161,9 +161,8 @@ class BatchRunner:
         batch before this one's callers are answered (answering a large batch keeps the
         event loop busy a while, and the worker would sit idle meanwhile)."""
         batch.replied = self._clock.now()
-        if self._returners is not None:  # its callers (a chunked request's last chunk)
-            done = sum(1 for j in batch.jobs if j.payload.index == j.payload.ticket.parts - 1)
-            self._returners.answered(done, batch.replied)
+        if self._returners is not None:
+            self._returners.answered(len(batch.jobs), batch.replied)
         if not batch.killed:  # (a reply that beat the kill: the instance waits for the exit)
             self._release(batch)
 
