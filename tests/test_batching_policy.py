@@ -234,6 +234,33 @@ async def test_requests_of_a_failed_batch_run_again_are_not_awaited_twice(
     await newcomer
 
 
+async def test_the_rest_of_a_running_request_goes_with_another_waiting_beside_it() -> None:
+    """A 9-row request's chunk of 8 runs; its chunk of 1 and another client's request wait:
+    they go together once an instance frees, not held for the delay beside the chunk of 8
+    (the check of a batch of several jobs, not only a lone one's)."""
+    batcher = await Batcher(instances=2).start()
+    busy = [await batcher.send(rows=1) for _ in range(9)]  # 1 on one instance, 8 on the other
+    try:
+        request = await batcher.send(rows=9)  # chunks of 8 and 1: queued
+        other = await batcher.send(rows=1)
+        one, eight = sorted(batcher.workers.pending(), key=lambda c: c.rows)
+        one.reply()  # the request's chunk of 8 (a full batch) goes
+        await eventually(lambda: len(batcher.workers.pending()) == 2, what="the chunk of 8")
+        eight.reply()  # the other instance frees: the rest goes at once, merged
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert sorted(c.rows for c in batcher.workers.pending()) == [2, 8]
+        for call in batcher.workers.pending():
+            call.reply()
+        outputs, _ = await request
+        assert outputs["y"].shape == (9, 4)
+        await other
+    finally:
+        for task in busy:
+            await task
+        await batcher.stop()
+
+
 async def test_while_another_batch_runs_a_free_instance_waits_the_delay_to_fill() -> None:
     batcher = await Batcher(instances=2).start()
     try:

@@ -362,6 +362,13 @@ class JobQueue(Generic[T]):
             fill_by = min(head.arrival + self.policy.max_delay_s, head.deadline)
             # (Apart, a batch goes as it is: the wait for more was counted in every
             # tenant's rows, and each batch waited the whole delay.)
-            if may_wait and not apart and rows < self.policy.max_batch_size and now < fill_by:
+            started = head.group is not None and head.group.started  # (see filling_until)
+            if (
+                may_wait
+                and not apart
+                and not started
+                and rows < self.policy.max_batch_size
+                and now < fill_by
+            ):
                 return fill_by
         return batch

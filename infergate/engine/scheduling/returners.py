@@ -21,16 +21,7 @@ from __future__ import annotations
 
 
 class Returners:
-    __slots__ = (
-        "_count",
-        "_until",
-        "_per_job",
-        "_most_s",
-        "_floor",
-        "_round",
-        "_all_back",
-        "_chunks",
-    )
+    __slots__ = ("_count", "_until", "_per_job", "_most_s", "_floor", "_round", "_all_back")
 
     def __init__(self, max_delay_s: float, max_batch_size: int, instances: int) -> None:
         self._per_job = max_delay_s / max(1, max_batch_size)
@@ -40,23 +31,11 @@ class Returners:
         self._until = 0.0  # ...expected by then
         self._round = False  # more than the floor were awaited since the last answer
         self._all_back = False  # ...and as many have arrived since
-        # Chunks of requests cut into several that are not their request's last: a batch's
-        # jobs less these are its callers (counted here, not job by job on every batch).
-        self._chunks = 0
 
-    def chunked(self, chunks: int) -> None:
-        """A request was cut into `chunks` jobs: one caller, not `chunks`."""
-        self._chunks += chunks - 1
-
-    def answered(self, jobs: int, now: float) -> None:
-        """A batch of `jobs` was answered at `now`."""
-        requests = jobs
-        if self._chunks:  # (which jobs were chunks is not looked at: they are rare)
-            spare = min(self._chunks, jobs)
-            requests -= spare
-            self._chunks -= spare
-            if not requests:
-                return
+    def answered(self, requests: int, now: float) -> None:
+        """A batch answered `requests` callers at `now`."""
+        if not requests:
+            return
         if now >= self._until:
             self._count, self._until = 0, now
         self._count += requests

@@ -98,6 +98,9 @@ class BatchRunner:
         self._stats = stats
         self._on_free = on_free  # an instance freed up: the scheduler looks again
         self._returners = returners  # told of each batch answered, before it frees up
+        # Whether any request was cut into chunks: from then on a batch's callers are
+        # counted job by job (a request's last chunk), else they are its jobs.
+        self.chunked = False
         self._current_cpu = current_cpu
         # The event loop batches run on, set by the scheduler when its loop starts (kept:
         # in Python 3.11 asking asyncio for it is a getpid() system call).
@@ -162,7 +165,8 @@ class BatchRunner:
         event loop busy a while, and the worker would sit idle meanwhile)."""
         batch.replied = self._clock.now()
         if self._returners is not None:
-            self._returners.answered(len(batch.jobs), batch.replied)
+            jobs = batch.jobs
+            self._returners.answered(_callers(jobs) if self.chunked else len(jobs), batch.replied)
         if not batch.killed:  # (a reply that beat the kill: the instance waits for the exit)
             self._release(batch)
 
@@ -295,7 +299,7 @@ class BatchRunner:
         ]
         self._queue.admit(again, force=True)
         if self._returners is not None:  # counted as answered when the reply came
-            self._returners.requeued(len(again))
+            self._returners.requeued(_callers(again) if self.chunked else len(again))
         self._on_free(True)  # (the reply freed the instance, and the loop looked, before)
 
     def _again_or_fail(
@@ -427,3 +431,9 @@ def _read_quietly(future: asyncio.Future[Any]) -> None:
     log it as "never retrieved" when the future is collected."""
     if not future.cancelled():
         future.exception()
+
+
+def _callers(jobs: list[Job[Work]]) -> int:
+    """The requests whose last job is among `jobs` (a chunked request's earlier chunks
+    answer nobody yet)."""
+    return sum(1 for j in jobs if j.payload.index == j.payload.ticket.parts - 1)

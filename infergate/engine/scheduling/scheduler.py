@@ -258,7 +258,7 @@ class Scheduler:
         chunks = split_rows(inputs, self.policy.max_batch_size)
         if len(chunks) > self.policy.max_queue_size:
             raise refusals.too_large(self.name, rows, len(chunks), self.policy)
-        self._returners.chunked(len(chunks))
+        self._runner.chunked = True
         ticket = Ticket(outputs, timeout_s, len(chunks), future)
         group = Group()  # once one chunk starts, none of them expires
         return [
