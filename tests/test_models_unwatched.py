@@ -5,6 +5,8 @@ is looked at in turn."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,19 @@ from tests.polling import eventually
 from tests.scripted_runtime import make_scripted
 
 
+@asynccontextmanager
+async def serving_v1(models: Path, context: EngineContext) -> AsyncIterator[Engine]:
+    """An engine on `models`, polled, once its model m's version 1 serves."""
+    make_scripted(models / "m" / "1" / "model.scripted", controls=())
+    engine = Engine(EngineSettings(models, "poll", stable_s=0.1), context)
+    await engine.start()
+    try:
+        await eventually(lambda: engine.ready, what="version 1")
+        yield engine
+    finally:
+        await engine.stop()
+
+
 async def test_a_version_refused_for_want_of_room_loads_once_room_is_freed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -28,12 +43,7 @@ async def test_a_version_refused_for_want_of_room_loads_once_room_is_freed(
     syncs such a model again every ROOM_RETRY_S."""
     monkeypatch.setattr(watcher_module, "ROOM_RETRY_S", 0.2)
     models = tmp_path / "models"
-    make_scripted(models / "m" / "1" / "model.scripted", controls=())
-    context = EngineContext(worker_factory=FakeWorkers())
-    engine = Engine(EngineSettings(models, "poll", stable_s=0.1), context)
-    await engine.start()
-    try:
-        await eventually(lambda: engine.ready, what="version 1")
+    async with serving_v1(models, EngineContext(worker_factory=FakeWorkers())) as engine:
         full = fill_the_disk(monkeypatch)
         make_scripted(models / "m" / "2" / "model.scripted", controls=())
         await eventually(
@@ -43,8 +53,6 @@ async def test_a_version_refused_for_want_of_room_loads_once_room_is_freed(
         full[0] = False  # room freed: nothing in the folder changes
         await eventually(lambda: engine.version("m").version == 2, what="version 2 serving")
         assert engine.registry.record("m").failures == {}
-    finally:
-        await engine.stop()
 
 
 async def test_models_reload_while_the_folder_cannot_be_watched(
@@ -59,20 +67,14 @@ async def test_models_reload_while_the_folder_cannot_be_watched(
 
     monkeypatch.setattr(watcher_module, "watch_tree", no_watch)
     models = tmp_path / "models"
-    make_scripted(models / "m" / "1" / "model.scripted", controls=())
     context = EngineContext(worker_factory=FakeWorkers())
-    engine = Engine(EngineSettings(models, "poll", stable_s=0.1), context)
-    await engine.start()
-    try:
-        await eventually(lambda: engine.ready, what="version 1")
+    async with serving_v1(models, context) as engine:
         assert context.metrics.registry.get_sample_value("infergate_repository_watching") == 0
         make_scripted(models / "m" / "2" / "model.scripted", controls=())
         await eventually(lambda: engine.version("m").version == 2, what="version 2 serving")
         make_scripted(models / "n" / "1" / "model.scripted", controls=())  # a new model
         registry = engine.registry
         await eventually(lambda: registry.has("n") and registry.record("n").state == "ready")
-    finally:
-        await engine.stop()
 
 
 async def test_a_model_short_of_room_is_tried_again_ever_less_often(
