@@ -293,10 +293,12 @@ class Engine:
         result, timing = outcome
         # Its execution time (the longest batch it ran in), not its queue wait: other
         # tenants' traffic is not the model's doing, nor is the size of a chunked request.
-        # A batch several tenants shared counts for them together (breaker.py).
-        served.breaker.record(
-            running.admission, True, timing.slowest_s, running.tenant, timing.shared
-        )
+        # A batch several tenants shared counts for them together (breaker.py). A normal
+        # request that ran in one piece its batch counted (`Timing.counted`).
+        if not timing.counted:
+            served.breaker.record(
+                running.admission, True, timing.slowest_s, running.tenant, timing.shared
+            )
         return InferenceResult(served.name, served.version, result)
 
     def fail(self, running: Running, error: BaseException) -> None:
@@ -359,6 +361,7 @@ class Engine:
                 request.session,
                 tenant.tenant.fairness,
                 request.instance,
+                admission == "normal",
             )
         except Exception as exc:
             served.breaker_failed(admission, exc, who)

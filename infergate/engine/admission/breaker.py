@@ -84,6 +84,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Literal
 
 from infergate.clock import Clock
@@ -302,38 +303,98 @@ class Breaker:
                 self._served_well(tenant)
         else:
             bucket.failed += 1
-        if tenant is not None:
-            per = bucket.tenants
-            if per is None:
-                per = bucket.tenants = {}
-            if shared is not None:
-                tenant = shared  # counted for the batch's tenants together
-            counts = per.get(tenant)
-            if counts is None:
-                if shared is not None:
-                    if bucket.sets < SHARED_SETS:
-                        bucket.sets += 1
-                    else:
-                        tenant = ANYBODY
-                        counts = per.get(tenant)
-                if counts is None:
-                    counts = per[tenant] = [0, 0, 0, 0]
-            counts[0 if ok else 1] += 1
-            if latency_s is not None:
-                counts[2] += 1
-                counts[3] += slow
+        if tenant is not None:  # a batch several tenants shared: counted for them together
+            key = tenant if shared is None else shared
+            self._count_for(bucket, key, shared is not None, 1, ok, latency_s is not None, slow)
         if latency_s is not None:
             bucket.measured += 1
             if slow:
                 bucket.slow += 1
-            if bucket.measured <= SAMPLES:
+            self._sample(bucket, latency_s, 1)
+
+    def record_served(
+        self, tenants: list[Hashable], latency_s: float, shared: frozenset[Hashable] | None
+    ) -> None:
+        """`record("normal", True, latency_s, tenant, shared)` for each of `tenants` in
+        turn (the requests a batch answered, admitted as normal ones), at the same moment:
+        the same counts, samples and verdicts, for one call a batch instead of one a
+        request (it ran for every request, a thirtieth of the gateway's opcodes)."""
+        now = self._clock.now()
+        if now >= self._next_evaluation or self._state != "closed":
+            self._tick(now)
+        if self._state != "closed":
+            return  # requests from before the breaker opened
+        if self._cut and shared is not None and any(self._cut_now(t, now) for t in shared):
+            return  # batched with a request of a tenant cut off: as if it had not come
+        slow = latency_s > self._limit_s
+        bucket = None  # (found once a request counts: as `record`, none when none does)
+        for tenant, run in groupby(tenants):
+            if self._cut and tenant in self._cut and now < self._cut[tenant].until:
+                continue
+            if bucket is None:
+                buckets = self._buckets
+                if buckets and now < buckets[-1].start + self._bucket_s:
+                    bucket = buckets[-1]
+                else:
+                    bucket = self._current(now)
+            count = len(list(run))
+            bucket.ok += count
+            if tenant is not None:
+                if tenant != self._served and not slow:
+                    self._served_well(tenant)
+                key = tenant if shared is None else shared
+                self._count_for(bucket, key, shared is not None, count, True, True, slow)
+            bucket.measured += count
+            if slow:
+                bucket.slow += count
+            self._sample(bucket, latency_s, count)
+
+    def _count_for(
+        self,
+        bucket: Bucket,
+        key: Hashable,
+        is_set: bool,
+        count: int,
+        ok: bool,
+        measured: bool,
+        slow: bool,
+    ) -> None:
+        """`count` outcomes of `key` (a tenant, or when `is_set` the tenants of a batch
+        they shared) in `bucket`'s counts by tenant: successes or failures, their
+        latencies measured or not, above the limit or not."""
+        per = bucket.tenants
+        if per is None:
+            per = bucket.tenants = {}
+        counts = per.get(key)
+        if counts is None:
+            if is_set:
+                if bucket.sets < SHARED_SETS:
+                    bucket.sets += 1
+                else:
+                    key = ANYBODY
+                    counts = per.get(key)
+            if counts is None:
+                counts = per[key] = [0, 0, 0, 0]
+        counts[0 if ok else 1] += count
+        if measured:
+            counts[2] += count
+            if slow:
+                counts[3] += count
+
+    def _sample(self, bucket: Bucket, latency_s: float, count: int) -> None:
+        """`count` more latencies of `latency_s`, `bucket.measured` counting them already:
+        `record`'s reservoir steps for each, skipped where none of them would be kept."""
+        measured = bucket.measured
+        first = measured - count + 1
+        if first > SAMPLES and not (first <= bucket.next_kept <= measured):
+            return  # the usual case under load: none of them is kept
+        for at in range(first, measured + 1):
+            if at <= SAMPLES:
                 bucket.latencies.append(latency_s)
-                if bucket.measured == SAMPLES:
+                if at == SAMPLES:
                     bucket.weight = math.exp(math.log(self._uniform()) / SAMPLES)
                     bucket.next_kept = SAMPLES + self._skip(bucket.weight)
-            elif bucket.measured == bucket.next_kept:
-                # Reservoir sampling (Li's algorithm L): every latency of the bucket is kept
-                # with the same chance, and only the kept ones draw random numbers.
+            elif at == bucket.next_kept:
                 bucket.latencies[int(self._random.random() * SAMPLES)] = latency_s
                 bucket.weight *= math.exp(math.log(self._uniform()) / SAMPLES)
                 bucket.next_kept += self._skip(bucket.weight)

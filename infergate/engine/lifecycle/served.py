@@ -105,6 +105,7 @@ class ServedVersion:
             queue_policy(context.settings.queue_policy, entry.config.batching),
             context.clock,
             context.metrics,
+            self.breaker.record_served,
         )
         self.breaker.on_unclear = self.scheduler.keep_tenants_apart
         sequence = entry.config.sequence
@@ -265,15 +266,27 @@ class ServedVersion:
         session: str | None = None,
         fair: Fairness | None = None,
         instance: int | None = None,
+        counted: bool = False,
     ) -> tuple[Awaitable[Answer], float]:
         """Queue checked inputs (`key` from check_inputs; only on `instance` when given):
         what to await for the answer, and when it began. The caller hands the outcome to
-        `end`, whatever it is (a refusal raised here is counted here)."""
+        `end`, whatever it is (a refusal raised here is counted here). `counted`: a
+        normal admission's, whose success its batch counts for the breaker and the
+        statistics (`Ticket.counted`; the answer's `Timing.counted` says it did)."""
         self.requests.enter()
         started = self._context.clock.now()
         try:
             waiting = self.scheduler.enqueue(
-                inputs, key, outputs, cls, queue_deadline_s, timeout_s, session, fair, instance
+                inputs,
+                key,
+                outputs,
+                cls,
+                queue_deadline_s,
+                timeout_s,
+                session,
+                fair,
+                instance,
+                counted,
             )
         except BaseException as exc:
             self.end(started, None, exc)
@@ -283,10 +296,12 @@ class ServedVersion:
     def end(self, started: float, answer: Answer | None, error: BaseException | None) -> None:
         """Count a request `begin` queued, answered or failed (a cancelled one is not
         counted in the statistics), and let go of its place among those in flight."""
-        clock, stats = self._context.clock, self.scheduler.stats
         if error is None:
             assert answer is not None
-            stats.request_done(clock.now() - started, answer[1].queue_s, answer[1].compute_s)
+            timing = answer[1]
+            if not timing.counted:  # (else its batch counted it)
+                total_s = self._context.clock.now() - started
+                self.scheduler.stats.request_done(total_s, timing.queue_s, timing.compute_s)
         elif isinstance(error, InfergateError):
-            stats.request_failed(clock.now() - started)
+            self.scheduler.stats.request_failed(self._context.clock.now() - started)
         self.requests.leave()

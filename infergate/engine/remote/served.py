@@ -318,8 +318,10 @@ class RemoteServedVersion(ServedVersion):
         session: str | None = None,
         fair: Fairness | None = None,
         instance: int | None = None,
+        counted: bool = False,
     ) -> tuple[Awaitable[Answer], float]:
-        """The request goes upstream (`_upstream`), not into a local queue."""
+        """The request goes upstream (`_upstream`), not into a local queue (its answer
+        is never `counted`: `forward` counts it, and `Engine.finish` records it)."""
         turn = (cls.rank, None if fair is None else fair.tenant)
         waiting = self._upstream(inputs, outputs, queue_deadline_s, timeout_s, turn)
         return waiting, self._context.clock.now()

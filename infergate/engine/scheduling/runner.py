@@ -54,6 +54,11 @@ _GONE = ("failed", "stopped")  # an instance in these states never runs a batch 
 _TENANT = attrgetter("fair.tenant")  # a job's tenant, read in C (`_shared`)
 
 
+# Told of the requests a batch answered that it counts (`Ticket.counted`): their tenants in
+# the batch's order, the batch's latency, and the tenants that shared it when several.
+ServedWell = Callable[[list[Hashable], float, frozenset[Hashable] | None], None]
+
+
 def _pinned_to(instance: Instance, cpu: int) -> bool:
     placement = instance.placement
     return placement is not None and placement.cpus is not None and cpu in placement.cpus
@@ -85,6 +90,7 @@ class BatchRunner:
         stats: VersionStats,
         on_free: Callable[[bool], None],
         returners: Returners | None = None,
+        served_well: ServedWell | None = None,
         current_cpu: Callable[[], int | None] = here.current_cpu,
     ) -> None:
         self.name = name
@@ -98,6 +104,7 @@ class BatchRunner:
         self._stats = stats
         self._on_free = on_free  # an instance freed up: the scheduler looks again
         self._returners = returners  # told of each batch answered, before it frees up
+        self._served_well = served_well  # the breaker's, for the requests a batch counts
         # Whether any request was cut into chunks: from then on a batch's callers are
         # counted job by job (a request's last chunk), else they are its jobs.
         self.chunked = False
@@ -247,15 +254,37 @@ class BatchRunner:
             self._alone_or_fail(jobs, ModelExecutionError(str(exc)))
             return
         batch.instance.batches += 1
+        counted: list[Job[Work]] = []  # the requests whose success this batch counts
         for job, work, piece in zip(jobs, works, pieces, strict=True):
-            wanted = work.ticket.outputs
+            ticket = work.ticket
+            wanted = ticket.outputs
             if tuple(piece) != wanted:  # others in the batch asked for more, or in another order
                 piece = {n: piece[n] for n in wanted}
-            work.ticket.part_done(work.index, piece, batch.started - job.arrival, compute_s, shared)
+            if ticket.counted and not ticket.future.done():  # (done: its caller gave up)
+                counted.append(job)
+            ticket.part_done(work.index, piece, batch.started - job.arrival, compute_s, shared)
+        if counted:  # before its callers resume: they find their success counted
+            self._count_served(batch, compute_s, counted, shared)
         # Counted after the callers' answers are written (call_soon runs after the task
         # steps that part_done woke, or after this one when a caller awaits inline): a
         # lone client's answer does not wait for the batch's metrics.
         self.loop.call_soon(self._count, batch, compute_s)
+
+    def _count_served(
+        self,
+        batch: Batch,
+        compute_s: float,
+        counted: list[Job[Work]],
+        shared: frozenset[Hashable] | None,
+    ) -> None:
+        """The success of the requests `counted` (`Ticket.counted`), once for all: in
+        Triton's statistics (answered now, each since it arrived) and for the breaker."""
+        arrivals = sum(j.arrival for j in counted)
+        n = len(counted)
+        total_s = n * self._clock.now() - arrivals
+        self._stats.requests_done(n, total_s, n * batch.started - arrivals, n * compute_s)
+        if self._served_well is not None:
+            self._served_well([j.fair.tenant for j in counted], compute_s, shared)
 
     def _count(self, batch: Batch, compute_s: float) -> None:
         size = sum(batch.rows)

@@ -35,7 +35,7 @@ from infergate.engine.scheduling.queue import (
     QueuePolicy,
 )
 from infergate.engine.scheduling.returners import Returners
-from infergate.engine.scheduling.runner import Batch, BatchRunner, may_move
+from infergate.engine.scheduling.runner import Batch, BatchRunner, ServedWell, may_move
 from infergate.engine.scheduling.tickets import Answer, Ticket, Work
 from infergate.engine.triton.stats import VersionStats
 from infergate.metrics import Metrics
@@ -55,6 +55,7 @@ class Scheduler:
         policy: QueuePolicy,
         clock: Clock,
         metrics: Metrics,
+        served_well: ServedWell | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -75,6 +76,7 @@ class Scheduler:
             self.stats,
             self._instance_freed,
             self._returners,
+            served_well,
         )
         self._alarm = _Alarm()  # rung when the loop must look again before it planned
         self._task: asyncio.Task[None] | None = None
@@ -158,21 +160,24 @@ class Scheduler:
         session: str | None = None,
         fair: Fairness | None = None,
         instance: int | None = None,
+        counted: bool = False,
     ) -> Awaitable[Answer]:
         """Queue a request now; await what this returns for its outputs. Requests with an
         equal, non-None `key` may run in one batch; None runs alone. `queue_deadline_s`
         bounds its wait to start, `timeout_s` its execution (past it the worker is killed).
         With `instance` it runs there only, and is never retried elsewhere (a sequence's
-        request). What it returns is the request's own future when it queued, which its
-        caller's task awaits directly: no coroutine level of the scheduler's own on the
-        way (each level costs at every suspension and resumption)."""
+        request). `counted`: its batch counts its success for the breaker and the
+        statistics (`Ticket.counted`), when it runs in one piece. What it returns is the
+        request's own future when it queued, which its caller's task awaits directly: no
+        coroutine level of the scheduler's own on the way (each level costs at every
+        suspension and resumption)."""
         now = self._clock.now()
         loop = self._ensure_running()
         future: asyncio.Future[Answer] = loop.create_future()
         # Where and for whom it runs, given to its jobs before the queue tags them.
         pin = pinned_instance(session, self._instances) if instance is None else instance
         jobs = self._jobs(
-            inputs, key, outputs, cls, now, queue_deadline_s, timeout_s, future, pin, fair
+            inputs, key, outputs, cls, now, queue_deadline_s, timeout_s, future, pin, fair, counted
         )
         if instance is not None:  # a sequence's: it runs on its instance or not at all
             for job in jobs:
@@ -235,12 +240,13 @@ class Scheduler:
         future: asyncio.Future[Answer],
         pin: int | None,
         fair: Fairness | None,
+        counted: bool = False,
     ) -> list[Job[Work]]:
         """The request as queue jobs: one, or a chunk of at most max_batch_size rows each."""
         batching = key is not None and self._queue.batching
         rows = rows_of(inputs) if batching else 1
         if not batching or rows <= self.policy.max_batch_size:  # the usual request: one job
-            ticket = Ticket(outputs, timeout_s, 1, future)
+            ticket = Ticket(outputs, timeout_s, 1, future, counted)
             job_key = key if batching else None
             fair = fair or _ANONYMOUS
             return [

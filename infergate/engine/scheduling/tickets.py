@@ -16,12 +16,14 @@ from infergate.tensors import Array
 class Timing(NamedTuple):
     """What a request went through: Triton's statistics read the first two, breakers the
     rest (the model's latency: the longest batch it ran in; and the tenants whose requests
-    shared a batch with it, when there were several: breaker.py)."""
+    shared a batch with it, when there were several: breaker.py). `counted`: its batch
+    counted its success for both already (`Ticket.counted`)."""
 
     queue_s: float
     compute_s: float
     slowest_s: float
     shared: frozenset[Hashable] | None = None
+    counted: bool = False
 
 
 Answer = tuple[dict[str, Array], Timing]
@@ -35,6 +37,11 @@ class Ticket:
     timeout_s: float
     parts: int
     future: asyncio.Future[Answer]
+    # Whether the batch that answers it counts its success for the breaker and the
+    # statistics, once for all its requests (runner.py): a request the breaker admitted
+    # as a normal one, in one piece. (A probe's outcome is judged on its own; a chunked
+    # request's latency is its slowest chunk's.)
+    counted: bool = False
     results: dict[int, dict[str, Array]] | None = None  # a chunked request's, by chunk
     queue_s: float = 0.0
     compute_s: float = 0.0
@@ -59,7 +66,8 @@ class Ticket:
         `compute_s` (and that `shared` tenants' requests shared, when several)."""
         if self.parts == 1:  # the usual case: the whole request ran in one batch
             if not self.future.done():
-                self.future.set_result((outputs, Timing(queue_s, compute_s, compute_s, shared)))
+                timing = Timing(queue_s, compute_s, compute_s, shared, self.counted)
+                self.future.set_result((outputs, timing))
             return
         results = self.results
         if results is None:
