@@ -361,3 +361,43 @@ def test_a_refusal_behind_pipelined_requests_comes_after_their_answers(
     answers = _statuses_and_bodies(transport)
     assert answers[:3] == [(b"200", f"/r{i}".encode()) for i in range(3)]
     assert [code for code, _ in answers[3:]] == [status]
+
+
+def test_deadlines_run_from_a_heads_first_byte_and_its_end_across_reads() -> None:
+    """A deadline is set only where a read ends inside a head or a body, at that read's
+    end: the head's from the read its first byte came in, the body's from the read its
+    head ended in; later reads of either move neither, and a request whole in one read
+    sets none (the usual request arms, moves and clears nothing)."""
+    limits = ConnectionLimits(header_timeout_s=10.0, body_timeout_s=60.0)
+
+    async def scenario() -> list[tuple[float, float, float | None]]:
+        protocol, _ = _connection(limits)
+        loop = asyncio.get_running_loop()
+        body = b'{"x": 1}'
+        reads = [
+            b"POST /x HTTP/1.1\r\nHost: a\r\n",  # the head begins
+            b"X-More: 1\r\n",  # and goes on
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:3]),  # the body begins
+            body[3:6],
+            body[6:] + _get("/whole"),  # the body's end, and a whole request
+        ]
+        seen = []
+        try:
+            for data in reads:
+                before = loop.time()
+                protocol.data_received(data)
+                seen.append((before, loop.time(), protocol._late_at))
+                await asyncio.sleep(0.01)
+        finally:
+            protocol.connection_lost(None)
+        return seen
+
+    seen = asyncio.run(scenario())
+    head_at, body_at = seen[0][2], seen[2][2]
+    assert head_at is not None
+    assert seen[0][0] + 10.0 <= head_at <= seen[0][1] + 10.0
+    assert seen[1][2] == head_at  # more of the head: its deadline stays
+    assert body_at is not None
+    assert seen[2][0] + 60.0 <= body_at <= seen[2][1] + 60.0
+    assert seen[3][2] == body_at  # more of the body: its deadline stays
+    assert seen[4][2] is None  # the body ended, and the whole request after it set none

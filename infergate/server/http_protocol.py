@@ -48,7 +48,8 @@ request sets and clears three deadlines, and arming and cancelling an event-loop
 each (uvicorn's keep-alive timer included) cost about 7 µs of the gateway's CPU per request.
 Setting a deadline later than the armed timer only records it; when the timer fires before
 the deadline it is armed again for the time left, so it fires about once per keep-alive
-period of a busy connection, and every deadline still ends on time.
+period of a busy connection, and every deadline still ends on time. A head's or a body's
+deadline is set only when a read ends inside it (most requests come whole in one read).
 """
 
 from __future__ import annotations
@@ -387,13 +388,21 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             else:  # it ends after the answers owed (_end_with_answers_owed): no deadline
                 self._clear_deadline()
             return
+        # A deadline is set only for a head or body that a read ends inside, at that read's
+        # end (the same moment as its first byte's, or its head's end): the usual request,
+        # whole in one read, arms, moves and clears none.
         if self._in_body:  # the read ended inside a body: all of it counts (body_framing.py)
+            if self._late_at is None:  # its first such read
+                self._set_deadline(self.limits.body_timeout_s, "the request body")
             raw = self._body_raw = self._body_raw + len(data)
             if raw > self._body_data + (self._body_data >> 2) + FRAMING_ALLOWANCE:
                 self._refuse_body(framing_too_large(raw, self._body_data))
                 return
         if self._in_head:  # the read ended inside a head (rare): count what is that head's
             if self._head_bytes < 0:  # it began in this read, maybe after whole requests
+                self._set_deadline(
+                    self.limits.header_timeout_s, "the request head (line and headers)"
+                )
                 self._head_bytes = self._header_bytes + self._line_in_progress(data)
             else:  # it began before: all of this read is the head's
                 self._head_bytes += len(data)
@@ -418,9 +427,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.headers = []
         self._idle_at = None  # a request has begun: its head's deadline rules, not idling
         self._in_head = True
-        self._head_bytes = -1  # (see data_received)
+        self._head_bytes = -1  # (see data_received, which also sets the head's deadline)
         self._header_bytes = 0
-        self._set_deadline(self.limits.header_timeout_s, "the request head (line and headers)")
 
     def on_url(self, url: bytes) -> None:
         # (uvicorn cannot read CONNECT's host:port; a path's "/" spares the call)
@@ -460,7 +468,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 "(curl: --http1.1 instead of --http2)",
             )
             raise _Refused
-        self._set_deadline(self.limits.body_timeout_s, "the request body")
+        # The head's deadline, if it spanned reads, is over; the body's is set where a read
+        # ends inside the body (data_received): most bodies come whole with their head.
+        self._clear_deadline()
         cycle = self.cycle
         if cycle is None or cycle.response_complete:  # else: pipelined, behind an answer
             lane = self.lane
