@@ -134,6 +134,12 @@ class Keeper:
             await asyncio.sleep(0)
 
 
+# The keeper of an answer that holds nothing of its request (`InferRoute.answer_now`'s, a
+# front's): nothing is ever kept into it, so one serves them all (a Keeper and its three
+# lists made for every request were a share of its allocations).
+KEPT_NOTHING = Keeper()
+
+
 async def bytes_in_slices(
     name: str, data: memoryview, shape: tuple[int, ...], keeper: Keeper | None = None
 ) -> Array:

@@ -34,7 +34,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from infergate.errors import BrokenOff, ClientGone, InfergateError
-from infergate.server.decoding import Keeper
+from infergate.server.decoding import KEPT_NOTHING
 from infergate.server.departure import Departure, cancelled_error, is_departure, unless_gone
 from infergate.server.drain import (
     NOT_WAITED_FOR,
@@ -53,7 +53,6 @@ from infergate.server.reply import Reply, internal_error
 
 log = logging.getLogger("infergate.server")
 
-_KEPT_NOTHING = Keeper()  # a forwarded answer holds nothing of the request's in this process
 # A request whose key headers are refused (two keys, a bare Bearer): never decoded here.
 _BAD_KEY = "\x00refused key headers"
 
@@ -224,9 +223,9 @@ class ForwardRoute:
             )
             answer = await unless_gone(departure, asked)
         except ClientGone:  # (a wait cut short: the engine was told, and drops it: `ask`)
-            return Reply(ClientGone.status, [], b"", "-", _KEPT_NOTHING)
+            return Reply(ClientGone.status, [], b"", "-", KEPT_NOTHING)
         _, _, status, headers, content, tenant = answer
-        return Reply(status, headers, content, tenant, _KEPT_NOTHING)
+        return Reply(status, headers, content, tenant, KEPT_NOTHING)
 
     def answer_now(
         self,
@@ -267,7 +266,7 @@ class ForwardRoute:
             else:
                 _, _, status, headers, content, tenant = message
             self._learn(path, status, headers)
-            respond(Reply(status, headers, content, tenant, _KEPT_NOTHING))
+            respond(Reply(status, headers, content, tenant, KEPT_NOTHING))
 
         return self._engine.ask_soon(
             lambda rid: ("infer", rid, name, version, raw_headers, whole, arrived, packed),

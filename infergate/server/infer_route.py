@@ -44,7 +44,13 @@ from infergate.server.compression import (
     compress_response,
     encoded_as,
 )
-from infergate.server.decoding import ALWAYS_INLINE, INLINE_MAX_BYTES, BodyDecoder, Keeper
+from infergate.server.decoding import (
+    ALWAYS_INLINE,
+    INLINE_MAX_BYTES,
+    KEPT_NOTHING,
+    BodyDecoder,
+    Keeper,
+)
 from infergate.server.departure import DEPARTURE_KEY, Departure, is_departure, unless_gone
 from infergate.server.encoding import encode_response, response_headers
 from infergate.server.errors import error_body, error_response
@@ -240,7 +246,9 @@ class InferRoute:
         except Exception as exc:
             status, headers, body = self._failed(name, exc)
         try:
-            return self._reply(name, state, status, headers, body, started, raw_headers, Keeper())
+            return self._reply(
+                name, state, status, headers, body, started, raw_headers, KEPT_NOTHING
+            )
         except CompressLater as later:
             return self.finish_later(respond, name, state, later, started, raw_headers)
 
@@ -275,7 +283,7 @@ class InferRoute:
                     if packed is not None:
                         return self._reply(
                             name, state, 200, [], b"", waiting.started, waiting.raw_headers,
-                            Keeper(), packed,
+                            KEPT_NOTHING, packed,
                         )  # fmt: skip
                 headers, body = self._encoded(result, waiting.decoded, waiting.served)
             except LargeAnswer:
@@ -283,7 +291,7 @@ class InferRoute:
             except Exception as exc:
                 status, headers, body = self._failed(name, exc)
         return self._reply(
-            name, state, status, headers, body, waiting.started, waiting.raw_headers, Keeper()
+            name, state, status, headers, body, waiting.started, waiting.raw_headers, KEPT_NOTHING
         )
 
     def _failed(self, name: str, exc: Exception) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -383,7 +391,7 @@ class InferRoute:
         Reply (None when cancelled: the gateway is stopping); the task, for the lane's
         drain to cancel. (Its traceback let go of: it would hold the frames it came from.)"""
         unfinished = unfinished.with_traceback(None)
-        finishing = self._finished(name, state, unfinished, started, raw_headers, Keeper())
+        finishing = self._finished(name, state, unfinished, started, raw_headers, KEPT_NOTHING)
         later = Later(respond, finishing)
         task = self.loop().create_task(later.run(), name="infer-large")
         self._finishing.add(task)

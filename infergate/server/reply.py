@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from infergate.server.decoding import Keeper
+from infergate.server.decoding import KEPT_NOTHING, Keeper
 from infergate.server.errors import error_body, retry_after_header
 from infergate.server.predecode import PackedOutputs
 
@@ -37,7 +37,7 @@ def internal_error() -> Reply:
         (b"content-length", b"%d" % len(_INTERNAL_BODY)),
         (b"connection", b"close"),
     ]
-    return Reply(500, headers, _INTERNAL_BODY, "-", Keeper())
+    return Reply(500, headers, _INTERNAL_BODY, "-", KEPT_NOTHING)
 
 
 def error_headers(retry_after_s: float | None) -> list[tuple[bytes, bytes]]:
