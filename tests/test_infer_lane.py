@@ -16,6 +16,7 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from infergate.engine.admission.tenants import hash_key
+from infergate.server.access_log import request_id
 from infergate.server.decoding import Keeper
 from infergate.server.departure import Departure
 from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
@@ -208,7 +209,7 @@ class _Route:
         self.fail_now = fail_now
         self.answer = answer
 
-    def answer_now(self, *args: Any) -> None:
+    def answer_now(self, *args: Any, **kwargs: Any) -> None:
         if self.fail_now:
             raise RuntimeError("a bug in the task-free way")
         return None  # every request through `reply`, which this stand-in answers
@@ -420,7 +421,7 @@ class _RefuseThenHold:
         self.calls = 0
         self.release = asyncio.Event()
 
-    def answer_now(self, *args: Any) -> None:
+    def answer_now(self, *args: Any, **kwargs: Any) -> None:
         return None  # every request through `reply`, which this stand-in answers
 
     async def reply(
@@ -466,3 +467,28 @@ def test_a_request_after_a_refused_body_is_not_cut_by_the_idle_timer() -> None:
     assert not cut
     assert data.count(b"HTTP/1.1 ") == 2
     assert data.endswith(b"lane")
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        [(b"x-request-id", b"abc-1")],
+        [(b"x-request-id", b"not sane"), (b"x-request-id", b"sane-2")],
+        [(b"x-request-id", b"sane-1"), (b"x-request-id", b"sane-2")],
+        [(b"x-request-id", b"sane-1"), (b"host", b"a"), (b"x-request-id", b"not sane")],
+        [(b"x-request-id", b"not sane")],
+        [(b"host", b"a")],
+    ],
+)
+def test_the_lanes_request_id_is_the_first_sane_one_as_the_asgi_routes(
+    sent: list[tuple[bytes, bytes]],
+) -> None:
+    """The lane looks the id up in the headers' dict, which keeps the last of a name sent
+    twice: it reads the list then, as the ASGI route does, so the first sane id counts."""
+    plain, by_name = request_id(sent), request_id(sent, dict(sent))
+    sane = [v for n, v in sent if n == b"x-request-id" and v.replace(b"-", b"").isalnum()]
+    if sane:
+        assert plain == by_name == sane[0]
+    else:  # a new one each time
+        assert len(plain) == len(by_name) == 32
+        assert plain != by_name

@@ -15,7 +15,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,11 +30,19 @@ TENANT_KEY = "infergate.tenant"
 _RANDOM = random.Random()
 
 
-def request_id(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """The client's X-Request-ID when it is sane, else a new one."""
-    for name, value in headers:
-        if name == b"x-request-id" and SANE_ID.match(value):
+def request_id(
+    headers: Collection[tuple[bytes, bytes]], by_name: dict[bytes, bytes] | None = None
+) -> bytes:
+    """The client's X-Request-ID when it is sane (the first sane one), else a new one.
+    `by_name`: `headers` as a dict, when made already: looked up when no name came twice."""
+    if by_name is not None and len(by_name) == len(headers):
+        value = by_name.get(b"x-request-id")
+        if value is not None and SANE_ID.match(value):
             return bytes(value)
+    else:
+        for name, value in headers:
+            if name == b"x-request-id" and SANE_ID.match(value):
+                return bytes(value)
     return b"%032x" % _RANDOM.getrandbits(128)
 
 

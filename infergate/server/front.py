@@ -234,12 +234,16 @@ class ForwardRoute:
         raw_headers: list[tuple[bytes, bytes]],
         whole: bytes,
         respond: Callable[[Reply | None], None],
+        *,
+        headers_in: dict[bytes, bytes] | None = None,
     ) -> asyncio.Future[Message]:
         """`reply` without a task, for the lane's usual request (its whole body here): the
         engine's answer goes to `respond` as it arrives (None: cancelled, the front is
-        stopping). What the answer waits on is returned, for the lane's drain to cancel."""
+        stopping). What the answer waits on is returned, for the lane's drain to cancel.
+        `headers_in`: `raw_headers` as a dict, when the caller made it already."""
         arrived = time.monotonic()
-        headers_in = dict(raw_headers)
+        if headers_in is None:
+            headers_in = dict(raw_headers)
         try:
             key = api_key(headers_in, raw_headers)
         except InfergateError:  # the engine answers it (a 400 or 401), not decoded here

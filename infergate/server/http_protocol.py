@@ -458,7 +458,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._in_body = True
         self._body_pieces = self._body_data = 0
         self._body_raw = -READ_CREDIT  # (the read it begins in: see body_framing.py)
-        if self.parser.should_upgrade() and _declares_body(self.headers):
+        upgrade = self.parser.should_upgrade()
+        if upgrade and _declares_body(self.headers):
             # httptools reads no body after an Upgrade head: the request would see none
             # (curl --http2 on http:// sends Upgrade: h2c; a 100 Continue invited the body)
             self._refusal = error_message(
@@ -474,22 +475,23 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is None or cycle.response_complete:  # else: pipelined, behind an answer
             lane = self.lane
+            parser = self.parser
             if (
                 lane is not None
-                and self.parser.get_method() == b"POST"
+                and parser.get_method() == b"POST"
                 and not self.expect_100_continue
-                and not self.parser.should_upgrade()
-                and (match := lane.match(self.url, self.headers)) is not None
+                and not upgrade
             ):
-                version = self.parser.get_http_version()
-                keep_alive = version != "1.0" and self.parser.should_keep_alive()
-                lane_cycle = lane.cycle(self, match, keep_alive)
-                # It has what uvicorn's protocol uses of a cycle.
-                self.cycle = lane_cycle  # type: ignore[assignment]
-                # Started once this data is parsed (its body, usually); what it waits on is
-                # one of the server's tasks, as uvicorn's own cycle: waited for on shutdown.
-                self.loop.call_soon(lane_cycle.start)
-                return
+                keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+                lane_cycle = lane.take(self, keep_alive)
+                if lane_cycle is not None:
+                    # It has what uvicorn's protocol uses of a cycle.
+                    self.cycle = lane_cycle  # type: ignore[assignment]
+                    # Started once this data is parsed (its body, usually); what it waits
+                    # on is one of the server's tasks, as uvicorn's own cycle: waited for
+                    # on shutdown.
+                    self.loop.call_soon(lane_cycle.start)
+                    return
         elif len(self.pipeline) >= PIPELINE_DEPTH:
             self._take_no_more(cycle)
         self.scope = {  # uvicorn 0.54's on_message_begin builds it so; see that method

@@ -72,6 +72,8 @@ class Answers(Protocol):
         raw_headers: list[tuple[bytes, bytes]],
         whole: bytes,
         respond: Callable[[Reply | None], None],
+        *,
+        headers_in: dict[bytes, bytes] | None = None,
     ) -> Reply | asyncio.Future[Any] | None: ...
 
 
@@ -82,35 +84,31 @@ class InferLane:
         self.route = route
         self.drain = drain
 
-    def match(self, url: bytes, headers: list[tuple[bytes, bytes]]) -> re.Match[str] | None:
-        """The infer path's match for a request to `url` this lane may take (its method,
-        Expect and Upgrade are the protocol's to check), else None."""
-        path, _, _ = url.partition(b"?")
+    def take(self, protocol: GatewayHttpProtocol, keep_alive: bool) -> LaneCycle | None:
+        """The cycle for the request whose head `protocol` just parsed, when this lane may
+        take it (its method, Expect and Upgrade are the protocol's to check), else None."""
+        path, _, _ = protocol.url.partition(b"?")
         # Escapes: the ASGI route decodes them. find(), not `in`: bytes' `in` first tries
         # its operand as an integer, and builds and drops a TypeError each time (about
         # 1,800 instructions, twice a request).
         if path.find(b"%") >= 0 or path.find(b"#") >= 0:
             return None
-        length = None
-        for name, value in headers:
-            if name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding":
-                return None
+        match = INFER_PATH.match(path.decode("latin-1"))
+        if match is None:
+            return None
+        # The headers by name, made once for the request (the route reads them so too):
+        # the last of a name sent twice, as a loop over them would find.
+        headers_in = dict(protocol.headers)
+        length = headers_in.get(b"content-length")
         if (
             length is None
+            or b"transfer-encoding" in headers_in
             or len(length) > _LENGTH_DIGITS  # zeros first: the ASGI route's to refuse
             or not length.isdigit()
             or int(length) > LANE_MAX_BODY
         ):
             return None
-        return INFER_PATH.match(path.decode("latin-1"))
-
-    def cycle(
-        self, protocol: GatewayHttpProtocol, match: re.Match[str], keep_alive: bool
-    ) -> LaneCycle:
-        """The cycle for the request whose head `protocol` just parsed."""
-        return LaneCycle(protocol, self, match, protocol.url, keep_alive)
+        return LaneCycle(protocol, self, match, headers_in, keep_alive)
 
 
 class _Done:
@@ -136,6 +134,7 @@ class LaneCycle:
         "version",
         "url",
         "headers",
+        "headers_in",
         "keep_alive",
         "body",
         "more_body",
@@ -154,7 +153,7 @@ class LaneCycle:
         protocol: GatewayHttpProtocol,
         lane: InferLane,
         match: re.Match[str],
-        url: bytes,
+        headers_in: dict[bytes, bytes],
         keep_alive: bool,
     ) -> None:
         # Let go of when the run ends (`run`): the protocol holds this cycle, and a cycle
@@ -162,8 +161,9 @@ class LaneCycle:
         self.protocol: GatewayHttpProtocol | None = protocol
         self.lane = lane
         self.name, self.version = match.groups()
-        self.url = url
+        self.url = protocol.url
         self.headers: list[tuple[bytes, bytes]] = protocol.headers
+        self.headers_in = headers_in  # the same, by name
         self.keep_alive = keep_alive
         self.body = bytearray()  # `+=` by the protocol's on_body, piece by piece
         self.more_body = True
@@ -189,14 +189,20 @@ class LaneCycle:
         drain = self.lane.drain
         if protocol.transport.is_closing():  # its client left with the request sent
             self.disconnected = True  # (connection_lost comes in the loop's next step)
-            self._end(False, 499, "-", request_id(self.headers), time.perf_counter())
+            rid = request_id(self.headers, self.headers_in)
+            self._end(False, 499, "-", rid, time.perf_counter())
             return
         if not (self.more_body or self.disconnected) and (drain is None or not drain.draining):
             self._started = time.perf_counter()
-            self._rid = request_id(self.headers)
+            self._rid = request_id(self.headers, self.headers_in)
             try:
                 answer = self.lane.route.answer_now(
-                    self.name, self.version, self.headers, bytes(self.body), self._respond
+                    self.name,
+                    self.version,
+                    self.headers,
+                    bytes(self.body),
+                    self._respond,
+                    headers_in=self.headers_in,
                 )
             except Exception:  # a bug: answered 500 (as `run` does), never left hanging
                 server_log.exception("infer %s failed outside its route", self.name)
@@ -284,7 +290,7 @@ class LaneCycle:
     async def run(self) -> None:
         """Answer the request; the protocol starts this at the end of its head."""
         started = time.perf_counter()
-        rid = request_id(self.headers)
+        rid = request_id(self.headers, self.headers_in)
         drain = self.lane.drain
         counted = drain is not None and not drain.draining
         status, tenant = 503, "-"

@@ -178,6 +178,8 @@ class InferRoute:
         whole: bytes,
         respond: Callable[[Reply | None], None],
         decoded: DecodedRequest | None = None,
+        *,
+        headers_in: dict[bytes, bytes] | None = None,
     ) -> Reply | asyncio.Future[Any] | None:
         """`reply` without a coroutine, for the lane's usual request (`whole`: its body,
         all here): a task and the await chain down to the scheduler's future were about a
@@ -188,9 +190,11 @@ class InferRoute:
         answer waits on: `respond` gets the Reply when that is done, or None when it
         was cancelled (the gateway is stopping). The same checks, limits, counting and
         answers as `reply`, from the same functions. `decoded`: `whole` decoded already
-        (by a front process, server/predecode.py)."""
+        (by a front process, server/predecode.py); `headers_in`: `raw_headers` as a dict,
+        when the caller made it already (the lane)."""
         context = self._engine.context
-        headers_in = dict(raw_headers)
+        if headers_in is None:
+            headers_in = dict(raw_headers)
         front_decoded = decoded is not None
         if (
             context.shared_limits is not None
