@@ -439,7 +439,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 "request itself (POST /v2/models/NAME/infer) to the gateway's address",
             )
             raise _Refused
-        self._count(len(url))
+        self._header_bytes += len(url)  # counted inline, as a header is
+        if self._header_bytes > self.limits.max_header_bytes:
+            self._count(0)
         self.url += url  # uvicorn's
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -469,9 +471,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 "(curl: --http1.1 instead of --http2)",
             )
             raise _Refused
-        # The head's deadline, if it spanned reads, is over; the body's is set where a read
-        # ends inside the body (data_received): most bodies come whole with their head.
-        self._clear_deadline()
+        # The head's deadline, if it spanned reads, is over (`_clear_deadline`, inline: every
+        # request); the body's is set where a read ends inside the body (data_received):
+        # most bodies come whole with their head.
+        self._late_at = None
         cycle = self.cycle
         if cycle is None or cycle.response_complete:  # else: pipelined, behind an answer
             lane = self.lane
@@ -550,10 +553,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._in_body = False
-        self._clear_deadline()
-        super().on_message_complete()
+        self._late_at = None  # (`_clear_deadline`, inline: every request)
         cycle = self.cycle
-        if cycle is not None and cycle.response_complete and not self.pipeline:
+        if not cycle.response_complete:
+            # uvicorn 0.54's on_message_complete, copied (pinned <0.55: re-read it on an
+            # upgrade): one call, not two.
+            if not (self.parser.should_upgrade() and self._should_upgrade()):
+                cycle.more_body = False
+                cycle.message_event.set()
+        elif not self.pipeline:
             # Answered before its body ended (a refusal: 401, 404, 429): the connection is
             # idle from now, as after any answer (data_received cleared that deadline when
             # the rest of the body came), or nothing would ever close it.
