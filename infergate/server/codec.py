@@ -51,8 +51,7 @@ def json_object(raw: Body, expected: str = "a JSON object") -> dict[str, Any]:
     return doc
 
 
-def _loads(raw: Body) -> dict[str, Any]:
-    return json_object(raw, "a JSON object with an 'inputs' array")
+_AN_INFER_REQUEST = "a JSON object with an 'inputs' array"
 
 
 # No tensor numpy can hold has more elements than this (its size in bytes, at 8 bytes an
@@ -266,10 +265,10 @@ def decode_request(
     most BYTES elements the request may hold (its shapes are checked before any is built)."""
     if header_length is not None:
         json_len = _header_length(header_length, len(body))
-        doc = _loads(body[:json_len])
+        doc = json_object(body[:json_len], _AN_INFER_REQUEST)
         binary = memoryview(body)[json_len:]
     else:
-        doc, binary = _loads(body), _NO_BINARY
+        doc, binary = json_object(body, _AN_INFER_REQUEST), _NO_BINARY
     raw_inputs = doc.get("inputs")
     if type(raw_inputs) is not list or not raw_inputs:
         raise BadRequest(
@@ -403,7 +402,7 @@ def pass_through_header(body: Body, header_length: str | None) -> dict[str, Any]
         header = header.tobytes()
     if _LOCAL_ONLY in header:
         return None
-    doc = json_object(header, "a JSON object with an 'inputs' array")
+    doc = json_object(header, _AN_INFER_REQUEST)
     doc.pop("inputs", None)  # (from a large body: tens of MB of Python objects, not sent back)
     return doc
 
@@ -446,7 +445,9 @@ def _decode_outputs(doc: dict[str, Any], inputs: dict[str, Array]) -> DecodedReq
         params = {}
     if type(params) is not dict:
         raise BadRequest(f"'parameters' must be an object, got {shown(params)}")
-    binary_default = _flag(params, "binary_data_output", "parameters", False)
+    binary_default = (  # (most requests: no parameters to read)
+        _flag(params, "binary_data_output", "parameters", False) if params else False
+    )
     request_id = doc.get("id")
     if request_id is not None and type(request_id) is not str:
         if type(request_id) not in (int, float):  # (a number: written back as text)
