@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import random
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,8 @@ from infergate.server.access_log import request_id
 from infergate.server.decoding import Keeper
 from infergate.server.departure import Departure
 from infergate.server.http_protocol import ConnectionLimits, GatewayHttpProtocol
-from infergate.server.infer_lane import LANE_MAX_BODY, InferLane
+from infergate.server.infer_lane import _LANE_PATH, LANE_MAX_BODY, InferLane
+from infergate.server.infer_route import INFER_PATH
 from infergate.server.one_write import JOIN_AT_MOST
 from infergate.server.reply import Reply
 from tests.edge_raw import Reply as RawReply
@@ -492,3 +494,34 @@ def test_the_lanes_request_id_is_the_first_sane_one_as_the_asgi_routes(
     else:  # a new one each time
         assert len(plain) == len(by_name) == 32
         assert plain != by_name
+
+
+def test_the_lanes_path_is_the_infer_path_without_escapes() -> None:
+    """The lane takes an infer path with no %-escape or "#" in it (the ASGI route decodes
+    escapes), in one match: the same paths, and the same names, as the infer path's match
+    after a search for either."""
+    paths = [
+        "/v2/models/m/infer",
+        "/v2/models/m/versions/2/infer",
+        "/v2/models/m/versions//infer",
+        "/v2/models/m%2Fx/infer",
+        "/v2/models/m/versions/%32/infer",
+        "/v2/models/m/infer#x",
+        "/v2/models/m#/infer",
+        "/v2/models/%/infer",
+        "/v2/models//infer",
+        "/v2/models/m/infer\n",
+    ]
+    rng = random.Random(7)
+    pieces = ["m", "1", "%", "#", "/", "x%2F", "\n", "/infer"]
+
+    def piece() -> str:
+        return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 3)))
+
+    for _ in range(5000):
+        version = f"/versions/{piece()}" if rng.random() < 0.5 else ""
+        paths.append(f"/v2/models/{piece()}{version}/infer{rng.choice(['', '', '#', '/'])}")
+    for path in paths:
+        lane = _LANE_PATH.match(path)
+        before = None if "%" in path or "#" in path else INFER_PATH.match(path)
+        assert (lane and lane.groups()) == (before and before.groups()), path
