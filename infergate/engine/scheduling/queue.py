@@ -36,6 +36,9 @@ class Fairness(NamedTuple):
     weight: float = 1.0  # a tenant of weight 2 gets twice the rows of one of weight 1
 
 
+_NOBODY = Fairness()
+
+
 @dataclass(eq=False, slots=True)
 class Group:
     """The chunks of one request: once one has started, none of them expires."""
@@ -54,11 +57,13 @@ class Job(Generic[T]):
     rows: int = 1  # rows along the batch dimension
     key: Hashable = None  # jobs batch together only with an equal key; None runs alone
     pin: int | None = None  # the only instance that may run it (session affinity)
-    fair: Fairness = field(default_factory=Fairness)
+    fair: Fairness = _NOBODY  # (a shared default: a default_factory is a call a job)
     group: Group | None = None  # the request's other chunks, when it was cut up
-    seq: int = field(default=0)
-    tag: float = field(default=0.0)  # virtual start time, for fair queuing
-    removed: bool = field(default=False)
+    removed: bool = False
+    # Given by the queue as it admits the job (`_push`), not by `__init__`: a field that
+    # `__init__` sets costs every request.
+    seq: int = field(init=False, repr=False)
+    tag: float = field(init=False, repr=False)  # virtual start time, for fair queuing
 
     def order(self) -> tuple[int, float, float, int]:
         return (self.cls.rank, self.tag, self.deadline, self.seq)

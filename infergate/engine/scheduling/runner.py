@@ -389,8 +389,7 @@ class BatchRunner:
             if not again or work.retried or work.bound:
                 work.ticket.fail(exc)
                 continue
-            work.retried = True
-            work.failed_with = exc
+            work.failed_with = exc  # (so it is `retried`)
             patience = job.deadline - job.arrival
             where = stay if patience >= back_in else None  # (None: whichever is free first)
             alone = Job(

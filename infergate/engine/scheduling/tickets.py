@@ -30,6 +30,18 @@ Answer = tuple[dict[str, Array], Timing]
 
 
 @dataclass(eq=False, slots=True)
+class _Chunks:
+    """What a chunked request's answered chunks gave so far (made with the first: a field
+    that `Ticket.__init__` sets costs every request, and most are one chunk)."""
+
+    results: dict[int, dict[str, Array]] = field(default_factory=dict)  # by chunk
+    queue_s: float = 0.0
+    compute_s: float = 0.0
+    slowest_s: float = 0.0
+    shared: frozenset[Hashable] | None = None  # the tenants that shared its batches
+
+
+@dataclass(eq=False, slots=True)
 class Ticket:
     """One request's answer, assembled from its chunks' outputs in order."""
 
@@ -42,13 +54,7 @@ class Ticket:
     # as a normal one, in one piece. (A probe's outcome is judged on its own; a chunked
     # request's latency is its slowest chunk's.)
     counted: bool = False
-    results: dict[int, dict[str, Array]] | None = None  # a chunked request's, by chunk
-    queue_s: float = 0.0
-    compute_s: float = 0.0
-    slowest_s: float = 0.0
-    # A chunked request's: the tenants that shared its chunks' batches, when several. Set
-    # with its first chunk's answer, not here: a field `__init__` sets costs every request.
-    shared: frozenset[Hashable] | None = field(init=False, repr=False)
+    chunks: _Chunks | None = None  # a chunked request's, from its first chunk's answer
 
     def fail(self, error: InfergateError) -> None:
         if not self.future.done():
@@ -69,19 +75,19 @@ class Ticket:
                 timing = Timing(queue_s, compute_s, compute_s, shared, self.counted)
                 self.future.set_result((outputs, timing))
             return
-        results = self.results
-        if results is None:
-            results = self.results = {}
-            self.shared = shared
+        chunks = self.chunks
+        if chunks is None:
+            chunks = self.chunks = _Chunks(shared=shared)
         elif shared is not None:
-            self.shared = shared if self.shared is None else self.shared | shared
+            chunks.shared = shared if chunks.shared is None else chunks.shared | shared
+        results = chunks.results
         results[index] = outputs
-        self.queue_s = max(self.queue_s, queue_s)
-        self.compute_s += compute_s
-        self.slowest_s = max(self.slowest_s, compute_s)
+        chunks.queue_s = max(chunks.queue_s, queue_s)
+        chunks.compute_s += compute_s
+        chunks.slowest_s = max(chunks.slowest_s, compute_s)
         if len(results) == self.parts and not self.future.done():
             merged = merge([results[i] for i in range(self.parts)])
-            timing = Timing(self.queue_s, self.compute_s, self.slowest_s, self.shared)
+            timing = Timing(chunks.queue_s, chunks.compute_s, chunks.slowest_s, chunks.shared)
             self.future.set_result((merged, timing))
 
 
@@ -92,8 +98,13 @@ class Work:
     ticket: Ticket
     index: int
     inputs: dict[str, Array]
-    retried: bool = False  # it had its one more try (runner.py): it gets no other
     bound: bool = False  # a sequence's: it runs on its instance or not at all
     # Why its first run failed, while it waits to run again: what its caller learns if
     # the second run cannot start by its deadline.
     failed_with: InfergateError | None = None
+
+    @property
+    def retried(self) -> bool:
+        """It had its one more try (runner.py): it gets no other. (Read from `failed_with`,
+        which the try sets: one field fewer for `__init__` to set on every request.)"""
+        return self.failed_with is not None
