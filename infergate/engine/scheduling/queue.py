@@ -84,6 +84,8 @@ class QueuePolicy:
 class JobQueue(Generic[T]):
     def __init__(self, policy: QueuePolicy, wanted: Callable[[Job[T]], bool] | None = None) -> None:
         self.policy = policy
+        # (Kept, not a property of the policy: asked several times a request.)
+        self.batching = policy.max_batch_size > 1
         # Whether a job's caller still waits for it: one that gave up (its client left)
         # leaves the queue when `take` comes to it, not a batch later. A flood of
         # requests whose clients left queued thousands of such jobs, each taken alone
@@ -91,6 +93,7 @@ class JobQueue(Generic[T]):
         self._wanted = wanted
         # Per class rank, in taking order; and all jobs by deadline, for expiry.
         self._heaps: dict[int, list[tuple[float, float, int, Job[T]]]] = {}
+        self._in_order: list[list[tuple[float, float, int, Job[T]]]] = []  # by class rank
         self._deadlines: list[tuple[float, int, Job[T]]] = []
         self._vtime: dict[int, float] = {}  # per class: the tag of the last job taken
         self._finish: dict[tuple[int, Hashable], float] = {}  # (class, tenant): last finish
@@ -108,10 +111,6 @@ class JobQueue(Generic[T]):
     def __len__(self) -> int:
         return self._size
 
-    @property
-    def batching(self) -> bool:
-        return self.policy.max_batch_size > 1
-
     def depth_by_class(self) -> dict[str, int]:
         depths: dict[str, int] = {}
         for heap in self._heaps.values():
@@ -126,7 +125,11 @@ class JobQueue(Generic[T]):
         tenant = (rank, fair.tenant)
         job.tag = tag = max(self._vtime.get(rank, 0.0), self._finish.get(tenant, 0.0))
         self._finish[tenant] = tag + max(rows, 1) / fair.weight
-        heapq.heappush(self._heaps.setdefault(rank, []), (tag, deadline, seq, job))
+        heap = self._heaps.get(rank)
+        if heap is None:  # a class's first job: its heap made once, for good
+            heap = self._heaps[rank] = []
+            self._in_order = [self._heaps[r] for r in sorted(self._heaps)]
+        heapq.heappush(heap, (tag, deadline, seq, job))
         heapq.heappush(self._deadlines, (deadline, seq, job))
         self._size += 1
         if key is not None:
@@ -148,8 +151,7 @@ class JobQueue(Generic[T]):
 
     def _head(self) -> Job[T] | None:
         """The job `take` would look at first, when no job is pinned."""
-        for rank in sorted(self._heaps):
-            heap = self._heaps[rank]
+        for heap in self._in_order:
             while heap and heap[0][3].removed:
                 heapq.heappop(heap)
             if heap:
@@ -162,8 +164,7 @@ class JobQueue(Generic[T]):
 
     def _live(self) -> Iterator[Job[T]]:
         wanted = self._wanted
-        for rank in sorted(self._heaps):
-            heap = self._heaps[rank]
+        for heap in self._in_order:
             while heap and heap[0][3].removed:
                 heapq.heappop(heap)
             for *_, job in sorted(heap):
@@ -258,7 +259,11 @@ class JobQueue(Generic[T]):
 
     def _prune_deadlines(self) -> None:
         heap = self._deadlines
-        while heap and (heap[0][2].removed or not heap[0][2].expirable):
+        while heap:
+            job = heap[0][2]
+            # (`expirable`, inlined: every job passes here once or more)
+            if not job.removed and (job.group is None or not job.group.started):
+                return
             heapq.heappop(heap)
 
     def expire(self, now: float) -> list[Job[T]]:
