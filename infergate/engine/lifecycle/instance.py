@@ -86,7 +86,8 @@ class Instance:
 
     @property
     def ready(self) -> bool:
-        return self.state == "ready" and self.handle is not None and self.handle.alive
+        handle = self.handle  # (`handle.alive` inlined: asked several times a request)
+        return self.state == "ready" and handle is not None and not handle.exited.done()
 
     @property
     def pid(self) -> int | None:

@@ -16,13 +16,6 @@ def summary_state(instances: list[Instance]) -> str:
     return min(states, key=_STATE_RANK.index)
 
 
-def any_ready(instances: list[Instance]) -> bool:
-    for instance in instances:  # noqa: SIM110  # not any(<genexpr>): on every request
-        if instance.ready:
-            return True
-    return False
-
-
 def first_reason(instances: list[Instance]) -> str | None:
     return next((i.reason for i in instances if i.reason), None)
 

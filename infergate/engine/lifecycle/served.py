@@ -173,7 +173,10 @@ class ServedVersion:
 
     @property
     def ready(self) -> bool:
-        return readiness.any_ready(self.instances)
+        for instance in self.instances:  # noqa: SIM110  # not any(<genexpr>): every request
+            if instance.ready:
+                return True
+        return False
 
     @property
     def reason(self) -> str | None:
