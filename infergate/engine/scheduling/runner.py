@@ -71,6 +71,7 @@ class Batch:
     instance: Instance
     handle: Worker
     jobs: list[Job[Work]]
+    works: list[Work]  # the jobs' payloads (made once: `finish` and `_answer` read them)
     rows: list[int]
     started: float  # when it left the queue
     future: asyncio.Future[dict[str, Array]] | None = None
@@ -143,12 +144,17 @@ class BatchRunner:
         jobs = [j for j in jobs if not j.payload.ticket.future.done()]
         handle = instance.handle
         assert handle is not None
-        batch = Batch(instance, handle, jobs, [j.rows for j in jobs], started)
+        works = [j.payload for j in jobs]
+        batch = Batch(instance, handle, jobs, works, [j.rows for j in jobs], started)
         if not jobs:
             self._release(batch, pump=False)
             return None
-        works = [j.payload for j in jobs]
-        names = list(dict.fromkeys(n for w in works for n in w.ticket.outputs))
+        # The outputs asked for, in order of asking; usually one tuple for the whole batch.
+        wanted = {w.ticket.outputs for w in works}
+        if len(wanted) == 1:
+            names = list(dict.fromkeys(wanted.pop()))
+        else:
+            names = list(dict.fromkeys(n for w in works for n in w.ticket.outputs))
         try:
             batch.future = handle.begin(
                 merge([w.inputs for w in works]), names, lambda: self._replied(batch)
@@ -188,8 +194,8 @@ class BatchRunner:
     async def finish(self, batch: Batch) -> None:
         """Await a launched batch and answer its callers."""
         assert batch.future is not None
-        jobs, works = batch.jobs, [j.payload for j in batch.jobs]
-        timeout = max(w.ticket.timeout_s for w in works)
+        jobs, works = batch.jobs, batch.works
+        timeout = max([w.ticket.timeout_s for w in works])
         left = max(0.0, batch.started + timeout - self._clock.now())
         try:
             # A caller that gives up does not cancel the batch's own reply (see `wait`).
@@ -238,7 +244,7 @@ class BatchRunner:
 
     def _answer(self, batch: Batch, outputs: dict[str, Array]) -> None:
         """Give each caller its own rows of the batch's outputs, and count the batch."""
-        jobs, works = batch.jobs, [j.payload for j in batch.jobs]
+        jobs, works = batch.jobs, batch.works
         compute_s = (batch.replied or self._clock.now()) - batch.started
         shared = None  # the tenants whose requests it held, when several (breaker.py)
         try:
