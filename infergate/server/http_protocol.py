@@ -518,9 +518,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._refuse_body(too_many_pieces(pieces, data))
             raise _Refused  # the rest of this read is not parsed
         # uvicorn 0.54's on_body, copied (pinned <0.55: re-read it on an upgrade): one call
-        # a piece, not two. (A request with an Upgrade header and a body never gets here.)
+        # a piece, not two. Without its upgrade check: a request with an Upgrade header (or
+        # a CONNECT) and a body is refused at its head (on_headers_complete).
         cycle = self.cycle
-        if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
+        if cycle.response_complete:
             return
         cycle.body += body
         if len(cycle.body) > HIGH_WATER_LIMIT:

@@ -173,8 +173,7 @@ class LaneCycle:
         self.response_complete = False
         self.disconnected = False
         self._waiter: asyncio.Future[None] | None = None
-        self._rid = b""
-        self._started = 0.0
+        # (`_rid` and `_started`: set by `start` before anything reads them)
         self._waiting: asyncio.Future[Any] | None = None  # what `answer_now` waits on
 
     def start(self) -> None:
@@ -230,8 +229,8 @@ class LaneCycle:
             headers, body = shutting_down(OUT_OF_TIME)
         else:
             status, headers, body, tenant, _, _ = reply
-        if self._paused():  # the client reads slower than we answer: wait in a task
-            assert protocol is not None
+        # The client reads slower than we answer (`_paused`, inline): wait in a task.
+        if protocol is not None and protocol.flow.write_paused and not self.disconnected:
             task = asyncio.Task(
                 self._send_late(status, headers, body, tenant), loop=protocol.loop, name=_LANE_TASK
             )
