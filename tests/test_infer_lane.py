@@ -498,8 +498,9 @@ def test_the_lanes_request_id_is_the_first_sane_one_as_the_asgi_routes(
 
 def test_the_lanes_path_is_the_infer_path_without_escapes() -> None:
     """The lane takes an infer path with no %-escape or "#" in it (the ASGI route decodes
-    escapes), in one match: the same paths, and the same names, as the infer path's match
-    after a search for either."""
+    escapes), in one match of the whole URL: the same paths, and the same names, as the
+    infer path's match on the URL's path (before its first "?") after a search for
+    either."""
     paths = [
         "/v2/models/m/infer",
         "/v2/models/m/versions/2/infer",
@@ -521,7 +522,10 @@ def test_the_lanes_path_is_the_infer_path_without_escapes() -> None:
     for _ in range(5000):
         version = f"/versions/{piece()}" if rng.random() < 0.5 else ""
         paths.append(f"/v2/models/{piece()}{version}/infer{rng.choice(['', '', '#', '/'])}")
+    queries = ["", "", "?", "?a=1", "?/infer", "?%", "??", "?\n", "#?"]
     for path in paths:
-        lane = _LANE_PATH.match(path)
+        url = path + rng.choice(queries)
+        lane = _LANE_PATH.match(url)
+        path = url.partition("?")[0]
         before = None if "%" in path or "#" in path else INFER_PATH.match(path)
-        assert (lane and lane.groups()) == (before and before.groups()), path
+        assert (lane and lane.groups()) == (before and before.groups()), url

@@ -38,14 +38,14 @@ def _json_data(name: str, array: Array, start: int = 0) -> list[Any] | Array:
     is `0.1`, not the double `0.10000000149011612`; an FP16 is written as that FP32).
     `start`: where `array` begins in its output, when it is a slice of it (for errors)."""
     kind = array.dtype.kind
+    if kind in "biuf":  # numbers (the usual output) first: one test of the kind
+        if array.flags.c_contiguous and array.dtype.isnative:  # the usual output: a view
+            return array.ravel()
+        # orjson takes native byte order and C order only: any other array as a native copy
+        return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("=")).reshape(-1)
     if kind in ("O", "S", "U"):
         return [_json_text(name, i, x) for i, x in enumerate(array.reshape(-1), start)]
-    if kind not in "biuf":
-        return array.reshape(-1).tolist()
-    if array.flags.c_contiguous and array.dtype.isnative:  # the usual output: a view
-        return array.ravel()
-    # orjson takes native byte order and C order only: any other array as a native copy
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("=")).reshape(-1)
+    return array.reshape(-1).tolist()
 
 
 _JSON = (b"content-type", b"application/json")

@@ -45,8 +45,12 @@ LANE_MAX_BODY = SMALL_BODY
 _LENGTH_DIGITS = 8  # more (zeros first) cannot be a length the lane takes
 # The infer path, without %-escapes (the ASGI route decodes them) or a "#": the infer
 # path's own literal parts hold neither, so its names are where they would be. (One
-# match, where two searches of the path for them and the match were three calls.)
-_LANE_PATH = re.compile(INFER_PATH.pattern.replace("[^/]", "[^/%#]"))
+# match, where two searches of the path for them and the match were three calls.) Matched
+# on the whole URL: the names stop at a "?", and the path's end (`$`: its end, or a "\n"
+# ending it) comes at the URL's end or before its query, so no split of the URL is made.
+_LANE_PATH = re.compile(
+    INFER_PATH.pattern.replace("[^/]", "[^/%#?]").replace("/infer$", r"/infer\n?(?:\?|\Z)")
+)
 _CLOSE = b"connection: close\r\n"
 _CLOSE_HEADER = (b"connection", b"close")
 # The name of a lane request's task: an unnamed task formats a name ("Task-123") of its
@@ -91,8 +95,7 @@ class InferLane:
     def take(self, protocol: GatewayHttpProtocol, keep_alive: bool) -> LaneCycle | None:
         """The cycle for the request whose head `protocol` just parsed, when this lane may
         take it (its method, Expect and Upgrade are the protocol's to check), else None."""
-        path, _, _ = protocol.url.partition(b"?")
-        match = _LANE_PATH.match(path.decode("latin-1"))
+        match = _LANE_PATH.match(protocol.url.decode("latin-1"))
         if match is None:  # not an infer path, or one with escapes (or a "#")
             return None
         # The headers by name, made once for the request (the route reads them so too):

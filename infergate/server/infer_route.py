@@ -522,7 +522,7 @@ class InferRoute:
         # The allow-list (403) before anything about the model (404, 424, 503), which
         # comes before the rate and concurrency limits (429); all before the body.
         self._engine.check_allowed(tenant, name)
-        number = version_number(version)
+        number = version_number(version) if version else None  # (most name none: no call)
         served = self._engine.version(name, number, tenant.tenant.may_use)
         if not served.ready:
             raise served.not_ready_error()
