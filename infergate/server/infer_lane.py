@@ -114,7 +114,8 @@ class InferLane:
 
 
 class _Done:
-    """A finished cycle's `message_event`: nothing waits on it any more."""
+    """A cycle's `message_event` while nothing waits on it: before `start`, and once
+    finished."""
 
     def set(self) -> None:
         pass
@@ -170,8 +171,9 @@ class LaneCycle:
         self.body = bytearray()  # `+=` by the protocol's on_body, piece by piece
         self.more_body = True
         # The protocol calls `message_event.set()` on each piece of body, at its end and
-        # on a disconnect; the cycle is its own event (see `set`) while it runs.
-        self.message_event: LaneCycle | _Done = self
+        # on a disconnect; the cycle is its own event (see `set`) from `start` on, when
+        # something may wait on it (a call a piece fewer before: most bodies are whole).
+        self.message_event: LaneCycle | _Done = _DONE
         self.response_started = False
         self.response_complete = False
         self.disconnected = False
@@ -215,8 +217,10 @@ class LaneCycle:
                     self._respond(answer)
                 else:  # the drain's end cancels it as it cancels the server's tasks
                     self._waiting = answer
+                    self.message_event = self  # a disconnect cancels it (`set`)
                     protocol.tasks.add(answer)  # type: ignore[arg-type]
                 return
+        self.message_event = self  # the rest of the body wakes `_receive` (`set`)
         task = asyncio.Task(self.run(), loop=protocol.loop, name=_LANE_TASK)
         task.add_done_callback(protocol.tasks.discard)
         protocol.tasks.add(task)

@@ -35,7 +35,7 @@ class HeadWithBody:
                 return
             self._pending.append(data)
             self._flush()
-        elif data.startswith(b"HTTP/1.") and data.endswith(b"\r\n\r\n"):
+        elif data.endswith(b"\r\n\r\n") and data.startswith(b"HTTP/1."):  # (a body: one test)
             self._pending.append(data)
             self._loop.call_soon(self._flush)  # in case nothing follows in this step
         else:
