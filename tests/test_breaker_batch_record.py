@@ -2,21 +2,31 @@
 requests a batch answered) leave the breaker exactly as recording each request in turn
 does: its counts by tenant, the latency samples and their random draws, the tenants
 served well, cut-offs and verdicts, over any mix of tenants, shared batches, failures,
-slow batches and time; and a served gateway's requests still reach the breaker and
-Triton's statistics once each."""
+slow batches and time; and a request run again after its batch failed is counted once,
+for its whole time."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Hashable
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infergate.clock import FakeClock
 from infergate.engine.admission.breaker import Breaker
+from infergate.engine.context import EngineContext
+from infergate.engine.engine import Engine, EngineSettings
+from infergate.engine.inference import InferenceRequest
 from tests.breaker_policy import POLICY
+from tests.fake_workers import FakeWorkers
+from tests.polling import eventually
+from tests.scripted_runtime import make_scripted
 
 TENANTS = st.sampled_from(["alice", "bob", "carol", None])
 # A batch: its requests' tenants, its latency (the limit is 100 ms), and whether it failed.
@@ -140,3 +150,73 @@ def test_successes_in_flight_when_their_tenant_was_cut_off_count_for_nobody() ->
     _record(one_by_one, at_once, (["alice", "alice"], 0.01, False))
     assert sum(b.ok for b in at_once._buckets) == ok_before + 2
     assert _snapshot(at_once) == _snapshot(one_by_one)
+
+
+async def test_a_request_run_again_counts_from_its_first_start(tmp_path: Path) -> None:
+    """A request whose worker crashed runs again on the sibling, in a job of its own that
+    starts its clock anew: it is counted once, in Triton's statistics and the breaker,
+    for its whole time (both runs), not only its second run's."""
+    make_scripted(tmp_path / "models" / "m" / "1" / "model.scripted", controls=())
+    (tmp_path / "models" / "m" / "model.toml").write_text("timeout_ms = 5000\ninstances = 2\n")
+    clock, workers = FakeClock(), FakeWorkers()
+    context = EngineContext(clock=clock, worker_factory=workers)
+    engine = Engine(EngineSettings(tmp_path / "models", "explicit"), context)
+    await engine.start()
+    try:
+        await eventually(lambda: engine.ready and engine.version("m").ready, what="load")
+        x = np.ones((1, 4), np.float32)
+        request = asyncio.create_task(engine.infer(InferenceRequest("m", {"x": x})))
+        first = await workers.next_call()
+        clock.advance(1.0)
+        first.worker.end("crashed")
+        again = await workers.next_call("the request's second run")
+        clock.advance(0.01)
+        again.reply()
+        await request
+        served = engine.version("m")
+        success = served.scheduler.stats.success
+        assert success.count == 1
+        assert success.ns == pytest.approx(1.01e9, rel=1e-6)
+        assert sum(b.ok for b in served.breaker._buckets) == 1
+    finally:
+        await engine.stop()
+
+
+async def test_requests_run_again_alone_count_from_their_first_start(tmp_path: Path) -> None:
+    """A batch the model raised on runs again request by request, each in a new job: each
+    request is counted for its whole time, the failed batch's second included."""
+    make_scripted(tmp_path / "models" / "m" / "1" / "model.scripted", controls=())
+    (tmp_path / "models" / "m" / "model.toml").write_text("[batching]\nmax_queue_delay_ms = 0\n")
+    clock, workers = FakeClock(), FakeWorkers()
+    engine = Engine(
+        EngineSettings(tmp_path / "models", "explicit"),
+        EngineContext(clock=clock, worker_factory=workers),
+    )
+    await engine.start()
+    try:
+        await eventually(lambda: engine.ready and engine.version("m").ready, what="load")
+        x = np.ones((1, 4), np.float32)
+        requests = [asyncio.create_task(engine.infer(InferenceRequest("m", {"x": x})))]
+        lone = await workers.next_call()
+        requests += [
+            asyncio.create_task(engine.infer(InferenceRequest("m", {"x": x}))) for _ in range(2)
+        ]
+        await asyncio.sleep(0)  # both queue behind the lone request's batch
+        clock.advance(0.01)
+        lone.reply()
+        pair = await workers.next_call("the two queued, batched")
+        assert pair.rows == 2
+        clock.advance(1.0)
+        pair.fail()
+        for _ in range(2):
+            alone = await workers.next_call("a request run again alone")
+            clock.advance(0.01)
+            alone.reply()
+        await asyncio.gather(*requests)
+        success = engine.version("m").scheduler.stats.success
+        assert success.count == 3
+        # Each of the two ran a second in the failed batch (counted from its new job,
+        # each would show a hundredth of one).
+        assert success.ns >= 2 * 1.0e9
+    finally:
+        await engine.stop()

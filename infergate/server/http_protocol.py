@@ -556,6 +556,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._in_body = False
         self._late_at = None  # (`_clear_deadline`, inline: every request)
         cycle = self.cycle
+        if cycle is None:  # an upgrade uvicorn took (with ws="none", never: no cycle)
+            return
         if not cycle.response_complete:
             # uvicorn 0.54's on_message_complete, copied (pinned <0.55: re-read it on an
             # upgrade): one call, not two.

@@ -332,6 +332,8 @@ class BatchRunner:
             )
             for j in jobs
         ]
+        for job in again:  # run again: counted by Engine.finish, from its first start
+            job.payload.ticket.counted = False
         self._queue.admit(again, force=True)
         if self._returners is not None:  # counted as answered when the reply came
             self._returners.requeued(_callers(again) if self.chunked else len(again))
@@ -396,6 +398,7 @@ class BatchRunner:
                 work.ticket.fail(exc)
                 continue
             work.failed_with = exc  # (so it is `retried`)
+            work.ticket.counted = False  # run again: counted by Engine.finish, from its start
             patience = job.deadline - job.arrival
             where = stay if patience >= back_in else None  # (None: whichever is free first)
             alone = Job(

@@ -51,8 +51,9 @@ class Ticket:
     future: asyncio.Future[Answer]
     # Whether the batch that answers it counts its success for the breaker and the
     # statistics, once for all its requests (runner.py): a request the breaker admitted
-    # as a normal one, in one piece. (A probe's outcome is judged on its own; a chunked
-    # request's latency is its slowest chunk's.)
+    # as a normal one, in one piece, in one run. (A probe's outcome is judged on its own;
+    # a chunked request's latency is its slowest chunk's; one run again after its batch
+    # failed is timed from its first start, which its new job no longer holds.)
     counted: bool = False
     chunks: _Chunks | None = None  # a chunked request's, from its first chunk's answer
 
