@@ -79,7 +79,6 @@ them all at each evaluation, stalling the event loop for a tenth of a second eve
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -89,9 +88,6 @@ from typing import Literal
 
 from infergate.clock import Clock
 from infergate.engine.admission.breaker_blame import (
-    ANYBODY,
-    SAMPLES,
-    SHARED_SETS,
     Bucket,
     culprits,
     only_shared_went_wrong,
@@ -305,12 +301,9 @@ class Breaker:
             bucket.failed += 1
         if tenant is not None:  # a batch several tenants shared: counted for them together
             key = tenant if shared is None else shared
-            self._count_for(bucket, key, shared is not None, 1, ok, latency_s is not None, slow)
+            bucket.count(key, shared is not None, 1, ok, latency_s is not None, slow)
         if latency_s is not None:
-            bucket.measured += 1
-            if slow:
-                bucket.slow += 1
-            self._sample(bucket, latency_s, 1)
+            bucket.measure(latency_s, 1, slow, self._random)
 
     def record_served(
         self, tenants: list[Hashable], latency_s: float, shared: frozenset[Hashable] | None
@@ -332,72 +325,15 @@ class Breaker:
             if self._cut and tenant in self._cut and now < self._cut[tenant].until:
                 continue
             if bucket is None:
-                buckets = self._buckets
-                if buckets and now < buckets[-1].start + self._bucket_s:
-                    bucket = buckets[-1]
-                else:
-                    bucket = self._current(now)
+                bucket = self._current(now)
             count = len(list(run))
             bucket.ok += count
             if tenant is not None:
                 if tenant != self._served and not slow:
                     self._served_well(tenant)
                 key = tenant if shared is None else shared
-                self._count_for(bucket, key, shared is not None, count, True, True, slow)
-            bucket.measured += count
-            if slow:
-                bucket.slow += count
-            self._sample(bucket, latency_s, count)
-
-    def _count_for(
-        self,
-        bucket: Bucket,
-        key: Hashable,
-        is_set: bool,
-        count: int,
-        ok: bool,
-        measured: bool,
-        slow: bool,
-    ) -> None:
-        """`count` outcomes of `key` (a tenant, or when `is_set` the tenants of a batch
-        they shared) in `bucket`'s counts by tenant: successes or failures, their
-        latencies measured or not, above the limit or not."""
-        per = bucket.tenants
-        if per is None:
-            per = bucket.tenants = {}
-        counts = per.get(key)
-        if counts is None:
-            if is_set:
-                if bucket.sets < SHARED_SETS:
-                    bucket.sets += 1
-                else:
-                    key = ANYBODY
-                    counts = per.get(key)
-            if counts is None:
-                counts = per[key] = [0, 0, 0, 0]
-        counts[0 if ok else 1] += count
-        if measured:
-            counts[2] += count
-            if slow:
-                counts[3] += count
-
-    def _sample(self, bucket: Bucket, latency_s: float, count: int) -> None:
-        """`count` more latencies of `latency_s`, `bucket.measured` counting them already:
-        `record`'s reservoir steps for each, skipped where none of them would be kept."""
-        measured = bucket.measured
-        first = measured - count + 1
-        if first > SAMPLES and not (first <= bucket.next_kept <= measured):
-            return  # the usual case under load: none of them is kept
-        for at in range(first, measured + 1):
-            if at <= SAMPLES:
-                bucket.latencies.append(latency_s)
-                if at == SAMPLES:
-                    bucket.weight = math.exp(math.log(self._uniform()) / SAMPLES)
-                    bucket.next_kept = SAMPLES + self._skip(bucket.weight)
-            elif at == bucket.next_kept:
-                bucket.latencies[int(self._random.random() * SAMPLES)] = latency_s
-                bucket.weight *= math.exp(math.log(self._uniform()) / SAMPLES)
-                bucket.next_kept += self._skip(bucket.weight)
+                bucket.count(key, shared is not None, count, True, True, slow)
+            bucket.measure(latency_s, count, slow, self._random)
 
     def worker_ended(self, tenant: Hashable, how: str) -> bool:
         """A request of `tenant` that ran alone ended its worker (`how`: what ended it).
@@ -438,14 +374,6 @@ class Breaker:
         """Whether the model served a tenant other than `tenant` well since the breaker
         last opened."""
         return any(t is not None and t != tenant for t in (self._served, self._served_before))
-
-    def _uniform(self) -> float:
-        """A random number in (0, 1)."""
-        return self._random.random() or 0.5
-
-    def _skip(self, weight: float) -> int:
-        """How many latencies on the next one a full bucket keeps (algorithm L)."""
-        return int(math.log(self._uniform()) / math.log(1.0 - weight)) + 1
 
     def reset(self) -> None:
         self._buckets.clear()

@@ -21,6 +21,8 @@ without tenants: the classic breaker).
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -43,12 +45,59 @@ class Bucket:
     measured: int = 0  # latencies recorded
     slow: int = 0  # of them, above the limit in force when recorded
     latencies: list[float] = field(default_factory=list)  # a uniform sample of SAMPLES
-    weight: float = 0.0  # the reservoir's state, once full: see breaker.Breaker.record
+    weight: float = 0.0  # the reservoir's state, once full (`measure`)
     next_kept: int = 0
     # Per tenant (of the outcomes that named one), or per frozenset of the tenants of a
     # batch several shared (its outcomes, theirs together): [ok, failed, measured, slow].
     tenants: dict[Hashable, list[int]] | None = None
     sets: int = 0  # of its keys, sets of tenants (at most SHARED_SETS)
+
+    def count(
+        self, key: Hashable, is_set: bool, count: int, ok: bool, measured: bool, slow: bool
+    ) -> None:
+        """`count` outcomes of `key` (a tenant, or when `is_set` the tenants of a batch
+        they shared) in the counts by tenant: successes or failures, their latencies
+        measured or not, above the limit or not."""
+        per = self.tenants
+        if per is None:
+            per = self.tenants = {}
+        counts = per.get(key)
+        if counts is None:
+            if is_set:
+                if self.sets < SHARED_SETS:
+                    self.sets += 1
+                else:
+                    key = ANYBODY
+                    counts = per.get(key)
+            if counts is None:
+                counts = per[key] = [0, 0, 0, 0]
+        counts[0 if ok else 1] += count
+        if measured:
+            counts[2] += count
+            if slow:
+                counts[3] += count
+
+    def measure(self, latency_s: float, count: int, slow: bool, rng: random.Random) -> None:
+        """`count` latencies of `latency_s` (`slow`: above the limit), each a step of the
+        reservoir that keeps a uniform sample of SAMPLES (Li's algorithm L: every latency
+        of the bucket is kept with the same chance, and only the kept ones draw random
+        numbers); skipped at once where none of them would be kept."""
+        first = self.measured + 1
+        self.measured += count
+        if slow:
+            self.slow += count
+        if first > SAMPLES and not (first <= self.next_kept <= self.measured):
+            return  # the usual case under load: none of them is kept
+        for at in range(first, self.measured + 1):
+            if at <= SAMPLES:
+                self.latencies.append(latency_s)
+                if at == SAMPLES:
+                    self.weight = math.exp(math.log(_uniform(rng)) / SAMPLES)
+                    self.next_kept = SAMPLES + _skip(rng, self.weight)
+            elif at == self.next_kept:
+                self.latencies[int(rng.random() * SAMPLES)] = latency_s
+                self.weight *= math.exp(math.log(_uniform(rng)) / SAMPLES)
+                self.next_kept += _skip(rng, self.weight)
 
     def forget(self, tenant: Hashable) -> None:
         """Take `tenant`'s outcomes out of the counts, and those of the batches that held
@@ -61,6 +110,16 @@ class Bucket:
             self.failed -= counts[1]
             self.measured -= counts[2]
             self.slow -= counts[3]
+
+
+def _uniform(rng: random.Random) -> float:
+    """A random number in (0, 1)."""
+    return rng.random() or 0.5
+
+
+def _skip(rng: random.Random, weight: float) -> int:
+    """How many latencies on the next one a full bucket keeps (algorithm L)."""
+    return int(math.log(_uniform(rng)) / math.log(1.0 - weight)) + 1
 
 
 @dataclass(slots=True)
