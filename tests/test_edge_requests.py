@@ -28,7 +28,7 @@ from infergate.client import decode_infer_response, encode_infer_request
 from infergate.engine.admission.tenants import hash_key
 from infergate.errors import BadRequest
 from infergate.server.body import read_body
-from infergate.server.decoding import BodyDecoder, Keeper
+from infergate.server.decoding import KEPT_NOTHING, BodyDecoder, Keeper
 from infergate.tensors import Array
 from tests.edge_raw import big_json_body, connect, head, read_reply
 from tests.health_probe import slow_answers, upload_while_probing
@@ -450,3 +450,12 @@ def test_a_body_is_read_whole_whether_it_comes_in_one_piece_or_several(
     else:
         with pytest.raises(BadRequest, match=error):
             asyncio.run(read_body(headers, _receive_of(body, piece), 2**20))
+
+
+def test_the_shared_keeper_of_answers_that_hold_nothing_refuses_to_keep_anything() -> None:
+    """KEPT_NOTHING is every such answer's: a buffer kept into it would be every other
+    request's to hold, and never let go of."""
+    for keep in (KEPT_NOTHING.keep, KEPT_NOTHING.keep_elements, KEPT_NOTHING.keep_buffer):
+        with pytest.raises(TypeError, match="keeps nothing"):
+            keep([b"x"])  # type: ignore[arg-type]
+    assert not KEPT_NOTHING.holding

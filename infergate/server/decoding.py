@@ -134,10 +134,21 @@ class Keeper:
             await asyncio.sleep(0)
 
 
+class _KeepsNothing(Keeper):
+    """The keeper of an answer that holds nothing of its request: shared by all such
+    answers, so it refuses to keep anything (one request's buffers kept here would be
+    every other's, and never let go of)."""
+
+    def keep(self, items: list[bytes]) -> None:
+        raise TypeError("KEPT_NOTHING keeps nothing: give the request a Keeper() of its own")
+
+    keep_elements = keep_buffer = keep  # type: ignore[assignment]
+
+
 # The keeper of an answer that holds nothing of its request (`InferRoute.answer_now`'s, a
-# front's): nothing is ever kept into it, so one serves them all (a Keeper and its three
-# lists made for every request were a share of its allocations).
-KEPT_NOTHING = Keeper()
+# front's): one serves them all (a Keeper and its three lists made for every request were
+# a share of its allocations).
+KEPT_NOTHING: Keeper = _KeepsNothing()
 
 
 async def bytes_in_slices(
